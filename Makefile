@@ -1,0 +1,92 @@
+# Long Context from Scratch: the commands. README.md names the two that matter:
+#   make test   every check: generated modules current, unit tests, every chapter executed, the browser test
+#   make book   the whole book in _book/ (Quarto where it exists, the notebook edition otherwise)
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+BOOK   := $(PY) -m longctx.booktools
+ENV_STAMP := $(VENV)/.installed
+# Quarto: on PATH, or in the venv from `pip install quarto-cli`. A failed install is remembered here so
+# that it is tried once per environment, not on every build.
+QUARTO_FAILED := $(VENV)/.quarto-install-failed
+
+.DEFAULT_GOAL := help
+.PHONY: help env tangle notebooks execute check book html preview test lint bench bench-quick clean distclean
+
+help:
+	@echo "make test        run every check (first run creates .venv and installs the pins)"
+	@echo "make book        build the book into _book/ and print the page to open"
+	@echo "make tangle      regenerate code/chNN/ from the chapters' '# @save' cells"
+	@echo "make notebooks   export notebooks/chNN-*.ipynb"
+	@echo "make execute     run every chapter as a notebook into _build/executed/"
+	@echo "make check       book integrity: references, labels, captions, generated code current"
+	@echo "make lint        ruff on code/, tests/ and benchmarks/"
+	@echo "make bench       the measured benchmarks (about 15 minutes on 2 cores)"
+	@echo "make bench-quick a two-minute smoke run of the benchmarks"
+	@echo "make preview     Quarto's live preview, where Quarto is installed"
+	@echo "make clean       remove built output (keeps .venv); make distclean also removes .venv"
+
+# The environment: created on first use, reinstalled only when the pins or the package metadata change.
+env: $(ENV_STAMP)
+$(ENV_STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "Installing the pinned packages into $(VENV) (first time: a few minutes)"
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@touch $@
+
+tangle: $(ENV_STAMP)
+	$(BOOK) tangle
+
+notebooks: tangle
+	$(BOOK) notebooks
+
+execute: notebooks
+	$(BOOK) execute --jobs 2
+
+check: $(ENV_STAMP)
+	$(BOOK) check
+
+html: $(ENV_STAMP)
+	$(BOOK) html
+
+book: execute
+	@q=$$(command -v quarto || { test -x $(VENV)/bin/quarto && echo $(VENV)/bin/quarto; } || true); \
+	if [ -z "$$q" ] && [ ! -e $(QUARTO_FAILED) ]; then \
+	  echo "Quarto not found; trying 'pip install quarto-cli' once for this environment"; \
+	  if $(PY) -m pip install --quiet --disable-pip-version-check quarto-cli >/dev/null 2>&1 && $(VENV)/bin/quarto --version >/dev/null 2>&1; \
+	  then q=$(VENV)/bin/quarto; else touch $(QUARTO_FAILED); fi; \
+	fi; \
+	if [ -n "$$q" ]; then \
+	  PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $$q render; \
+	else \
+	  echo "Quarto is not available here (install it from quarto.org or 'pip install quarto-cli' where its download works); building the notebook edition instead."; \
+	  $(BOOK) html; \
+	fi
+	@echo "The book: $(CURDIR)/_book/index.html"
+
+preview: execute
+	@q=$$(command -v quarto || { test -x $(VENV)/bin/quarto && echo $(VENV)/bin/quarto; } || true); \
+	if [ -n "$$q" ]; then PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $$q preview; \
+	else echo "make preview needs Quarto (quarto.org, or 'pip install quarto-cli'); 'make book' builds the notebook edition without it."; exit 2; fi
+
+test: $(ENV_STAMP)
+	$(PY) -m pytest
+
+lint: $(ENV_STAMP)
+	$(PY) -m ruff check code tests benchmarks
+
+bench: $(ENV_STAMP)
+	$(PY) -m benchmarks
+
+bench-quick: $(ENV_STAMP)
+	$(PY) -m benchmarks --quick
+
+clean:
+	rm -rf _book _build _freeze notebooks .quarto .pytest_cache .ruff_cache .hypothesis tests/artifacts
+	find . -name __pycache__ -type d -not -path "./$(VENV)/*" -prune -exec rm -rf {} +
+	find . -name "*.quarto_ipynb" -not -path "./$(VENV)/*" -delete
+
+distclean: clean
+	rm -rf $(VENV)
