@@ -1,0 +1,12 @@
+"""The book's own tooling: one `.qmd` parser and the steps built on it.
+
+Run as `python -m longctx.booktools <verb>`:
+
+- `tangle [--check] [FILE...]`: `# @save` cells -> code/chNN/_generated.py and __init__.py
+- `notebooks [FILE...]`: chapters -> notebooks/chNN-*.ipynb, Quarto syntax translated
+- `execute [FILE...]`: run the notebooks in fresh kernels -> _build/executed/
+- `check`: cross-references, citations, labels, captions, chapter list, generated modules
+- `html`: the notebook edition of the book -> _book/
+
+Submodules are imported lazily so that `tangle` starts fast.
+"""

@@ -1,0 +1,13 @@
+"""Command line: `python -m longctx.booktools <verb>` (tangle, notebooks, execute, check, html).
+
+Exit codes: 0 success, 1 the book has problems (each printed as FILE:LINE: message), 2 usage.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

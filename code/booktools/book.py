@@ -1,0 +1,123 @@
+"""The book project: where its root is and which chapters `_quarto.yml` lists, in order."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+__all__ = ["Book", "BookError", "ChapterEntry", "find_root", "load_book", "MODULE_FILE"]
+
+# Only chapter files named like this produce modules: chapters/ch03-long-context.qmd -> code/ch03/
+MODULE_FILE = re.compile(r"^ch(?P<number>\d{2})-[A-Za-z0-9_.-]+\.qmd$")
+
+
+class BookError(Exception):
+    """A problem with the book project itself (missing or malformed _quarto.yml)."""
+
+
+@dataclass(frozen=True)
+class ChapterEntry:
+    """One file listed in `_quarto.yml`."""
+
+    path: str  # as listed, relative to the root, e.g. "chapters/ch03-long-context.qmd"
+    line: int  # the line in _quarto.yml that lists it
+    appendix: bool
+
+    @property
+    def module(self) -> str | None:
+        """The module name (e.g. "ch03") when this file produces one, else None."""
+        match = MODULE_FILE.match(Path(self.path).name)
+        return f"ch{match.group('number')}" if match else None
+
+
+@dataclass
+class Book:
+    root: Path
+    entries: list[ChapterEntry]
+
+    @property
+    def module_entries(self) -> list[ChapterEntry]:
+        """The entries that produce modules (files named chNN-*.qmd), in book order."""
+        return [entry for entry in self.entries if entry.module is not None]
+
+    def entry_for(self, path: Path | str) -> ChapterEntry | None:
+        """The entry listing `path` (absolute, or relative to the root or the cwd)."""
+        path = Path(path)
+        candidates = [path] if path.is_absolute() else [Path.cwd() / path, self.root / path]
+        for candidate in candidates:
+            try:
+                rel = candidate.resolve().relative_to(self.root.resolve()).as_posix()
+            except ValueError:
+                continue
+            for entry in self.entries:
+                if entry.path == rel:
+                    return entry
+        return None
+
+    def display(self, path: Path | str) -> str:
+        try:
+            return Path(path).resolve().relative_to(self.root.resolve()).as_posix()
+        except ValueError:
+            return str(path)
+
+
+def find_root(start: Path | str | None = None) -> Path:
+    """The nearest directory at or above `start` (default: cwd) holding `_quarto.yml`."""
+    here = Path(start or os.getcwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / "_quarto.yml").is_file():
+            return candidate
+    raise BookError(f"no _quarto.yml found in {here} or any directory above it")
+
+
+def _line_of(lines: list[str], item: str, start: int) -> int:
+    """The first line (1-based) at or after `start` that mentions `item`."""
+    for number in range(start, len(lines)):
+        if item in lines[number]:
+            return number + 1
+    return 0
+
+
+def _flatten(items, appendix: bool, lines: list[str], cursor: list[int]) -> list[ChapterEntry]:
+    found: list[ChapterEntry] = []
+    for item in items or []:
+        if isinstance(item, str):
+            line = _line_of(lines, item, cursor[0])
+            if line:
+                cursor[0] = line
+            found.append(ChapterEntry(item, line, appendix))
+        elif isinstance(item, dict):
+            # A part: {part: "title" or file, chapters: [...]}; a part file is a page too.
+            part = item.get("part")
+            if isinstance(part, str) and part.endswith((".qmd", ".md", ".ipynb")):
+                line = _line_of(lines, part, cursor[0])
+                found.append(ChapterEntry(part, line, appendix))
+            if "href" in item and isinstance(item["href"], str):
+                line = _line_of(lines, item["href"], cursor[0])
+                found.append(ChapterEntry(item["href"], line, appendix))
+            found.extend(_flatten(item.get("chapters"), appendix, lines, cursor))
+    return found
+
+
+def load_book(root: Path | str | None = None) -> Book:
+    """Read `_quarto.yml`: every file in book.chapters then book.appendices, in order."""
+    root = find_root(root) if root is None else Path(root)
+    config_path = root / "_quarto.yml"
+    try:
+        text = config_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BookError(f"{config_path} does not exist") from None
+    try:
+        config = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise BookError(f"_quarto.yml is not valid YAML: {exc}") from None
+    book = config.get("book") or {}
+    lines = text.split("\n")
+    cursor = [0]
+    entries = _flatten(book.get("chapters"), False, lines, cursor)
+    entries += _flatten(book.get("appendices"), True, lines, cursor)
+    return Book(root=root, entries=entries)

@@ -1,0 +1,379 @@
+"""The one `.qmd` parser: every other booktools step works on what it returns.
+
+A Quarto document is split into its YAML front matter and a list of blocks:
+
+- :class:`Markdown` — a run of markdown lines between fenced blocks;
+- :class:`Cell` — a fenced block. ```` ```{python} ```` is an executable Python cell
+  (``cell.is_python``); ```` ```{mermaid} ````, ```` ```python ```` and plain ```` ``` ````
+  fences are cells too, with ``executable``/``lang`` saying which.
+
+Line numbers are 1-based line numbers in the file, so every error can be reported
+as ``chapters/FILE.qmd:LINE: what is wrong``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+__all__ = [
+    "Cell",
+    "Document",
+    "Heading",
+    "Markdown",
+    "QmdError",
+    "parse",
+    "parse_file",
+    "parse_options",
+]
+
+# An opening fence: backticks or tildes (3 or more), then an info string.
+_OPEN_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+# `#| key: value` (Python, R), `%%| key: value` (mermaid), `//| key: value` (dot, ojs).
+_OPTION_PREFIXES = ("#|", "%%|", "//|")
+_HEADING = re.compile(r"^(?P<hashes>#{1,6})[ \t]+(?P<text>.*?)[ \t]*$")
+_ATTRS = re.compile(r"[ \t]*\{(?P<attrs>[^{}]*)\}[ \t]*$")
+
+
+class QmdError(Exception):
+    """A problem in a `.qmd` file, located at a file and line."""
+
+    def __init__(self, path: str, line: int, message: str):
+        super().__init__(f"{path}:{line}: {message}")
+        self.path = path
+        self.line = line
+        self.message = message
+
+
+@dataclass
+class Markdown:
+    """A run of markdown lines (everything that is not a fenced block)."""
+
+    line: int  # 1-based line of the first line
+    lines: list[str]
+
+    @property
+    def end_line(self) -> int:
+        return self.line + len(self.lines) - 1
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+@dataclass
+class Cell:
+    """A fenced block: an executable cell (```` ```{python} ````) or any other fence."""
+
+    line: int  # 1-based line of the opening fence
+    end_line: int  # 1-based line of the closing fence
+    fence: str  # the opening fence characters, e.g. "```"
+    indent: str  # whitespace before the opening fence
+    info: str  # the info string as written, e.g. "{python}", "python", ""
+    lang: str  # "python", "mermaid", "" ...
+    executable: bool  # True for the braced form {lang}
+    lines: list[str]  # the body lines, without the fences
+    option_lines: list[str] = field(default_factory=list)  # the leading `#|` lines
+    options: dict = field(default_factory=dict)  # the `#|` lines parsed as YAML
+
+    @property
+    def is_python(self) -> bool:
+        """Whether this is an executable Python cell (```` ```{python} ````)."""
+        return self.executable and self.lang == "python"
+
+    @property
+    def source(self) -> str:
+        """The whole body, option lines included."""
+        return "\n".join(self.lines)
+
+    @property
+    def code_lines(self) -> list[str]:
+        """The body lines after the `#|` option lines."""
+        return self.lines[len(self.option_lines) :]
+
+    @property
+    def code(self) -> str:
+        return "\n".join(self.code_lines)
+
+    @property
+    def code_line(self) -> int:
+        """File line of the first body line after the options."""
+        return self.line + 1 + len(self.option_lines)
+
+    @property
+    def saved(self) -> bool:
+        """Whether the first line after the `#|` options is `# @save`."""
+        code = self.code_lines
+        return bool(code) and _is_save_marker(code[0])
+
+    @property
+    def saved_code_lines(self) -> list[str]:
+        """The lines after `# @save` (empty when the cell is not saved)."""
+        return self.code_lines[1:] if self.saved else []
+
+    @property
+    def saved_code_line(self) -> int:
+        """File line of the first line after `# @save`."""
+        return self.code_line + 1
+
+    @property
+    def label(self) -> str | None:
+        label = self.options.get("label")
+        return str(label) if label is not None else None
+
+
+def _is_save_marker(line: str) -> bool:
+    stripped = line.strip()
+    return stripped == "# @save" or stripped.startswith("# @save ")
+
+
+@dataclass
+class Heading:
+    """An ATX heading found in a markdown block."""
+
+    line: int
+    level: int
+    text: str  # heading text without the attribute block
+    label: str | None  # `#sec-...` id, if any
+    classes: list[str]
+    attributes: str  # the raw `{...}` attribute text ("" when none)
+
+    @property
+    def unnumbered(self) -> bool:
+        return "unnumbered" in self.classes or "-" in self.classes
+
+
+@dataclass
+class Document:
+    """A parsed `.qmd` file."""
+
+    path: Path
+    display: str  # the path used in messages, e.g. "chapters/ch03-long-context.qmd"
+    front_matter: dict
+    front_matter_lines: int  # how many lines the front matter takes (0 when none)
+    blocks: list[Markdown | Cell]
+
+    @property
+    def cells(self) -> list[Cell]:
+        return [block for block in self.blocks if isinstance(block, Cell)]
+
+    @property
+    def python_cells(self) -> list[Cell]:
+        return [cell for cell in self.cells if cell.is_python]
+
+    @property
+    def markdown(self) -> list[Markdown]:
+        return [block for block in self.blocks if isinstance(block, Markdown)]
+
+    def headings(self) -> list[Heading]:
+        """Every ATX heading in markdown blocks (never inside fences), in order."""
+        found = []
+        for block in self.markdown:
+            for offset, text in enumerate(block.lines):
+                heading = parse_heading(text, block.line + offset)
+                if heading is not None:
+                    found.append(heading)
+        return found
+
+    def error(self, line: int, message: str) -> QmdError:
+        return QmdError(self.display, line, message)
+
+
+def parse_heading(text: str, line: int = 0) -> Heading | None:
+    """Parse one markdown line as an ATX heading (None when it is not one)."""
+    match = _HEADING.match(text)
+    if match is None:
+        return None
+    body = match.group("text")
+    # Closing hashes ("## Title ##") are allowed by Pandoc.
+    body = re.sub(r"[ \t]+#+[ \t]*$", "", body)
+    label, classes, attributes = None, [], ""
+    attrs = _ATTRS.search(body)
+    if attrs is not None:
+        attributes = attrs.group("attrs")
+        body = body[: attrs.start()].rstrip()
+        for token in attributes.split():
+            if token.startswith("#"):
+                label = token[1:]
+            elif token.startswith("."):
+                classes.append(token[1:])
+            elif token == "-":
+                classes.append("-")
+    return Heading(line, len(match.group("hashes")), body, label, classes, attributes)
+
+
+def parse_options(lines: list[str], display: str, first_line: int) -> tuple[list[str], dict]:
+    """Split the leading `#|` option lines off a cell body and parse them as YAML.
+
+    Returns:
+        (option_lines, options): the raw option lines and the mapping they hold.
+
+    Raises:
+        QmdError: the options are not valid YAML or not a mapping.
+    """
+    option_lines: list[str] = []
+    for text in lines:
+        stripped = text.lstrip()
+        if stripped.startswith(_OPTION_PREFIXES):
+            option_lines.append(text)
+        else:
+            break
+    if not option_lines:
+        return [], {}
+    yaml_lines = []
+    for text in option_lines:
+        stripped = text.lstrip()
+        for prefix in _OPTION_PREFIXES:
+            if stripped.startswith(prefix):
+                rest = stripped[len(prefix) :]
+                yaml_lines.append(rest[1:] if rest.startswith(" ") else rest)
+                break
+    try:
+        options = yaml.safe_load("\n".join(yaml_lines))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = first_line + (mark.line if mark is not None else 0)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise QmdError(display, line, f"cell options (#| lines) are not valid YAML: {problem}") from None
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise QmdError(display, first_line, "cell options (#| lines) must be `key: value` lines")
+    return option_lines, options
+
+
+def _parse_info(info: str) -> tuple[str, bool]:
+    """Return (lang, executable) from a fence's info string."""
+    info = info.strip()
+    if info.startswith("{") and info.endswith("}"):
+        inner = info[1:-1].strip()
+        if inner.startswith("."):
+            # {.python} is a displayed (non-executed) block in Pandoc syntax.
+            return inner[1:].split()[0].lower() if inner[1:] else "", False
+        if inner.startswith("="):
+            return inner[1:].split()[0].lower() if inner[1:] else "", False
+        word = re.split(r"[\s,]", inner, maxsplit=1)[0] if inner else ""
+        return word.lower(), bool(word)
+    word = info.split()[0] if info else ""
+    return word.lower(), False
+
+
+def parse(text: str, display: str = "<string>", path: Path | None = None) -> Document:
+    """Parse `.qmd` text.
+
+    Args:
+        text: the file's contents.
+        display: the path to name in errors (e.g. "chapters/ch03-long-context.qmd").
+        path: the file's path, kept on the returned document.
+
+    Returns:
+        The document: front matter and blocks with 1-based line numbers.
+
+    Raises:
+        QmdError: unclosed front matter or fence, invalid YAML (front matter or `#|` options).
+    """
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline does not start another line
+    index = 0
+    front_matter: dict = {}
+    front_matter_lines = 0
+    if lines and lines[0].rstrip() == "---":
+        for end in range(1, len(lines)):
+            if lines[end].rstrip() in ("---", "..."):
+                break
+        else:
+            raise QmdError(display, 1, "front matter opened with --- is never closed")
+        try:
+            loaded = yaml.safe_load("\n".join(lines[1:end]))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = 2 + (mark.line if mark is not None else 0)
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise QmdError(display, line, f"front matter is not valid YAML: {problem}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise QmdError(display, 1, "front matter must be a YAML mapping")
+        front_matter = loaded or {}
+        front_matter_lines = end + 1
+        index = end + 1
+
+    blocks: list[Markdown | Cell] = []
+    pending: list[str] = []
+    pending_start = index + 1
+
+    def flush(next_line: int) -> None:
+        nonlocal pending, pending_start
+        if pending:
+            blocks.append(Markdown(pending_start, pending))
+        pending = []
+        pending_start = next_line
+
+    while index < len(lines):
+        text_line = lines[index]
+        match = _OPEN_FENCE.match(text_line)
+        if match is not None and not (match.group("fence")[0] == "`" and "`" in match.group("info")):
+            fence = match.group("fence")
+            open_line = index + 1
+            close = None
+            for probe in range(index + 1, len(lines)):
+                stripped = lines[probe].strip()
+                if (
+                    stripped
+                    and set(stripped) == {fence[0]}
+                    and len(stripped) >= len(fence)
+                ):
+                    close = probe
+                    break
+            if close is None:
+                raise QmdError(display, open_line, f"code fence {fence}{match.group('info').strip()} is never closed")
+            flush(close + 2)
+            info = match.group("info").strip()
+            lang, executable = _parse_info(info)
+            body = lines[index + 1 : close]
+            cell = Cell(
+                line=open_line,
+                end_line=close + 1,
+                fence=fence,
+                indent=match.group("indent"),
+                info=info,
+                lang=lang,
+                executable=executable,
+                lines=body,
+            )
+            if executable:
+                cell.option_lines, cell.options = parse_options(body, display, open_line + 1)
+            blocks.append(cell)
+            index = close + 1
+            pending_start = index + 1
+            continue
+        if not pending:
+            pending_start = index + 1
+        pending.append(text_line)
+        index += 1
+    flush(index + 1)
+    return Document(
+        path=path or Path(display),
+        display=display,
+        front_matter=front_matter,
+        front_matter_lines=front_matter_lines,
+        blocks=blocks,
+    )
+
+
+def parse_file(path: Path | str, root: Path | str | None = None) -> Document:
+    """Read and parse a `.qmd` file; errors name it relative to `root` when given."""
+    path = Path(path)
+    display = str(path)
+    if root is not None:
+        try:
+            display = path.resolve().relative_to(Path(root).resolve()).as_posix()
+        except ValueError:
+            display = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise QmdError(display, 0, "file not found") from None
+    return parse(text, display, path)
