@@ -1,0 +1,31 @@
+# Generated from chapters/ch01-attention.qmd by `python -m longctx.booktools tangle`.
+# Do not edit: change the chapter's `# @save` cells, then tangle again.
+"""Attention from first principles: the code saved from chapters/ch01-attention.qmd."""
+
+from ._generated import (
+    PALETTE,
+    MultiHeadAttention,
+    apply_book_style,
+    attention_pairs,
+    causal_mask,
+    data_path,
+    kv_cache_scalars,
+    merge_heads,
+    scaled_dot_product_attention,
+    softmax,
+    split_heads,
+)
+
+__all__ = [
+    "PALETTE",
+    "MultiHeadAttention",
+    "apply_book_style",
+    "attention_pairs",
+    "causal_mask",
+    "data_path",
+    "kv_cache_scalars",
+    "merge_heads",
+    "scaled_dot_product_attention",
+    "softmax",
+    "split_heads",
+]
