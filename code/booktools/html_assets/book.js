@@ -1,0 +1,27 @@
+// Small behaviours for the notebook edition: the Contents button, Mermaid diagrams.
+(function () {
+  "use strict";
+  function ready(fn) {
+    if (document.readyState !== "loading") { fn(); } else { document.addEventListener("DOMContentLoaded", fn); }
+  }
+  ready(function () {
+    var toggle = document.querySelector(".sidebar-toggle");
+    if (toggle) {
+      toggle.addEventListener("click", function () {
+        var open = document.body.classList.toggle("sidebar-open");
+        toggle.setAttribute("aria-expanded", open ? "true" : "false");
+      });
+    }
+    if (window.mermaid && document.querySelector("pre.mermaid")) {
+      window.mermaid.initialize({ startOnLoad: false, securityLevel: "strict", theme: "neutral" });
+      window.mermaid.run({ querySelector: "pre.mermaid" }).then(function () {
+        document.body.setAttribute("data-mermaid", "done");
+      }, function (error) {
+        document.body.setAttribute("data-mermaid", "failed");
+        console.error("mermaid: " + error);
+      });
+    } else {
+      document.body.setAttribute("data-mermaid", "none");
+    }
+  });
+})();

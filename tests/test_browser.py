@@ -1,0 +1,238 @@
+"""The notebook edition of the book, read in headless Chromium (Debian's, driven by Playwright).
+
+Builds `_book/` from the executed chapters (once per session, into a temporary folder), serves it
+on 127.0.0.1 and, for every page the book lists: no console errors, no failed requests and none to
+another host; every image loaded with alt text; maths typeset; every Mermaid diagram an SVG; no raw
+Quarto syntax in the text; every internal link resolving to a file and an id. A full-page
+screenshot of each page goes to tests/artifacts/screenshots/ (git-ignored).
+
+Set LONGCTX_BOOK_DIR to a built `_book/` to check that folder instead of building one.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import threading
+import urllib.parse
+from pathlib import Path
+
+import pytest
+from bs4 import BeautifulSoup
+from longctx.booktools import html as book_html
+from longctx.booktools.book import load_book
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOTS = ROOT / "tests" / "artifacts" / "screenshots"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+# What a reader must never see: Quarto's own syntax, left untranslated.
+RAW_QUARTO = re.compile(
+    r"@(?:fig|tbl|eq|sec)-[A-Za-z0-9]|\{#(?:fig|tbl|eq|sec)-|(?:^|\n)\s*:::|#\||\{python\}"
+)
+
+
+def _listed_pages() -> list[str]:
+    """The page every file in _quarto.yml becomes (files that do not exist yet are left out)."""
+    override = os.environ.get("LONGCTX_BOOK_DIR")
+    if override:
+        return sorted(path.name for path in Path(override).glob("*.html"))
+    book = load_book(ROOT)
+    return [f"{Path(entry.path).stem}.html" for entry in book.entries if (ROOT / entry.path).is_file()]
+
+
+PAGES = _listed_pages()
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> Path:
+    if not CHROMIUM.exists():
+        pytest.skip(
+            "browser test skipped: /usr/bin/chromium is missing (install Debian's package: "
+            "apt-get install -y chromium)"
+        )
+    pytest.importorskip(
+        "playwright.sync_api", reason="browser test skipped: Playwright for Python is not installed"
+    )
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def book_dir(request, chromium_path, tmp_path_factory) -> Path:
+    """The built notebook edition: the given folder, or one built from the session's executed chapters."""
+    override = os.environ.get("LONGCTX_BOOK_DIR")
+    if override:
+        return Path(override)
+    executed = request.getfixturevalue("executed_notebooks")
+    out = tmp_path_factory.mktemp("book") / "_book"
+    book_html.build_book(ROOT, Path(executed), out)
+    return out
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the name the base class uses
+        pass
+
+
+@pytest.fixture(scope="session")
+def server(book_dir):
+    handler = functools.partial(_QuietHandler, directory=str(book_dir))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="session")
+def browser(chromium_path, tmp_path_factory):
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=str(chromium_path),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900},
+        )
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture(scope="session")
+def screenshots() -> Path:
+    if SCREENSHOTS.exists():
+        shutil.rmtree(SCREENSHOTS)
+    SCREENSHOTS.mkdir(parents=True)
+    return SCREENSHOTS
+
+
+@functools.cache
+def _ids_in(path: Path) -> frozenset[str]:
+    soup = BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
+    return frozenset(tag["id"] for tag in soup.find_all(id=True))
+
+
+# Text a reader sees (folded code included), without scripts, styles, typeset maths or diagrams.
+_VISIBLE_TEXT = """() => {
+  const skip = new Set(["SCRIPT", "STYLE", "NOSCRIPT", "MJX-CONTAINER", "svg", "SVG"]);
+  const parts = [];
+  const walk = (node) => {
+    for (const child of node.childNodes) {
+      if (child.nodeType === Node.TEXT_NODE) { parts.push(child.textContent); }
+      else if (child.nodeType === Node.ELEMENT_NODE && !skip.has(child.tagName)) { walk(child); }
+    }
+  };
+  walk(document.body);
+  return parts.join("");
+}"""
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
+    assert (book_dir / name).is_file(), f"{name} was not built"
+    problems: list[str] = []
+    page = browser.new_page()
+    host = urllib.parse.urlsplit(server).hostname
+
+    def on_console(message):
+        if message.type == "error":
+            problems.append(f"console error: {message.text}")
+
+    def on_request(request):
+        requested = urllib.parse.urlsplit(request.url)
+        if requested.scheme in ("http", "https", "ws", "wss") and requested.hostname != host:
+            problems.append(f"request to another host: {request.url}")
+
+    def on_response(response):
+        if response.status >= 400:
+            problems.append(f"HTTP {response.status}: {response.url}")
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    page.on("request", on_request)
+    page.on(
+        "requestfailed", lambda request: problems.append(f"request failed: {request.url} ({request.failure})")
+    )
+    page.on("response", on_response)
+    try:
+        page.goto(server + name, wait_until="load")
+        # Maths and diagrams are typeset after load: wait until both have finished.
+        page.wait_for_function("() => document.body.dataset.mermaid !== undefined", timeout=30_000)
+        page.evaluate(
+            "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) ? "
+            "MathJax.startup.promise.then(() => true) : true"
+        )
+        page.wait_for_load_state("networkidle")
+
+        images = page.evaluate(
+            "() => Array.from(document.images).map(i => ({src: i.getAttribute('src'), "
+            "ok: i.complete && i.naturalWidth > 0, alt: (i.getAttribute('alt') || '').trim()}))"
+        )
+        for image in images:
+            if not image["ok"]:
+                problems.append(f"image did not load: {image['src']}")
+            if not image["alt"]:
+                problems.append(f"image without alt text: {image['src']}")
+
+        text = page.evaluate(_VISIBLE_TEXT)
+        html_source = (book_dir / name).read_text(encoding="utf-8")
+        if "tex-svg" in html_source:
+            typeset = page.evaluate("() => document.querySelectorAll('mjx-container').length")
+            if typeset == 0:
+                problems.append("the page loads MathJax but no maths was typeset")
+        if "$$" in text:
+            problems.append("raw $$ left in the text (maths not typeset)")
+        errors = page.evaluate(
+            "() => Array.from(document.querySelectorAll('mjx-merror')).map(e => e.textContent)"
+        )
+        problems += [f"MathJax error: {error}" for error in errors]
+
+        diagrams = page.evaluate(
+            "() => Array.from(document.querySelectorAll('pre.mermaid')).map(d => ({svg: !!d.querySelector('svg'), "
+            "error: !!d.querySelector('svg[aria-roledescription=error]'), text: d.textContent.slice(0, 60)}))"
+        )
+        for diagram in diagrams:
+            if not diagram["svg"] or diagram["error"]:
+                problems.append(f"mermaid diagram not rendered: {diagram['text']!r}")
+
+        for match in RAW_QUARTO.finditer(text):
+            start = max(0, match.start() - 40)
+            problems.append(f"raw Quarto syntax {match.group(0)!r} in: ...{text[start : match.end() + 40]!r}")
+
+        links = page.evaluate("() => Array.from(document.querySelectorAll('a[href]')).map(a => a.href)")
+        for link in sorted(set(links)):
+            target = urllib.parse.urlsplit(link)
+            if target.scheme in ("data", "mailto"):
+                continue
+            if target.hostname != host:
+                continue  # external links are allowed in prose; the browser never loaded them
+            path = urllib.parse.unquote(target.path).lstrip("/") or "index.html"
+            file = book_dir / path
+            if not file.is_file():
+                problems.append(f"broken link: {link} (no file {path})")
+            elif target.fragment and urllib.parse.unquote(target.fragment) not in _ids_in(file):
+                problems.append(f"broken link: {link} (no id #{target.fragment} in {path})")
+
+        page.screenshot(path=str(screenshots / f"{Path(name).stem}.png"), full_page=True)
+    finally:
+        page.close()
+    assert not problems, f"{name}:\n  " + "\n  ".join(problems)
