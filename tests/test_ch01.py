@@ -272,7 +272,9 @@ def test_mismatched_query_key_value_shapes_are_rejected():
 
 def test_non_float_inputs_are_rejected():
     with pytest.raises(TypeError, match="query must be a floating-point tensor"):
-        ch01.scaled_dot_product_attention(torch.zeros(2, 4, dtype=torch.long), torch.zeros(3, 4), torch.zeros(3, 4))
+        ch01.scaled_dot_product_attention(
+            torch.zeros(2, 4, dtype=torch.long), torch.zeros(3, 4), torch.zeros(3, 4)
+        )
     with pytest.raises(TypeError, match="softmax needs a floating-point tensor"):
         ch01.softmax(torch.tensor([1, 2, 3]))
     with pytest.raises(TypeError, match="softmax needs a floating-point tensor"):
@@ -296,13 +298,17 @@ def test_non_bool_mask_is_rejected():
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
 def test_non_positive_or_non_finite_scale_is_rejected(scale):
     with pytest.raises(ValueError, match="scale must be positive and finite"):
-        ch01.scaled_dot_product_attention(torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(3, 4), scale=scale)
+        ch01.scaled_dot_product_attention(
+            torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(3, 4), scale=scale
+        )
 
 
 @pytest.mark.parametrize("scale", ["0.5", True, torch.tensor(0.5)])
 def test_non_number_scale_is_rejected(scale):
     with pytest.raises(TypeError, match="scale must be a number or None"):
-        ch01.scaled_dot_product_attention(torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(3, 4), scale=scale)
+        ch01.scaled_dot_product_attention(
+            torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(3, 4), scale=scale
+        )
 
 
 def test_bad_shapes_for_heads_and_module_input_are_rejected():
