@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -38,6 +38,14 @@ class ChapterEntry:
 class Book:
     root: Path
     entries: list[ChapterEntry]
+    config: dict = field(default_factory=dict)
+
+    @property
+    def bibliography(self) -> list[Path]:
+        """The .bib files `_quarto.yml` names (`bibliography:`), as absolute paths."""
+        value = self.config.get("bibliography") or []
+        names = [value] if isinstance(value, str) else list(value)
+        return [self.root / str(name) for name in names]
 
     @property
     def module_entries(self) -> list[ChapterEntry]:
@@ -120,4 +128,4 @@ def load_book(root: Path | str | None = None) -> Book:
     cursor = [0]
     entries = _flatten(book.get("chapters"), False, lines, cursor)
     entries += _flatten(book.get("appendices"), True, lines, cursor)
-    return Book(root=root, entries=entries)
+    return Book(root=root, entries=entries, config=config)

@@ -21,6 +21,9 @@ import yaml
 
 __all__ = [
     "Cell",
+    "CellItem",
+    "Div",
+    "Line",
     "Document",
     "Heading",
     "Markdown",
@@ -28,6 +31,9 @@ __all__ = [
     "parse",
     "parse_file",
     "parse_options",
+    "parse_attributes",
+    "parse_heading",
+    "walk",
 ]
 
 # An opening fence: backticks or tildes (3 or more), then an info string.
@@ -377,3 +383,152 @@ def parse_file(path: Path | str, root: Path | str | None = None) -> Document:
     except FileNotFoundError:
         raise QmdError(display, 0, "file not found") from None
     return parse(text, display, path)
+
+
+# ---------------------------------------------------------------------------
+# Markdown structure: fenced divs (callouts), headings, display maths.
+# ---------------------------------------------------------------------------
+
+_DIV_OPEN = re.compile(r"^(?P<colons>:{3,})[ \t]*(?:\{(?P<attrs>[^{}]*)\}|(?P<cls>[A-Za-z][\w-]*))[ \t]*(?::*)[ \t]*$")
+_DIV_CLOSE = re.compile(r"^:{3,}[ \t]*$")
+_ATTR_PAIR = re.compile(r"""(?P<key>[A-Za-z_][\w-]*)=(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)'|(?P<bare>[^\s"']+))""")
+CALLOUT_TITLES = {
+    "note": "Note",
+    "tip": "Tip",
+    "warning": "Warning",
+    "important": "Important",
+    "caution": "Caution",
+}
+
+
+@dataclass
+class Div:
+    """A Pandoc fenced div (`::: {.callout-note title="X"}` ... `:::`)."""
+
+    line: int
+    identifier: str | None
+    classes: list[str]
+    attributes: dict[str, str]
+    title: str | None = None  # callouts: from title="..." or a leading heading
+
+    @property
+    def callout_type(self) -> str | None:
+        """"note", "tip", ... for a callout, else None."""
+        for name in self.classes:
+            if name.startswith("callout-"):
+                return name[len("callout-") :]
+        return None
+
+    @property
+    def collapse(self) -> bool:
+        return str(self.attributes.get("collapse", "false")).lower() == "true"
+
+    @property
+    def display_title(self) -> str:
+        kind = self.callout_type or ""
+        return self.title or CALLOUT_TITLES.get(kind, kind.capitalize() or "Note")
+
+
+def parse_attributes(text: str) -> tuple[str | None, list[str], dict[str, str]]:
+    """Parse a Pandoc attribute block's inside: `#id .class key="value"`."""
+    identifier, classes, attributes = None, [], {}
+    rest = text
+    for match in _ATTR_PAIR.finditer(text):
+        value = match.group("dq") if match.group("dq") is not None else match.group("sq")
+        if value is None:
+            value = match.group("bare")
+        attributes[match.group("key")] = value
+    rest = _ATTR_PAIR.sub(" ", text)
+    for token in rest.split():
+        if token.startswith("#") and len(token) > 1:
+            identifier = token[1:]
+        elif token.startswith(".") and len(token) > 1:
+            classes.append(token[1:])
+    return identifier, classes, attributes
+
+
+@dataclass
+class Line:
+    """One markdown line, classified, with the fenced divs open around it."""
+
+    kind: str  # "text", "blank", "heading", "div_open", "div_close"
+    line: int
+    text: str
+    divs: tuple[Div, ...]  # open divs, outermost first (for div_open: including the new one)
+    in_math: bool = False  # inside a $$ ... $$ display (the $$ lines included)
+    heading: Heading | None = None
+    div: Div | None = None  # the div opened or closed
+    callout_title: bool = False  # a heading that gives its callout's title
+
+
+@dataclass
+class CellItem:
+    """A fenced block in document order, with the fenced divs open around it."""
+
+    cell: Cell
+    divs: tuple[Div, ...]
+
+
+def walk(doc: Document) -> tuple[list[Line | CellItem], list[QmdError]]:
+    """Classify every markdown line and cell in order, tracking fenced divs across cells.
+
+    Returns:
+        (items, problems): problems are unclosed or unopened divs (not fatal).
+    """
+    items: list[Line | CellItem] = []
+    problems: list[QmdError] = []
+    stack: list[Div] = []
+    in_math = False
+    awaiting_title: Div | None = None
+    for block in doc.blocks:
+        if isinstance(block, Cell):
+            items.append(CellItem(block, tuple(stack)))
+            awaiting_title = None
+            continue
+        for offset, text in enumerate(block.lines):
+            number = block.line + offset
+            if in_math:
+                if text.count("$$") % 2 == 1:
+                    in_math = False
+                items.append(Line("text", number, text, tuple(stack), in_math=True))
+                continue
+            if not text.strip():
+                items.append(Line("blank", number, text, tuple(stack)))
+                continue
+            opened = _DIV_OPEN.match(text)
+            if opened is not None:
+                if opened.group("attrs") is not None:
+                    identifier, classes, attributes = parse_attributes(opened.group("attrs"))
+                else:
+                    identifier, classes, attributes = None, [opened.group("cls")], {}
+                div = Div(number, identifier, classes, attributes, attributes.get("title"))
+                stack.append(div)
+                items.append(Line("div_open", number, text, tuple(stack), div=div))
+                awaiting_title = div if div.callout_type and div.title is None else None
+                continue
+            if _DIV_CLOSE.match(text):
+                if stack:
+                    div = stack.pop()
+                    items.append(Line("div_close", number, text, tuple(stack), div=div))
+                else:
+                    problems.append(doc.error(number, "`:::` closes a fenced div that was never opened"))
+                    items.append(Line("text", number, text, tuple(stack)))
+                awaiting_title = None
+                continue
+            heading = parse_heading(text, number)
+            if heading is not None:
+                is_title = awaiting_title is not None
+                if is_title:
+                    awaiting_title.title = heading.text
+                items.append(Line("heading", number, text, tuple(stack), heading=heading, callout_title=is_title))
+                awaiting_title = None
+                continue
+            awaiting_title = None
+            if text.count("$$") % 2 == 1:
+                in_math = True
+                items.append(Line("text", number, text, tuple(stack), in_math=True))
+                continue
+            items.append(Line("text", number, text, tuple(stack), in_math="$$" in text))
+    for div in stack:
+        problems.append(doc.error(div.line, "fenced div opened here (`:::`) is never closed"))
+    return items, problems

@@ -1,0 +1,266 @@
+"""Execute the exported notebooks in fresh kernels and substitute inline expressions.
+
+Each notebook runs cell by cell in its own `python3` kernel (cwd = the book's root,
+matplotlib's inline backend, so figures become PNG outputs). A markdown cell's inline
+expressions `` `{python} expr` `` are evaluated when the cell is reached, that is after
+the code cells above it and before the next one runs, as Quarto does, and replaced by
+their value formatted as Quarto formats them: a `str` as its text (no quotes), an
+object with `_repr_markdown_` (e.g. `IPython.display.Markdown`) as that markdown,
+anything else as its `repr` (the `text/plain` form).
+
+A failing cell is reported as `chapters/FILE.qmd:LINE: ...` with the traceback's last
+lines; that chapter's executed notebook is not written (a stale one is removed).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .book import Book, load_book
+
+__all__ = ["ChapterRun", "execute_notebook", "execute_book", "main_execute", "INLINE"]
+
+INLINE = re.compile(r"`\{python\}[ \t]+(?P<expr>[^`]+?)[ \t]*`")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_HELPER = "__longctx_inline__"
+_HELPER_SOURCE = f'''
+def {_HELPER}(value):
+    """Format an inline expression's value as Quarto does."""
+    if isinstance(value, str):
+        return value
+    markdown = getattr(value, "_repr_markdown_", None)
+    if callable(markdown):
+        shown = markdown()
+        if isinstance(shown, tuple):
+            shown = shown[0]
+        if shown is not None:
+            return str(shown)
+    return repr(value)
+'''
+
+
+class InlineError(Exception):
+    """An inline expression that could not be evaluated."""
+
+
+@dataclass
+class ChapterRun:
+    """The outcome of executing one notebook."""
+
+    source: str  # "chapters/ch03-long-context.qmd"
+    notebook: str  # path of the input notebook
+    output: str | None  # path written, None on failure
+    seconds: float
+    error: str | None = None  # "FILE:LINE: message" and the traceback's last lines
+
+
+def kernel_env(jobs: int = 1) -> dict[str, str]:
+    """The environment for a chapter's kernel."""
+    env = dict(os.environ)
+    env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    env.setdefault("PYTHONHASHSEED", "0")
+    env.setdefault("TQDM_DISABLE", "1")
+    if "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
+    return env
+
+
+def _tail(text: str, lines: int = 8) -> str:
+    text = _ANSI.sub("", text)
+    kept = [line for line in text.strip().splitlines() if line.strip()]
+    return "\n".join("    " + line for line in kept[-lines:])
+
+
+def _qmd_line_of(root: Path, source: str, needle: str) -> int:
+    try:
+        for number, text in enumerate((root / source).read_text(encoding="utf-8").splitlines(), 1):
+            if needle in text:
+                return number
+    except OSError:
+        pass
+    return 0
+
+
+def _evaluate_inline(client, expressions: list[str], timeout: int) -> list[str]:
+    """Evaluate expressions in the running kernel; returns their formatted values."""
+    wanted = {f"e{index}": f"{_HELPER}(({expr}))" for index, expr in enumerate(expressions)}
+    msg_id = client.kc.execute("", silent=True, store_history=False, user_expressions=wanted)
+    reply = client.wait_for_reply(msg_id)
+    if reply is None:
+        raise InlineError("the kernel did not answer")
+    results = reply["content"].get("user_expressions", {})
+    values = []
+    for index, expr in enumerate(expressions):
+        result = results.get(f"e{index}", {})
+        if result.get("status") != "ok":
+            name = result.get("ename", "Error")
+            value = result.get("evalue", "")
+            raise InlineError(f"inline expression `{{python}} {expr}` failed: {name}: {_ANSI.sub('', value)}")
+        plain = result.get("data", {}).get("text/plain", "")
+        try:
+            values.append(str(ast.literal_eval(plain)))
+        except (ValueError, SyntaxError):
+            values.append(plain)
+    return values
+
+
+def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1):
+    """Execute a notebook (in place) in a fresh kernel, substituting inline expressions.
+
+    Returns:
+        The notebook.
+
+    Raises:
+        CellFailure: a cell or inline expression failed (message names file and line).
+    """
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    meta = notebook.metadata.get("longctx", {})
+    source = meta.get("source", "<notebook>")
+    needs_kernel = any(
+        cell.cell_type == "code" or (cell.cell_type == "markdown" and INLINE.search(cell.source))
+        for cell in notebook.cells
+    )
+    if not needs_kernel:
+        return notebook
+    client = NotebookClient(
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(root)}},
+        allow_errors=False,
+    )
+    current = {"line": 0}
+    with client.setup_kernel(env=kernel_env(jobs)):
+        helper_id = client.kc.execute(_HELPER_SOURCE, silent=True, store_history=False)
+        client.wait_for_reply(helper_id)
+        for index, cell in enumerate(notebook.cells):
+            if cell.cell_type == "code":
+                line = cell.metadata.get("longctx", {}).get("line", 0)
+                current["line"] = line
+                try:
+                    client.execute_cell(cell, index)
+                except CellExecutionError as exc:
+                    raise CellFailure(f"{source}:{line}: cell failed:\n{_tail(str(exc))}") from None
+                except CellTimeoutError:
+                    raise CellFailure(f"{source}:{line}: cell ran longer than {timeout} s (--timeout)") from None
+                except DeadKernelError as exc:
+                    raise CellFailure(f"{source}:{line}: the kernel died while running this cell: {exc}") from None
+            elif cell.cell_type == "markdown":
+                expressions = [match.group("expr") for match in INLINE.finditer(cell.source)]
+                if not expressions:
+                    continue
+                try:
+                    values = _evaluate_inline(client, expressions, timeout)
+                except InlineError as exc:
+                    failing = str(exc).split("`")[1] if "`" in str(exc) else ""
+                    line = _qmd_line_of(root, source, f"`{failing}`") if failing else 0
+                    raise CellFailure(f"{source}:{line}: {exc}") from None
+                cell.source = _substitute(cell.source, values)
+    return notebook
+
+
+def _substitute(text: str, values: list[str]) -> str:
+    """Replace the inline expressions of `text`, in order, by `values`."""
+    found = iter(values)
+    return INLINE.sub(lambda _match: next(found), text)
+
+
+class CellFailure(Exception):
+    """A chapter's cell failed; the message is `FILE:LINE: ...`."""
+
+
+def _run_one(notebook_path: str, output_path: str, root: str, timeout: int, jobs: int) -> ChapterRun:
+    import nbformat
+
+    started = time.perf_counter()
+    notebook = nbformat.read(notebook_path, as_version=4)
+    source = notebook.metadata.get("longctx", {}).get("source", notebook_path)
+    output = Path(output_path)
+    try:
+        execute_notebook(notebook, Path(root), timeout=timeout, jobs=jobs)
+    except CellFailure as exc:
+        output.unlink(missing_ok=True)
+        return ChapterRun(source, notebook_path, None, time.perf_counter() - started, str(exc))
+    except Exception as exc:  # the kernel could not start, ...
+        output.unlink(missing_ok=True)
+        message = f"{source}:0: execution failed: {type(exc).__name__}: {exc}"
+        return ChapterRun(source, notebook_path, None, time.perf_counter() - started, message)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    temporary = output.with_name(f".{output.name}.tmp")
+    nbformat.write(notebook, str(temporary))
+    os.replace(temporary, output)
+    return ChapterRun(source, notebook_path, str(output), time.perf_counter() - started)
+
+
+def execute_book(
+    book: Book,
+    out: Path,
+    files: list[str | Path] | None = None,
+    *,
+    jobs: int = 1,
+    timeout: int = 600,
+    notebooks_dir: Path | None = None,
+    report=None,
+) -> tuple[list[ChapterRun], list[str]]:
+    """Export then execute the book's notebooks into `out`.
+
+    Returns:
+        (runs, problems): one run per notebook in book order, and export problems.
+    """
+    from .notebooks import export_book
+
+    notebooks_dir = notebooks_dir or book.root / "notebooks"
+    paths, problems = export_book(book, notebooks_dir, files)
+    if problems:
+        return [], problems
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = [(str(path), str(out / path.name), str(book.root), timeout, jobs) for path in paths]
+    runs: list[ChapterRun] = []
+    if jobs <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            run = _run_one(*task)
+            if report:
+                report(run)
+            runs.append(run)
+        return runs, []
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+        futures = [pool.submit(_run_one, *task) for task in tasks]
+        for future in futures:
+            run = future.result()
+            if report:
+                report(run)
+            runs.append(run)
+    return runs, []
+
+
+def main_execute(root: Path, args) -> int:
+    book = load_book(root)
+    out = Path(args.out).resolve() if args.out else book.root / "_build" / "executed"
+    started = time.perf_counter()
+
+    def report(run: ChapterRun) -> None:
+        status = "ok" if run.error is None else "FAILED"
+        if not args.quiet or run.error:
+            print(f"{run.source}: {status} in {run.seconds:.1f} s", flush=True)
+        if run.error:
+            print(run.error, file=sys.stderr, flush=True)
+
+    runs, problems = execute_book(book, out, args.files or None, jobs=args.jobs, timeout=args.timeout, report=report)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    failed = [run for run in runs if run.error]
+    if not args.quiet:
+        print(
+            f"execute: {len(runs) - len(failed)} of {len(runs)} notebook(s) ok in "
+            f"{time.perf_counter() - started:.1f} s -> {book.display(out)}"
+        )
+    return 1 if problems or failed else 0

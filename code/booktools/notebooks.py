@@ -1,0 +1,444 @@
+"""Export chapters as Jupyter notebooks that read cleanly without Quarto.
+
+What the export does (the notebook edition's HTML builder relies on it):
+
+- one notebook per file in `_quarto.yml`: `notebooks/<stem>.ipynb` (nbformat 4,
+  kernelspec python3); notebook metadata `longctx`: source, number, title, kind;
+- each ```` ```{python} ```` cell becomes a code cell with its `#|` lines kept at the top
+  (as Quarto keeps them); cell metadata `longctx`: `line` (the qmd line of the opening
+  fence), `source` (the qmd path); for figure/table cells also `label`, `number` ("3.2"),
+  `caption`, `alt` and `kind` ("figure"/"table");
+- after a figure cell (before a table cell) a markdown cell "**Figure 3.2:** caption"
+  with metadata `longctx.role == "caption"` (and `label`), which an HTML builder that
+  draws captions from the code cell's metadata should skip;
+- mermaid and other non-Python blocks stay in the markdown as fenced code;
+- markdown is split into cells at headings (levels 1-3), code cells and callouts;
+- headings get their numbers ("## 3.2 Grouped heads"; the chapter heading "# 3 Title",
+  appendices "# Appendix A: Title"); `{#sec-…}`/`{.unnumbered}` attributes are removed;
+- `@fig-x`, `[@fig-x]`, `@tbl-`, `@eq-`, `@sec-` become "Figure 3.2", "Table 3.1",
+  "Equation 3.1", "Section 3.4" (a chapter label: "Chapter 3"/"Appendix A");
+- `$$ … $$ {#eq-x}` becomes `$$ … \\tag{3.1}$$`; pipe-table captions `: Cap {#tbl-x}`
+  become "**Table 3.1:** Cap";
+- citations `[@key]`, `[@a; @b]`, narrative `@key` become "(Author Year)",
+  "(A 2020; B 2021)", "Author (Year)" from the bibliography;
+- callouts become `<div class="callout callout-note"><p class="callout-title">X</p>`
+  … `</div>` (blank lines keep the markdown inside rendering); a callout holding code
+  cells is split: its first markdown part has the title, later parts have the class
+  `callout-continued`; every cell inside carries metadata
+  `longctx.callout = {type, title, collapse, id, part}`;
+- inline `` `{python} expr` `` is left as written (`execute` substitutes values).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from .bib import BibEntry, load_bibliography
+from .book import Book, load_book
+from .numbering import ChapterInfo, Numbering, Target, compute_numbering
+from .qmd import Cell, CellItem, Div, Line, QmdError, walk
+
+__all__ = ["export_book", "export_chapter", "translate_inline", "main_notebooks"]
+
+_KEY = r"[A-Za-z0-9_](?:[\w-]|[:.#$%&+?<>~/](?=\w))*"
+_CODE_SPAN = re.compile(r"(`+)(?:[^`]|(?!\1)`)*?\1(?!`)", re.DOTALL)
+_BRACKET = re.compile(r"\[(?P<body>[^\[\]]*?-?@" + _KEY + r"[^\[\]]*)\](?![(\[{])")
+_BRACKET_ITEM = re.compile(r"^(?P<prefix>.*?)(?P<minus>-)?@(?P<key>" + _KEY + r")(?P<suffix>.*)$", re.DOTALL)
+_NARRATIVE = re.compile(r"(?<![\w@\\`\[])(?P<minus>-)?@(?P<key>" + _KEY + ")")
+_CROSSREF_PREFIXES = ("fig-", "tbl-", "eq-", "sec-")
+_EQUATION = re.compile(r"\$\$(?P<body>(?:(?!\$\$).)*?)\$\$[ \t]*\{#(?P<label>eq-[^\s}]+)[^}]*\}", re.DOTALL)
+_PIPE_CAPTION = re.compile(r"^:[ \t]+(?P<caption>.*?)[ \t]*\{#(?P<label>tbl-[^\s}]+)[^}]*\}[ \t]*$")
+_IMAGE_FIGURE = re.compile(
+    r"!\[(?P<caption>[^\]]*)\]\((?P<path>[^)\s]+)(?P<title>\s+\"[^\"]*\")?\)\{(?P<attrs>[^}]*#(?P<label>fig-[^\s}]+)[^}]*)\}"
+)
+_FIG_ALT = re.compile(r"""fig-alt=(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)')""")
+NOTEBOOK_KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+
+
+# ---------------------------------------------------------------------------
+# inline syntax: cross-references and citations
+
+
+def _render_crossref(item: re.Match, target: Target) -> str:
+    prefix = item.group("prefix").strip()
+    suffix = item.group("suffix")
+    if prefix:
+        text = f"{prefix} {target.number or target.title}"
+    elif item.group("minus"):
+        text = target.number or target.title
+    else:
+        text = target.text
+    return text + suffix
+
+
+def _render_citation(item: re.Match, entry: BibEntry) -> str:
+    prefix = item.group("prefix")
+    suffix = item.group("suffix")
+    if item.group("minus"):
+        core = entry.year
+    else:
+        core = f"{entry.author_text} {entry.year}"
+    return f"{prefix}{core}{suffix}"
+
+
+def _translate_bracket(match: re.Match, targets: dict[str, Target], bib: dict[str, BibEntry]) -> str:
+    items = [_BRACKET_ITEM.match(part) for part in match.group("body").split(";")]
+    if not items or any(item is None for item in items):
+        return match.group(0)
+    keys = [item.group("key") for item in items]
+    if all(key.startswith(_CROSSREF_PREFIXES) for key in keys):
+        if any(key not in targets for key in keys):
+            return match.group(0)
+        return ", ".join(_render_crossref(item, targets[item.group("key")]) for item in items)
+    if all(key in bib for key in keys):
+        return "(" + "; ".join(_render_citation(item, bib[item.group("key")]).strip() for item in items) + ")"
+    return match.group(0)
+
+
+def _translate_narrative(match: re.Match, targets: dict[str, Target], bib: dict[str, BibEntry]) -> str:
+    key = match.group("key")
+    if key.startswith(_CROSSREF_PREFIXES):
+        target = targets.get(key)
+        if target is None:
+            return match.group(0)
+        return (target.number or target.title) if match.group("minus") else target.text
+    entry = bib.get(key)
+    if entry is None:
+        return match.group(0)
+    if match.group("minus"):
+        return entry.year
+    return f"{entry.author_text} ({entry.year})"
+
+
+def translate_inline(text: str, targets: dict[str, Target], bib: dict[str, BibEntry]) -> str:
+    """Cross-references and citations -> text, leaving code spans (and `{python}`) alone."""
+    out = []
+    position = 0
+    for span in _CODE_SPAN.finditer(text):
+        out.append(_translate_prose(text[position : span.start()], targets, bib))
+        out.append(span.group(0))
+        position = span.end()
+    out.append(_translate_prose(text[position:], targets, bib))
+    return "".join(out)
+
+
+def _translate_prose(text: str, targets: dict[str, Target], bib: dict[str, BibEntry]) -> str:
+    if "@" not in text:
+        return text
+    text = _BRACKET.sub(lambda m: _translate_bracket(m, targets, bib), text)
+    return _NARRATIVE.sub(lambda m: _translate_narrative(m, targets, bib), text)
+
+
+# ---------------------------------------------------------------------------
+# one chapter
+
+
+def _notebook_module():
+    import nbformat
+
+    return nbformat
+
+
+class _Builder:
+    def __init__(self, info: ChapterInfo, numbering: Numbering, bib: dict[str, BibEntry]):
+        self.info = info
+        self.doc = info.document
+        self.numbering = numbering
+        self.targets = numbering.targets
+        self.bib = bib
+        self.cells: list[dict] = []
+        self.segments: list[tuple[str, str]] = []  # ("md", line) or ("raw", fenced text)
+        self.context: Div | None = None  # the innermost open callout of the buffered lines
+        self.started: dict[int, str] = {}  # id(callout) -> callout id string
+        nbformat = _notebook_module()
+        self.v4 = nbformat.v4
+
+    # -- helpers -------------------------------------------------------------
+    def inline(self, text: str) -> str:
+        return translate_inline(text, self.targets, self.bib)
+
+    def callout_meta(self, callout: Div, part: str) -> dict:
+        ident = self.started.setdefault(id(callout), f"callout-{len(self.started) + 1}")
+        return {
+            "type": callout.callout_type,
+            "title": self.inline(callout.display_title),
+            "collapse": callout.collapse,
+            "id": ident,
+            "part": part,
+        }
+
+    def add_markdown(self, source: str, meta: dict | None = None) -> None:
+        cell = self.v4.new_markdown_cell(source)
+        if meta:
+            cell.metadata["longctx"] = meta
+        self.cells.append(cell)
+
+    def open_callout(self, callout: Div, body: str) -> None:
+        """Emit the titled first part of a callout (body may be empty)."""
+        kind = callout.callout_type
+        classes = f"callout callout-{kind}" + (" callout-collapse" if callout.collapse else "")
+        title = html.escape(self.inline(callout.display_title), quote=False)
+        head = f'<div class="{classes}">\n<p class="callout-title">{title}</p>'
+        source = f"{head}\n\n{body}\n\n</div>" if body else f"{head}\n</div>"
+        self.add_markdown(source, {"callout": self.callout_meta(callout, "start")})
+
+    # -- markdown buffer ----------------------------------------------------------
+    def flush(self) -> None:
+        parts = []
+        for kind, text in self.segments:
+            parts.append(text if kind == "raw" else self.inline(text))
+        self.segments = []
+        body = "\n".join(parts)
+        body = self.block_rewrites(body).strip("\n")
+        callout = self.context
+        if not body.strip():
+            return
+        if callout is None:
+            self.add_markdown(body)
+        elif id(callout) not in self.started:
+            self.open_callout(callout, body)
+        else:
+            kind = callout.callout_type
+            source = f'<div class="callout callout-{kind} callout-continued">\n\n{body}\n\n</div>'
+            self.add_markdown(source, {"callout": self.callout_meta(callout, "continued")})
+
+    def block_rewrites(self, text: str) -> str:
+        def equation(match: re.Match) -> str:
+            target = self.targets.get(match.group("label"))
+            if target is None or not target.number:
+                return f"$${match.group('body')}$$"
+            body = match.group("body")
+            stripped = body.rstrip()
+            trailing = body[len(stripped) :]
+            return f"$${stripped} \\tag{{{target.number}}}{trailing}$$"
+
+        return _EQUATION.sub(equation, text)
+
+    def set_context(self, callout: Div | None) -> None:
+        if callout is not self.context:
+            self.flush()
+            self.context = callout
+
+    # -- items --------------------------------------------------------------------
+    def line(self, item: Line) -> None:
+        callouts = [div for div in item.divs if div.callout_type]
+        innermost = callouts[-1] if callouts else None
+        if item.kind == "div_open":
+            self.set_context(innermost)
+            return
+        if item.kind == "div_close":
+            closed = item.div
+            if closed is not None and closed.callout_type:
+                self.flush()
+                if id(closed) not in self.started:
+                    self.open_callout(closed, "")
+            self.set_context(innermost)
+            return
+        self.set_context(innermost)
+        if item.kind == "heading" and not item.in_math:
+            if item.callout_title:
+                return
+            heading = item.heading
+            if heading.level <= 3:
+                self.flush()
+            number = self.numbering.heading_numbers.get((self.doc.display, item.line), "")
+            if heading.level == 1 and number == (self.info.number or "") and self.info.number:
+                prefix = self.info.heading_prefix
+            else:
+                prefix = f"{number} " if number else ""
+            self.segments.append(("md", f"{'#' * heading.level} {prefix}{heading.text}"))
+            return
+        if item.kind == "text" and not item.in_math:
+            caption = _PIPE_CAPTION.match(item.text)
+            if caption is not None:
+                target = self.targets.get(caption.group("label"))
+                name = target.text if target is not None else "Table"
+                self.segments += [("md", ""), ("md", f"**{name}:** {caption.group('caption')}"), ("md", "")]
+                return
+            if "{#fig-" in item.text:
+                self.segments.append(("md", _IMAGE_FIGURE.sub(self.image, item.text)))
+                return
+        self.segments.append(("md", item.text))
+
+    def image(self, match: re.Match) -> str:
+        target = self.targets.get(match.group("label"))
+        alt_match = _FIG_ALT.search(match.group("attrs"))
+        alt = (alt_match.group("dq") or alt_match.group("sq") or "") if alt_match else match.group("caption")
+        name = target.text if target is not None else "Figure"
+        return f"![{alt}]({match.group('path')}{match.group('title') or ''})\n\n**{name}:** {match.group('caption')}"
+
+    def cell(self, item: CellItem) -> None:
+        callouts = [div for div in item.divs if div.callout_type]
+        innermost = callouts[-1] if callouts else None
+        self.set_context(innermost)
+        cell = item.cell
+        if not cell.is_python:
+            self.segments.append(("raw", self.fenced_text(cell)))
+            return
+        self.flush()
+        if innermost is not None and id(innermost) not in self.started:
+            self.open_callout(innermost, "")
+        lines = cell.lines
+        if cell.indent:
+            lines = [text[len(cell.indent) :] if text.startswith(cell.indent) else text for text in lines]
+        code = self.v4.new_code_cell("\n".join(lines))
+        meta: dict = {"source": self.doc.display, "line": cell.line}
+        label = cell.label or ""
+        caption_cell = None
+        for prefix, kind, option in (("fig-", "figure", "fig-cap"), ("tbl-", "table", "tbl-cap")):
+            if label.startswith(prefix) or (not label and option in cell.options):
+                target = self.targets.get(label) if label else None
+                caption = self.inline(str(cell.options.get(option, "") or ""))
+                meta.update(kind=kind, caption=caption)
+                if label:
+                    meta["label"] = label
+                if target is not None and target.number:
+                    meta["number"] = target.number
+                if kind == "figure":
+                    meta["alt"] = str(cell.options.get("fig-alt", "") or "")
+                name = target.text if target is not None and target.number else KIND_NAMES_SHORT[kind]
+                caption_meta = {"role": "caption", "kind": kind}
+                if label:
+                    caption_meta["label"] = label
+                caption_cell = (f"**{name}:** {caption}", caption_meta, kind)
+                break
+        if innermost is not None:
+            meta["callout"] = self.callout_meta(innermost, "code")
+        code.metadata["longctx"] = meta
+        if caption_cell is not None and caption_cell[2] == "table":
+            self.add_markdown(caption_cell[0], caption_cell[1])
+        self.cells.append(code)
+        if caption_cell is not None and caption_cell[2] == "figure":
+            self.add_markdown(caption_cell[0], caption_cell[1])
+
+    def fenced_text(self, cell: Cell) -> str:
+        if cell.executable:
+            body = cell.code_lines  # drop Quarto's `%%|` / `#|` options
+            info = cell.lang
+        else:
+            body = cell.lines
+            info = cell.info
+        fence = cell.fence
+        return "\n".join([f"{cell.indent}{fence}{info}", *body, f"{cell.indent}{fence}"])
+
+    def build(self):
+        nbformat = _notebook_module()
+        items, _ = walk(self.doc)
+        first_heading = next((i for i in items if isinstance(i, Line) and i.kind == "heading"), None)
+        if (first_heading is None or first_heading.heading.level != 1) and self.info.title:
+            self.segments.append(("md", f"# {self.info.heading_prefix}{self.info.title}"))
+            self.flush()
+        for item in items:
+            if isinstance(item, CellItem):
+                self.cell(item)
+            else:
+                self.line(item)
+        self.set_context(None)
+        self.flush()
+        notebook = nbformat.v4.new_notebook()
+        notebook.nbformat, notebook.nbformat_minor = 4, 5
+        for index, cell in enumerate(self.cells):
+            cell["id"] = f"cell-{index}"
+        notebook.cells = self.cells
+        notebook.metadata = {
+            "kernelspec": dict(NOTEBOOK_KERNELSPEC),
+            "language_info": {"name": "python"},
+            "longctx": {
+                "source": self.doc.display,
+                "number": self.info.number,
+                "title": self.info.title,
+                "kind": self.info.kind,
+            },
+        }
+        return notebook
+
+
+KIND_NAMES_SHORT = {"figure": "Figure", "table": "Table"}
+
+
+def export_chapter(info: ChapterInfo, numbering: Numbering, bib: dict[str, BibEntry]):
+    """The notebook (an nbformat NotebookNode) for one parsed chapter."""
+    if info.document is None:
+        raise ValueError(f"{info.display} has no parsed document")
+    return _Builder(info, numbering, bib).build()
+
+
+def _write_if_changed(path: Path, text: str) -> bool:
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return False
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def export_book(
+    book: Book, out: Path, files: list[str | Path] | None = None
+) -> tuple[list[Path], list[str]]:
+    """Write one notebook per listed (or named) file that exists.
+
+    Returns:
+        (paths, problems): the notebooks (written or already current) and the problems
+        ("FILE:LINE: message") that stopped a chapter from being exported.
+    """
+    nbformat = _notebook_module()
+    numbering = compute_numbering(book)
+    problems = [str(exc) for exc in numbering.problems]
+    bib_problems: list[str] = []
+    bib = load_bibliography(book.bibliography, bib_problems)
+    wanted = None
+    if files:
+        wanted = set()
+        for name in files:
+            entry = book.entry_for(name)
+            if entry is None:
+                problems.append(f"{name}:0: not a file listed in _quarto.yml")
+            else:
+                wanted.add(entry.path)
+    paths = []
+    for info in numbering.chapters:
+        if wanted is not None and info.display not in wanted:
+            continue
+        if info.document is None:
+            if not (book.root / info.display).is_file():
+                print(
+                    f"warning: _quarto.yml:{info.entry.line}: {info.display} is listed but does not exist yet; skipped",
+                    file=sys.stderr,
+                )
+            continue
+        notebook = export_chapter(info, numbering, bib)
+        text = nbformat.writes(notebook) + "\n"
+        path = out / f"{Path(info.display).stem}.ipynb"
+        _write_if_changed(path, text)
+        paths.append(path)
+    return paths, problems
+
+
+def main_notebooks(root: Path, args) -> int:
+    book = load_book(root)
+    out = Path(args.out).resolve() if args.out else book.root / "notebooks"
+    try:
+        paths, problems = export_book(book, out, args.files or None)
+    except QmdError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if not args.quiet:
+        for path in paths:
+            print(f"wrote {book.display(path)}")
+    return 1 if problems else 0
