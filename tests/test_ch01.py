@@ -249,6 +249,20 @@ def test_non_int_seq_len_is_rejected(seq_len):
         ch01.causal_mask(seq_len)
 
 
+def test_numpy_integers_are_accepted_as_counts():
+    np = pytest.importorskip("numpy")
+    assert ch01.attention_pairs(np.int64(4)) == 10
+    assert ch01.causal_mask(np.int32(3)).shape == (3, 3)
+    assert ch01.MultiHeadAttention(np.int64(8), np.int64(2)).head_dim == 4
+
+
+def test_mixed_dtypes_are_rejected():
+    with pytest.raises(TypeError, match="must share one dtype"):
+        ch01.scaled_dot_product_attention(
+            torch.zeros(2, 4), torch.zeros(3, 4, dtype=torch.float64), torch.zeros(3, 4)
+        )
+
+
 def test_d_model_not_divisible_by_heads_is_rejected():
     with pytest.raises(ValueError, match=r"d_model must be divisible by heads \(got d_model=10, heads=3\)"):
         ch01.MultiHeadAttention(10, 3)

@@ -6,6 +6,7 @@
 
 # chapters/ch01-attention.qmd:31
 import math
+import operator
 import pathlib
 
 import torch
@@ -25,20 +26,27 @@ def _shape_of(value: object) -> str:
 
 
 def _check_count(name: str, value: object) -> int:
-    """Return ``value`` when it is a positive int; otherwise raise an error that names ``name``.
+    """Return ``value`` as a positive int; otherwise raise an error that names ``name``.
+
+    Any integer type is accepted (``int``, a NumPy integer, an integer tensor
+    with one element); ``bool`` and floats are refused.
 
     Raises:
-        TypeError: If ``value`` is not an int (``bool`` is refused too).
+        TypeError: If ``value`` is not an integer.
         ValueError: If ``value`` is zero or negative.
     """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int (got {type(value).__name__})")
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int (got bool)")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int (got {type(value).__name__})") from None
     if value < 1:
         raise ValueError(f"{name} must be a positive integer (got {value})")
     return value
 
 
-# chapters/ch01-attention.qmd:71
+# chapters/ch01-attention.qmd:79
 # The book's colours, in the order plots use them: blue, rust, green, violet, ochre, slate.
 PALETTE: tuple[str, ...] = ("#1f5f8b", "#c4512d", "#4f8a3c", "#7a4fa0", "#c99a12", "#5c6670")
 
@@ -123,7 +131,7 @@ def data_path(*parts: str) -> pathlib.Path:
     return path
 
 
-# chapters/ch01-attention.qmd:296
+# chapters/ch01-attention.qmd:304
 def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     """Return the softmax of ``scores`` along ``dim``, computed without overflow (@eq-ch01-softmax).
 
@@ -154,7 +162,7 @@ def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     return exps / torch.where(total > 0, total, torch.ones_like(total))  # an empty slice: 0 / 1 = 0
 
 
-# chapters/ch01-attention.qmd:389
+# chapters/ch01-attention.qmd:397
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -192,6 +200,8 @@ def scaled_dot_product_attention(
             raise TypeError(f"{name} must be a floating-point tensor (got {_describe(tensor)})")
         if tensor.dim() < 2:
             raise ValueError(f"{name} needs at least 2 dimensions (..., tokens, width) (got {_shape_of(tensor)})")
+    if not query.dtype == key.dtype == value.dtype:
+        raise TypeError(f"query, key and value must share one dtype (got {query.dtype}, {key.dtype} and {value.dtype})")
     if query.shape[-1] != key.shape[-1]:
         raise ValueError(
             "query and key must have the same last dimension d "
@@ -233,7 +243,7 @@ def scaled_dot_product_attention(
     return weights @ value, weights  # (..., T_q, d_v)
 
 
-# chapters/ch01-attention.qmd:574
+# chapters/ch01-attention.qmd:584
 def causal_mask(seq_len: int, *, device: torch.device | str | None = None) -> Tensor:
     """Return the causal mask: a bool (seq_len, seq_len) tensor, True where query i may attend key j (j <= i).
 
@@ -248,11 +258,11 @@ def causal_mask(seq_len: int, *, device: torch.device | str | None = None) -> Te
         TypeError: If ``seq_len`` is not an int.
         ValueError: If ``seq_len`` is not positive.
     """
-    _check_count("seq_len", seq_len)
+    seq_len = _check_count("seq_len", seq_len)
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
 
 
-# chapters/ch01-attention.qmd:679
+# chapters/ch01-attention.qmd:689
 def split_heads(x: Tensor, heads: int) -> Tensor:
     """Return ``x`` reshaped from (B, T, H*d_h) to (B, H, T, d_h): one slice of width d_h per head.
 
@@ -260,7 +270,7 @@ def split_heads(x: Tensor, heads: int) -> Tensor:
         TypeError: If ``heads`` is not an int.
         ValueError: If ``heads`` is not positive, ``x`` is not 3-d, or its width is not divisible by ``heads``.
     """
-    _check_count("heads", heads)
+    heads = _check_count("heads", heads)
     if not isinstance(x, Tensor) or x.dim() != 3:
         raise ValueError(f"split_heads expects a (batch, tokens, width) tensor (got {_shape_of(x)})")
     batch, tokens, width = x.shape
@@ -284,7 +294,7 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).contiguous().view(batch, tokens, heads * head_dim)
 
 
-# chapters/ch01-attention.qmd:717
+# chapters/ch01-attention.qmd:727
 class MultiHeadAttention(nn.Module):
     """Multi-head self-attention: H heads of @eq-ch01-attention side by side, mixed by an output layer.
 
@@ -300,8 +310,8 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, heads: int, *, bias: bool = False) -> None:
         super().__init__()
-        _check_count("d_model", d_model)
-        _check_count("heads", heads)
+        d_model = _check_count("d_model", d_model)
+        heads = _check_count("heads", heads)
         if d_model % heads:
             raise ValueError(f"d_model must be divisible by heads (got d_model={d_model}, heads={heads})")
         self.d_model = d_model
@@ -335,7 +345,7 @@ class MultiHeadAttention(nn.Module):
         return self.output(merge_heads(attended))  # (B, H, T, dh) -> (B, T, d_model) -> (B, T, d_model)
 
 
-# chapters/ch01-attention.qmd:841
+# chapters/ch01-attention.qmd:851
 def attention_pairs(seq_len: int, *, causal: bool = True) -> int:
     """Return how many (query, key) pairs attention scores over ``seq_len`` tokens, per head per layer.
 
@@ -360,7 +370,7 @@ def kv_cache_scalars(seq_len: int, d_model: int, *, layers: int = 1) -> int:
         TypeError: If an argument is not an int.
         ValueError: If an argument is not positive.
     """
-    _check_count("seq_len", seq_len)
-    _check_count("d_model", d_model)
-    _check_count("layers", layers)
+    seq_len = _check_count("seq_len", seq_len)
+    d_model = _check_count("d_model", d_model)
+    layers = _check_count("layers", layers)
     return 2 * layers * d_model * seq_len
