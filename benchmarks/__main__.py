@@ -1,0 +1,127 @@
+"""Command line: python -m benchmarks [--quick] [--device cpu|cuda|auto] [--out PATH] [--threads N]."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+import torch
+
+from . import decode, floors, memory, prefill, ring, scan
+from .common import (
+    DEVICE_CHOICES,
+    Progress,
+    default_results_path,
+    machine_record,
+    resolve_device,
+    write_results,
+)
+
+FULL = {
+    "decode_tokens": [1024, 2048, 4096, 8192, 16384, 32768, 65536],
+    "prefill_tokens": [512, 1024, 2048, 4096, 8192, 16384],
+    "scan_tokens": [256, 1024, 4096, 16384],
+    "memory_tokens": [1024, 8192, 65536],
+    "ring_parts": [1, 2, 4],
+    "ring_tokens": 1023,
+    "min_run_time": 0.2,
+}
+QUICK = {
+    "decode_tokens": [1024, 4096, 16384],
+    "prefill_tokens": [512, 1024, 2048, 4096],
+    "scan_tokens": [256, 1024],
+    "memory_tokens": [1024, 4096],
+    "ring_parts": [1, 2, 4],
+    "ring_tokens": 255,
+    "min_run_time": 0.05,
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run in under two minutes")
+    parser.add_argument("--device", default="cpu", choices=DEVICE_CHOICES, help="where to run (default cpu)")
+    parser.add_argument("--out", type=pathlib.Path, default=None,
+                        help="results file (default benchmarks/results/<device>[-quick].json)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["ring", "prefill", "scan", "memory", "decode"],
+                        help="parts to leave out")
+    return parser.parse_args(argv)
+
+
+def summary_table(results: dict) -> str:
+    """Return the plain-text summary printed at the end of a run."""
+    lines = [f"machine: {results['machine']['device_name']} ({results['machine']['threads']} threads, "
+             f"torch {results['machine']['torch_version']}, {results['machine']['mode']} run)"]
+    floor = results["floors"]
+    lines.append(f"floor: {floor['bytes_per_s'] / 1e9:.1f} GB/s, {floor['flop_per_s'] / 1e9:.1f} GFLOP/s")
+    if results.get("decode"):
+        largest = max(r["tokens"] for r in results["decode"])
+        lines.append(f"decode step at T={largest}:")
+        lines.append(f"  {'design':18s} {'ms':>9s} {'MiB read':>9s} {'GB/s':>7s} {'% floor':>8s}")
+        for r in results["decode"]:
+            if r["tokens"] == largest:
+                lines.append(f"  {r['design']:18s} {r['seconds'] * 1e3:9.2f} {r['cache_bytes'] / 2**20:9.1f} "
+                             f"{r['bytes_per_s'] / 1e9:7.2f} {r['percent_of_floor']:8.1f}")
+    if results.get("prefill"):
+        for slow, fast_design in (("full-sdpa", "window-banded"), ("full-sdpa", "window-blocksparse"),
+                                  ("full-sdpa", "linear-chunked")):
+            n = prefill.crossovers(results["prefill"], slow, fast_design)
+            lines.append(f"prefill: {fast_design} beats {slow} from n = {n if n else 'never (in range)'}")
+    if results.get("scan"):
+        for r in results["scan"]["scan"]:
+            lines.append(f"scan T={r['tokens']}: parallel is {r['speedup']:.1f}x the loop's speed")
+    if results.get("ring"):
+        for r in results["ring"]:
+            lines.append(f"ring P={r['parts']}: max diff {r['max_abs_diff']:.1e}, "
+                         f"cache per rank {r['cache_bytes_per_rank']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"error: --threads must be >= 1 (got {args.threads})", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    sizes = QUICK if args.quick else FULL
+    progress = Progress()
+    started = time.monotonic()
+    results = {"machine": machine_record(device, threads, "quick" if args.quick else "full"), "sizes": sizes}
+    progress(f"benchmarks on {results['machine']['device_name']} ({device.type}), {threads} threads, "
+             f"{results['machine']['mode']} run")
+    results["floors"] = floors.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)
+    mrt = sizes["min_run_time"]
+    if "decode" not in args.skip:
+        results["decode"] = decode.run_decode(sizes["decode_tokens"], device=device, threads=threads,
+                                              floor_bytes_per_s=results["floors"]["bytes_per_s"],
+                                              progress=progress, min_run_time=mrt)
+    if "prefill" not in args.skip:
+        results["prefill"] = prefill.run_prefill(sizes["prefill_tokens"], device=device, threads=threads,
+                                                 progress=progress, min_run_time=mrt)
+    if "scan" not in args.skip:
+        results["scan"] = scan.run_scan(sizes["scan_tokens"], device=device, threads=threads, progress=progress,
+                                        min_run_time=mrt)
+    if "memory" not in args.skip:
+        results["memory"] = memory.run_memory(sizes["memory_tokens"], device=device, progress=progress)
+    if "ring" not in args.skip:
+        results["ring"] = ring.run_ring(sizes["ring_parts"], sizes["ring_tokens"], progress=progress)
+    results["machine"]["wall_seconds"] = time.monotonic() - started
+    out = args.out or default_results_path(device, args.quick)
+    write_results(results, out)
+    print(summary_table(results), flush=True)
+    print(f"wrote {out} ({results['machine']['wall_seconds']:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Shared pieces of the benchmarks: device choice, timing, machine description, results files."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import json
+import os
+import pathlib
+import platform
+import re
+import time
+from collections.abc import Callable
+
+import torch
+import torch.utils.benchmark as torch_benchmark
+
+RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+DEVICE_CHOICES = ("cpu", "cuda", "auto")
+
+
+def resolve_device(name: str) -> torch.device:
+    """Return the torch.device for 'cpu', 'cuda' or 'auto' (cuda when available, else cpu).
+
+    Raises:
+        ValueError: for any other name, or 'cuda' on a machine without a CUDA device.
+    """
+    if name not in DEVICE_CHOICES:
+        raise ValueError(f"unknown device {name!r}; choose one of {', '.join(DEVICE_CHOICES)}")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but torch.cuda.is_available() is False; use 'cpu' or 'auto'")
+    return torch.device(name)
+
+
+def cpu_model() -> str:
+    """Return the CPU model name from /proc/cpuinfo (or platform.processor() where that is unreadable)."""
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown cpu"
+
+
+def device_label(device: torch.device) -> str:
+    """Return a human name for the device: the CPU model or the GPU name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+def device_slug(device: torch.device) -> str:
+    """Return the file-name form of the device, e.g. 'cpu-amd-epyc' or 'cuda-nvidia-h200'."""
+    words = re.sub(r"\(r\)|\(tm\)|cpu|@.*$", " ", device_label(device).lower())
+    slug = re.sub(r"[^a-z0-9]+", "-", words).strip("-")
+    return f"{device.type}-{slug or 'unknown'}"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued work on `device` to finish (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_median(fn: Callable[[], object], *, device: torch.device, threads: int,
+                min_run_time: float = 0.2) -> dict:
+    """Return the median seconds per call of `fn` measured with torch.utils.benchmark after one warm-up call.
+
+    The Timer picks how many calls make one block, repeats blocks for at least `min_run_time`
+    seconds, and reports the median block time per call. On CUDA the Timer synchronises.
+
+    Returns:
+        {"seconds": median, "runs": number of blocks, "iqr_seconds": interquartile range}
+    """
+    fn()  # warm-up: first-touch pages, kernel selection, allocator
+    synchronize(device)
+    timer = torch_benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
+    measurement = timer.blocked_autorange(min_run_time=min_run_time)
+    return {"seconds": float(measurement.median), "runs": len(measurement.times),
+            "iqr_seconds": float(measurement.iqr)}
+
+
+def rss_bytes() -> int | None:
+    """Return this process's resident set size in bytes from /proc/self/status, or None where unreadable."""
+    try:
+        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def release_memory(device: torch.device) -> None:
+    """Drop unreferenced tensors so the next measurement starts from a settled heap."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def machine_record(device: torch.device, threads: int, mode: str) -> dict:
+    """Return the description of the run that every results file begins with."""
+    return {
+        "device": device.type,
+        "device_name": device_label(device),
+        "device_slug": device_slug(device),
+        "cpu_model": cpu_model(),
+        "threads": threads,
+        "logical_cpus": os.cpu_count(),
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "mode": mode,
+    }
+
+
+def default_results_path(device: torch.device, quick: bool) -> pathlib.Path:
+    """Return benchmarks/results/<device-slug>.json (full) or <device-slug>-quick.json (quick)."""
+    return RESULTS_DIR / f"{device_slug(device)}{'-quick' if quick else ''}.json"
+
+
+def write_results(results: dict, path: pathlib.Path) -> None:
+    """Write `results` as indented JSON, atomically (a .tmp file renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+class Progress:
+    """Print one line per finished measurement with the elapsed time, flushed at once."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.start = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            print(f"[{time.monotonic() - self.start:6.1f} s] {message}", flush=True)
