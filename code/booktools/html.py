@@ -45,11 +45,13 @@ from pygments.lexers import PythonLexer
 
 from . import qmd
 from .book import Book, BookError, ChapterEntry, find_root, load_book
+from .numbering import Numbering, compute_numbering
 
 __all__ = [
     "AssetError",
     "Page",
     "build_book",
+    "heading_ids",
     "main",
     "pandoc_slug",
     "plan_pages",
@@ -100,6 +102,7 @@ _CROSSREF = re.compile(
 _NUMBER_PREFIX = re.compile(
     r"^\s*(?:(?:Chapter|Appendix)\s+)?(?P<number>(?:\d+|[A-Z])(?:\.\d+)*)[.:]?\s+(?=\S)"
 )
+_CODE_REFERENCE = re.compile(r"@(?P<label>(?:fig|tbl|eq|sec)-[A-Za-z0-9_-]*[A-Za-z0-9])")
 _ATTR_SUFFIX = re.compile(r"\s*\{[^{}]*\}\s*$")
 
 
@@ -156,41 +159,31 @@ def _clean_title(text: str, number: str | None) -> str:
     return text.strip()
 
 
-def plan_pages(book: Book, executed: Path) -> list[Page]:
+def plan_pages(book: Book, executed: Path, numbering: Numbering | None = None) -> list[Page]:
     """One page per file `_quarto.yml` lists that has an executed notebook (or is index.qmd).
 
-    Chapters are numbered 1, 2, ... in order (index.qmd is unnumbered, as in Quarto);
-    appendices are lettered A, B, ...
+    Numbers come from the book's numbering (as Quarto numbers): chapters 1, 2, ...;
+    index.qmd and `{.unnumbered}` chapters get none; appendices are lettered A, B, ...
     """
+    numbering = numbering or compute_numbering(book)
     pages: list[Page] = []
-    chapter, appendix = 0, 0
-    for entry in book.entries:
+    for info in numbering.chapters:
+        entry = info.entry
         stem = Path(entry.path).stem
         is_index = stem == "index" and not entry.appendix
-        if is_index:
-            number = None
-        elif entry.appendix:
-            number = chr(ord("A") + appendix)
-            appendix += 1
-        else:
-            chapter += 1
-            number = str(chapter)
         notebook_path = executed / f"{stem}.ipynb"
-        source_path = book.root / entry.path
-        page = Page(source=entry.path, slug=stem, number=number, appendix=entry.appendix)
-        if source_path.is_file():
-            try:
-                page.document = qmd.parse_file(source_path, book.root)
-            except qmd.QmdError as exc:
-                print(f"html: {exc}", file=sys.stderr)
+        page = Page(source=entry.path, slug=stem, number=info.number, appendix=entry.appendix)
+        page.document = info.document
         if notebook_path.is_file():
             page.notebook = nbformat.read(notebook_path, as_version=4)
         elif not is_index:
-            print(f"html: skipping {entry.path}: no executed notebook {notebook_path}", file=sys.stderr)
+            if (book.root / entry.path).is_file():
+                print(f"html: skipping {entry.path}: no executed notebook {notebook_path}", file=sys.stderr)
             continue
         elif page.document is None:
             continue
         page.title = _page_title(page, entry)
+        page.title_id = info.label or ""
         pages.append(page)
     return pages
 
@@ -259,8 +252,28 @@ def _truthy(value) -> bool:
     return bool(value)
 
 
+_MERMAID_FENCE = re.compile(
+    r"^(?P<fence>`{3,}|~{3,})[ \t]*\{?mermaid\}?[ \t]*\n(?P<body>.*?)^(?P=fence)[ \t]*$",
+    re.MULTILINE | re.DOTALL,
+)
+
+
+def markdown_to_html(text: str) -> str:
+    """Markdown -> HTML with nbconvert's renderer (maths left for MathJax), Mermaid kept as text.
+
+    nbconvert copies a Mermaid block's source into the page unescaped, so a label such as
+    `A<br/>B` would turn into markup; the block is escaped here and Mermaid reads it back.
+    """
+
+    def mermaid(match: re.Match) -> str:
+        lines = [line for line in match.group("body").split("\n") if not line.lstrip().startswith("%%|")]
+        return f'\n<pre class="mermaid">{html.escape(chr(10).join(lines).strip(chr(10)))}\n</pre>\n'
+
+    return markdown2html_mistune(_MERMAID_FENCE.sub(mermaid, text))
+
+
 def _inline_markdown(text: str) -> str:
-    rendered = markdown2html_mistune(text).strip()
+    rendered = markdown_to_html(text).strip()
     if rendered.startswith("<p>") and rendered.endswith("</p>") and rendered.count("<p>") == 1:
         rendered = rendered[3:-4]
     return rendered
@@ -286,28 +299,70 @@ def _collapse_carriage_returns(text: str) -> str:
 
 
 class _Renderer:
-    def __init__(self, page: Page, out: Path):
+    def __init__(self, page: Page, out: Path, numbering: Numbering | None = None):
+        self.numbering = numbering
         self.page = page
         self.out = out
         self.figure_count = 0
         self.formatter = HtmlFormatter(cssclass="highlight")
+        self.caption_cells: dict[str, str] = {}  # label -> the export's caption cell ("**Figure 1.2:** ...")
         self.lexer = PythonLexer()
 
     def render(self) -> str:
-        parts = []
-        for index, cell in enumerate(self.page.notebook.cells):
+        parts: list[str] = []
+        callout: dict | None = None  # the callout being assembled: its metadata and rendered pieces
+        cells = self.page.notebook.cells
+        skip: set[int] = set()
+        for index, cell in enumerate(cells):
+            if index in skip:
+                continue
+            meta = cell.get("metadata", {}).get("longctx") or {}
+            info = meta.get("callout") if isinstance(meta.get("callout"), dict) else None
+            if callout is not None and (info is None or info.get("id") != callout["id"]):
+                parts.append(_close_callout(callout))
+                callout = None
+            if info is not None and callout is None:
+                callout = {**info, "pieces": []}
             if cell.cell_type == "markdown":
-                parts.append(f'<div class="cell markdown-cell">{markdown2html_mistune(cell.source)}</div>')
+                piece = markdown_to_html(cell.source)
+                if callout is not None:
+                    callout["pieces"].append(_callout_inner(piece))
+                else:
+                    parts.append(f'<div class="cell markdown-cell">{piece}</div>')
             elif cell.cell_type == "code":
-                parts.append(self.code_cell(index, cell))
+                label = str(meta.get("label") or "")
+                follower = cells[index + 1] if index + 1 < len(cells) else None
+                if label and follower is not None and follower.cell_type == "markdown":
+                    follower_meta = follower.get("metadata", {}).get("longctx") or {}
+                    if follower_meta.get("role") == "caption" and follower_meta.get("label") == label:
+                        self.caption_cells[label] = follower.source
+                        skip.add(index + 1)
+                piece = self.code_cell(index, cell)
+                if callout is not None:
+                    callout["pieces"].append(piece)
+                else:
+                    parts.append(piece)
             # raw cells are meant for other formats; the web edition leaves them out
+        if callout is not None:
+            parts.append(_close_callout(callout))
         return "\n".join(part for part in parts if part)
+
+    def references_as_text(self, code: str) -> str:
+        """`@eq-ch01-softmax` in a comment or docstring reads "Equation 1.1" in the web edition."""
+        if self.numbering is None:
+            return code
+
+        def replace(match: re.Match) -> str:
+            target = self.numbering.targets.get(match.group("label"))
+            return target.text if target is not None else match.group(0)
+
+        return _CODE_REFERENCE.sub(replace, code)
 
     def code_cell(self, index: int, cell) -> str:
         options = _cell_options(cell)
         if options.get("include") is False:
             return ""
-        code = strip_option_lines(cell.source)
+        code = self.references_as_text(strip_option_lines(cell.source))
         blocks = []
         if options.get("echo", True) is not False and code.strip():
             highlighted = highlight(code, self.lexer, self.formatter)
@@ -356,7 +411,7 @@ class _Renderer:
             return self.image(index, k, mime, value, metadata, options, label)
         text = _text_of(value)
         if mime == "text/markdown":
-            rendered = markdown2html_mistune(text)
+            rendered = markdown_to_html(text)
         elif mime == "text/html":
             rendered = text
         elif mime == "text/latex":
@@ -378,10 +433,14 @@ class _Renderer:
         return rendered
 
     def caption(self, options: dict, prefix: str, word: str) -> str:
-        text = options.get("longctx-caption") or options.get(f"{prefix}-cap") or ""
+        """ "Figure 3.2: caption" as HTML: the export's caption cell, else the cell's own caption."""
+        label = str(options.get("longctx-label") or options.get("label") or "")
         number = options.get("longctx-number")
+        if label in self.caption_cells:
+            return _caption_html(self.caption_cells[label], word, number)
+        text = options.get("longctx-caption") or options.get(f"{prefix}-cap") or ""
         caption = _inline_markdown(str(text)) if text else ""
-        if number and not re.match(rf"^{word}\s", caption):
+        if number:
             caption = (
                 f"{word}\u00a0{html.escape(str(number))}: {caption}" if caption else f"{word}\u00a0{number}"
             )
@@ -422,19 +481,98 @@ class _Renderer:
     _figure_id_used = False
 
 
+_CAPTION_PREFIX = re.compile(
+    r"^\s*(?:\*\*|__)?(?P<word>Figure|Table)\s+(?P<number>[0-9A-Z]+(?:\.\d+)*)\s*:?\s*(?:\*\*|__)?\s*:?\s*"
+)
+
+
+def _caption_html(markdown: str, word: str, number) -> str:
+    """The export's caption text ("**Figure 1.2:** Why ...") as "Figure 1.2: Why ..." in HTML."""
+    match = _CAPTION_PREFIX.match(markdown)
+    if match:
+        number = number or match.group("number")
+        markdown = markdown[match.end() :]
+    body = _inline_markdown(markdown.strip()) if markdown.strip() else ""
+    prefix = f"{word}\u00a0{html.escape(str(number))}" if number else ""
+    if prefix and body:
+        return f"{prefix}: {body}"
+    return prefix or body
+
+
+def _callout_inner(rendered: str) -> str:
+    """The content of one piece of a callout the export split across cells (without its wrapper and title)."""
+    soup = BeautifulSoup(rendered, "html.parser")
+    wrapper = soup.find("div", class_="callout")
+    if wrapper is None:
+        return rendered
+    title = wrapper.find(class_="callout-title")
+    if title is not None:
+        title.decompose()
+    return wrapper.decode_contents()
+
+
+def _close_callout(callout: dict) -> str:
+    kind = re.sub(r"[^a-z-]", "", str(callout.get("type") or "note")) or "note"
+    title = html.escape(str(callout.get("title") or kind.capitalize()))
+    inner = "\n".join(callout["pieces"])
+    if callout.get("collapse"):
+        return (
+            f'<details class="callout callout-{kind}"><summary class="callout-title">{title}</summary>'
+            f'<div class="callout-body">{inner}</div></details>'
+        )
+    return (
+        f'<div class="callout callout-{kind}"><p class="callout-title">{title}</p>'
+        f'<div class="callout-body">{inner}</div></div>'
+    )
+
+
+def _static_table_captions(page: Page, soup: BeautifulSoup, numbering: Numbering | None) -> None:
+    """A "**Table 1.1:** ..." paragraph right after a table becomes that table's <caption> and id."""
+    labels = {}
+    if numbering is not None:
+        labels = {
+            target.number: target.label
+            for target in numbering.targets.values()
+            if target.kind == "table" and target.file == page.source
+        }
+    for paragraph in soup.find_all("p"):
+        first = paragraph.find(True)
+        text = paragraph.get_text()
+        match = re.match(r"^\s*Table\s+([0-9A-Z]+(?:\.\d+)*):", text)
+        if not match or first is None or first.name not in ("strong", "b"):
+            continue
+        previous = paragraph.find_previous_sibling(True)
+        if previous is None or previous.name != "table" or previous.find("caption") is not None:
+            continue
+        first.decompose()
+        caption = soup.new_tag("caption")
+        caption.append(f"Table\u00a0{match.group(1)}: ")
+        for position, child in enumerate(list(paragraph.contents)):
+            child = child.extract()
+            if position == 0 and isinstance(child, NavigableString):
+                child = NavigableString(str(child).lstrip(" :"))
+            caption.append(child)
+        previous.insert(0, caption)
+        label = labels.get(match.group(1))
+        if label and not previous.get("id"):
+            previous["id"] = label
+        paragraph.decompose()
+
+
 def _math_in(text: str) -> bool:
     return bool(re.search(r"\$[^$]+\$|\\\(|\\\[|\\begin\{", text))
 
 
-def render_page(page: Page, out: Path) -> None:
+def render_page(page: Page, out: Path, numbering: Numbering | None = None) -> None:
     """Render `page.notebook` (or its markdown source) into `page.body` and collect its headings."""
     if page.notebook is not None:
-        body = _Renderer(page, out).render()
+        body = _Renderer(page, out, numbering).render()
     else:
         text = "\n\n".join(block.text for block in page.document.markdown)
-        body = f'<div class="cell markdown-cell">{markdown2html_mistune(text)}</div>'
+        body = f'<div class="cell markdown-cell">{markdown_to_html(text)}</div>'
     soup = BeautifulSoup(body, "html.parser")
     _assign_heading_ids(page, soup)
+    _static_table_captions(page, soup, numbering)
     _wrap_tables(soup)
     _fix_mermaid(soup)
     page.has_mermaid = soup.select_one("pre.mermaid") is not None
@@ -442,16 +580,33 @@ def render_page(page: Page, out: Path) -> None:
     page.body = str(soup)
 
 
-def _source_headings(page: Page) -> list[qmd.Heading]:
-    if page.document is None:
-        return []
-    return page.document.headings()
+def heading_ids(document: qmd.Document) -> list[tuple[qmd.Heading, str]]:
+    """Every section heading of a chapter with the id Quarto gives it: its label, else Pandoc's slug.
+
+    Headings that give a callout its title are not sections and are left out. The API
+    reference links to these ids, and the notebook edition gives its headings the same ones.
+    """
+    found: list[tuple[qmd.Heading, str]] = []
+    used: set[str] = set()
+    items, _ = qmd.walk(document)
+    for item in items:
+        if getattr(item, "kind", None) != "heading" or item.callout_title or item.in_math:
+            continue
+        heading = item.heading
+        ident = heading.label or pandoc_slug(heading.text)
+        base, n = ident, 1
+        while ident in used:
+            ident = f"{base}-{n}"
+            n += 1
+        used.add(ident)
+        found.append((heading, ident))
+    return found
 
 
 def _assign_heading_ids(page: Page, soup: BeautifulSoup) -> None:
     """Give headings their Quarto ids (label, else slug); drop the page's own title heading."""
-    sources = _source_headings(page)
-    used: set[str] = set()
+    sources = heading_ids(page.document) if page.document is not None else []
+    used = {ident for _, ident in sources}
     rendered = [
         tag for tag in soup.find_all(re.compile(r"^h[1-6]$")) if tag.find_parent(class_="cell-output") is None
     ]
@@ -464,25 +619,22 @@ def _assign_heading_ids(page: Page, soup: BeautifulSoup) -> None:
             anchor.decompose()
         text = tag.get_text().strip()
         ident = None
-        source = None
-        # match the rendered heading with the source heading of the same level, in order
+        # match the rendered heading with the next source heading of the same level
         for probe in range(cursor, len(sources)):
-            if sources[probe].level == level:
-                source = sources[probe]
+            if sources[probe][0].level == level:
+                ident = sources[probe][1]
                 cursor = probe + 1
                 break
-        if source is not None:
-            ident = source.label or pandoc_slug(_clean_title(source.text, None))
-        else:
-            ident = pandoc_slug(_clean_title(text, None))
-        base, n = ident, 1
-        while ident in used:
-            ident = f"{base}-{n}"
-            n += 1
-        used.add(ident)
+        if ident is None:
+            ident = base = pandoc_slug(_clean_title(text, None))
+            n = 1
+            while ident in used:
+                ident = f"{base}-{n}"
+                n += 1
+            used.add(ident)
         if level == 1 and not title_done:
             title_done = True
-            page.title_id = ident
+            page.title_id = page.title_id or ident
             tag.decompose()
             continue
         tag["id"] = ident
@@ -503,69 +655,60 @@ def _wrap_tables(soup: BeautifulSoup) -> None:
 
 
 def _fix_mermaid(soup: BeautifulSoup) -> None:
+    """Any Mermaid block still in a `<code class="language-mermaid">` becomes a `<pre class="mermaid">`."""
     for code in soup.select("pre > code.language-mermaid"):
         pre = code.parent
         pre["class"] = ["mermaid"]
         pre.string = code.get_text()
-    for pre in soup.select("pre.mermaid"):
-        lines = [line for line in pre.get_text().split("\n") if not line.lstrip().startswith("%%|")]
-        pre.string = "\n".join(lines).strip("\n") + "\n"
 
 
 # ---------------------------------------------------------------------------
 # cross-page work: targets, cross-reference links, link rewriting
 
 
-def _collect_targets(pages: list[Page]) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
+def _collect_targets(
+    pages: list[Page], numbering: Numbering
+) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
     """(id -> page href) for every id, and ((kind, number) -> "page.html#id") for cross-references."""
     ids: dict[str, str] = {}
     numbers: dict[tuple[str, str], str] = {}
+    by_source = {page.source: page for page in pages}
     for page in pages:
-        ids.setdefault(page.title_id or "top", page.href)
+        if page.title_id:
+            ids.setdefault(page.title_id, page.href)
         if page.number is not None:
             numbers[("chapter", page.number)] = page.href
         soup = BeautifulSoup(page.body, "html.parser")
         for tag in soup.find_all(id=True):
             ids.setdefault(tag["id"], page.href)
-        for _level, ident, text in page.headings:
-            match = _NUMBER_PREFIX.match(text)
-            if match:
-                numbers.setdefault(("sec", match.group("number")), f"{page.href}#{ident}")
-        for figure in soup.select("figure[id]"):
-            caption = figure.find("figcaption")
-            match = re.match(r"Figure\s+(\S+?):", caption.get_text() if caption else "")
-            if match:
-                numbers.setdefault(("fig", match.group(1)), f"{page.href}#{figure['id']}")
-        for table in soup.select("table[id]"):
-            caption = table.find("caption")
-            match = re.match(r"Table\s+(\S+?):", caption.get_text() if caption else "")
-            if match:
-                numbers.setdefault(("tbl", match.group(1)), f"{page.href}#{table['id']}")
-        for anchor in soup.select("span.eq-anchor[id]"):
-            numbers.setdefault(("eq", anchor.get("data-number", "")), f"{page.href}#{anchor['id']}")
+    kinds = {"section": "sec", "figure": "fig", "table": "tbl", "equation": "eq"}
+    for target in numbering.targets.values():
+        page = by_source.get(target.file)
+        if page is None or not target.number or target.kind not in kinds:
+            continue
+        if ids.get(target.label) == page.href:
+            numbers.setdefault((kinds[target.kind], target.number), f"{page.href}#{target.label}")
     return ids, numbers
 
 
-def _label_equations(page: Page) -> None:
-    """Put an anchor with the label's id before each display equation that has a \\tag."""
-    labels = []
-    if page.document is not None:
-        for block in page.document.markdown:
-            labels += re.findall(r"\$\$\s*\{#(eq-[A-Za-z0-9_-]+)\}", block.text)
+def _label_equations(page: Page, numbering: Numbering) -> None:
+    """Put an anchor with the label's id before each display equation tagged with its number."""
+    wanted = {
+        target.number: target.label
+        for target in numbering.targets.values()
+        if target.kind == "equation" and target.file == page.source and target.number
+    }
+    if not wanted:
+        return
     soup = BeautifulSoup(page.body, "html.parser")
-    tags = []
-    for text in soup.find_all(string=re.compile(r"\\tag\{")):
+    for text in list(soup.find_all(string=re.compile(r"\\tag\{"))):
         if text.find_parent(["pre", "code", "script"]) is not None:
             continue
-        for match in re.finditer(r"\\tag\{([^}]*)\}", str(text)):
-            tags.append((text, match.group(1)))
-    done = set()
-    for (text, number), label in zip(tags, labels, strict=False):
-        if id(text) in done:
-            continue
-        anchor = soup.new_tag("span", id=label, attrs={"class": "eq-anchor", "data-number": number})
-        text.insert_before(anchor)
-        done.add(id(text))
+        for match in re.finditer(r"\\tag\*?\{([^}]*)\}", str(text)):
+            label = wanted.pop(match.group(1).strip(), None)
+            if label is not None:
+                anchor = soup.new_tag("span", id=label, attrs={"class": "eq-anchor"})
+                text.insert_before(anchor)
     page.body = str(soup)
 
 
@@ -818,7 +961,8 @@ def build_book(
     """Write the notebook edition of the book into `out`; returns the pages written, in order."""
     book = load_book(root)
     node_modules = node_modules or ensure_node_modules(root)
-    pages = plan_pages(book, executed)
+    numbering = compute_numbering(book)
+    pages = plan_pages(book, executed, numbering)
     if not pages:
         raise BookError(
             f"no executed notebooks in {executed}: run `python -m longctx.booktools execute` first"
@@ -830,9 +974,9 @@ def build_book(
             stale.unlink()
     out.mkdir(parents=True, exist_ok=True)
     for page in pages:
-        render_page(page, out)
-        _label_equations(page)
-    ids, numbers = _collect_targets(pages)
+        render_page(page, out, numbering)
+        _label_equations(page, numbering)
+    ids, numbers = _collect_targets(pages, numbering)
     slugs = {page.slug for page in pages}
     for page in pages:
         soup = BeautifulSoup(page.body, "html.parser")
@@ -862,6 +1006,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--root", default=None, help="the book's root (default: the folder holding _quarto.yml)"
     )
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]  # `python -m longctx.booktools html -- --out DIR`
     args = parser.parse_args(argv)
     try:
         root = Path(args.root).resolve() if args.root else find_root()

@@ -1,0 +1,213 @@
+"""The API reference appendix, generated from the chapters' modules when the book is built.
+
+For every chapter module that exists (`longctx.ch01`, `longctx.ch02`, ...), every public
+name in its `__all__`: the signature, the first paragraph of the docstring, and a link to
+the section of the chapter whose `# @save` cell defines it. The defining cell is found
+from the `# chapters/FILE.qmd:LINE` comments the tangle step writes before each saved
+block in `code/chNN/_generated.py`; the section is the last heading above that line, and
+the link's fragment is the id Quarto gives that heading (its `sec-` label, else Pandoc's
+slug), which the notebook edition gives it too. Links are relative (`ch03-long-context.html#sec-ch03-rope`):
+the appendix page sits beside the chapter pages in both editions.
+
+The appendix's only cell is
+
+    from longctx.booktools.apiref import api_reference
+    api_reference()
+"""
+
+from __future__ import annotations
+
+import ast
+import html
+import importlib
+import inspect
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .book import find_root, load_book
+from .html import heading_ids
+from .numbering import Numbering, compute_numbering
+
+__all__ = ["ApiEntry", "api_entries", "api_reference", "api_reference_markdown", "defining_lines"]
+
+SOURCE_COMMENT = re.compile(r"^# (?P<file>\S+\.qmd):(?P<line>\d+)\s*$")
+REFERENCE = re.compile(r"\[?@(?P<label>(?:fig|tbl|eq|sec)-[A-Za-z0-9_-]*[A-Za-z0-9])\]?")
+
+
+@dataclass
+class ApiEntry:
+    """One public name of one chapter module."""
+
+    module: str  # "longctx.ch03"
+    name: str
+    kind: str  # "class", "function", "constant"
+    signature: str  # "kv_bytes(config, tokens, batch=1) -> int"
+    summary: str  # the docstring's first paragraph ("" when there is none)
+    file: str | None  # the chapter file that defines it
+    line: int | None  # the line of its saved cell
+    section: str | None  # "Section 3.2 Grouped heads" (or the chapter, before its first section)
+    href: str | None  # "ch03-long-context.html#sec-ch03-gqa"
+
+
+def defining_lines(generated: Path) -> dict[str, tuple[str, int]]:
+    """Top-level name -> (chapter file, line) from a generated module's source comments."""
+    text = generated.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    marks: list[tuple[int, str, int]] = []  # (line in generated file, chapter file, chapter line)
+    for number, line in enumerate(lines, start=1):
+        match = SOURCE_COMMENT.match(line)
+        if match:
+            marks.append((number, match.group("file"), int(match.group("line"))))
+    found: dict[str, tuple[str, int]] = {}
+    for node in ast.parse(text).body:
+        names: list[str] = []
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names = [node.name]
+        elif isinstance(node, ast.Assign):
+            names = [target.id for target in node.targets if isinstance(target, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names = [node.target.id]
+        first = min([node.lineno] + [decorator.lineno for decorator in getattr(node, "decorator_list", [])])
+        before = [mark for mark in marks if mark[0] < first]
+        if not before:
+            continue
+        _, file, line = before[-1]
+        for name in names:
+            found.setdefault(name, (file, line))
+    return found
+
+
+def _signature(name: str, obj) -> tuple[str, str]:
+    if inspect.isclass(obj):
+        try:
+            signature = _plain_annotations(str(inspect.signature(obj))).removesuffix(" -> None")
+        except (TypeError, ValueError):
+            signature = "(...)"
+        return "class", f"{name}{signature}"
+    if callable(obj):
+        try:
+            signature = _plain_annotations(str(inspect.signature(obj)))
+        except (TypeError, ValueError):
+            signature = "(...)"
+        return "function", f"{name}{signature}"
+    return "constant", f"{name}: {type(obj).__name__}"
+
+
+def _summary(obj, kind: str) -> str:
+    if kind == "constant":
+        return ""
+    doc = inspect.getdoc(obj) or ""
+    if inspect.isclass(obj) and doc and obj.__doc__ is None:
+        return ""
+    paragraph = re.split(r"\n\s*\n", doc.strip(), maxsplit=1)[0] if doc.strip() else ""
+    return " ".join(line.strip() for line in paragraph.split("\n"))
+
+
+def _section_for(numbering: Numbering, file: str, line: int) -> tuple[str | None, str | None]:
+    info = numbering.chapter(file)
+    if info is None or info.document is None:
+        return None, None
+    page = f"{Path(file).stem}.html"
+    chosen = None
+    for heading, ident in heading_ids(info.document):
+        if heading.line < line:
+            chosen = (heading, ident)
+        else:
+            break
+    if chosen is None:
+        return (f"Chapter {info.number}" if info.number else info.title), page
+    heading, ident = chosen
+    number = numbering.heading_numbers.get((file, heading.line), "")
+    if heading.level == 1:
+        kind = "Appendix" if info.entry.appendix else "Chapter"
+        text = f"{kind} {number}" if number else heading.text
+        return text, f"{page}#{ident}"
+    text = f"Section {number} {heading.text}" if number else heading.text
+    return text, f"{page}#{ident}"
+
+
+def api_entries(root: Path | str | None = None) -> list[ApiEntry]:
+    """Every public name of every chapter module that exists, in book order."""
+    root = Path(root) if root is not None else find_root()
+    book = load_book(root)
+    numbering = compute_numbering(book)
+    entries: list[ApiEntry] = []
+    for chapter in book.module_entries:
+        module_name = f"longctx.{chapter.module}"
+        generated = root / "code" / chapter.module / "_generated.py"
+        if not generated.is_file():
+            continue
+        module = importlib.import_module(module_name)
+        lines = defining_lines(generated)
+        for name in getattr(module, "__all__", []):
+            obj = getattr(module, name)
+            kind, signature = _signature(name, obj)
+            file, line = lines.get(name, (None, None))
+            section, href = _section_for(numbering, file, line) if file else (None, None)
+            entries.append(
+                ApiEntry(module_name, name, kind, signature, _summary(obj, kind), file, line, section, href)
+            )
+    return entries
+
+
+def _references_to_links(text: str, numbering: Numbering) -> str:
+    """`@eq-ch03-kvbytes` -> a Markdown link reading "Equation 3.1" (Quarto syntax never reaches a reader)."""
+
+    def replace(match: re.Match) -> str:
+        target = numbering.targets.get(match.group("label"))
+        if target is None:
+            return match.group("label")
+        page = f"{Path(target.file).stem}.html"
+        return f"[{target.text}]({page}#{target.label})"
+
+    return REFERENCE.sub(replace, text)
+
+
+def _escape_markdown(text: str) -> str:
+    """Keep a docstring's text as text: `<` and `&` are not markup."""
+    return html.escape(text, quote=False)
+
+
+def _plain_annotations(signature: str) -> str:
+    """`x: 'Tensor'` -> `x: Tensor` (annotations are strings under `from __future__ import annotations`)."""
+    return re.sub(r"(:\s|->\s)'([^']*)'", r"\1\2", signature)
+
+
+def api_reference_markdown(root: Path | str | None = None) -> str:
+    """The API reference as Markdown: one list per chapter module, one item per public name."""
+    root = Path(root) if root is not None else find_root()
+    numbering = compute_numbering(load_book(root))
+    entries = api_entries(root)
+    if not entries:
+        return "No chapter module exists yet: run `make tangle`."
+    titles = {info.entry.module: info for info in numbering.chapters if info.entry.module}
+    out: list[str] = []
+    current = None
+    for entry in entries:
+        if entry.module != current:
+            current = entry.module
+            short = current.rsplit(".", 1)[-1]
+            info = titles.get(short)
+            chapter = f"Chapter {info.number}, {info.title}" if info is not None and info.number else short
+            page = f"{Path(info.entry.path).stem}.html" if info is not None else None
+            heading = f"[{chapter}]({page})" if page else chapter
+            count = sum(1 for item in entries if item.module == current)
+            out.append(f"\n**`{current}`** — {heading} ({count} public names)\n")
+        parts = [f"- `{entry.signature}`" + ("\\" if entry.summary or entry.href else "")]
+        if entry.summary:
+            summary = _references_to_links(_escape_markdown(entry.summary), numbering)
+            parts.append(f"  {summary}" + ("\\" if entry.href else ""))
+        elif entry.kind == "constant":
+            parts.append("  A constant." + ("\\" if entry.href else ""))
+        if entry.href:
+            parts.append(f"  Defined in [{entry.section}]({entry.href}).")
+        out.append("\n".join(parts))
+    return "\n".join(out).strip() + "\n"
+
+
+def api_reference(root: Path | str | None = None):
+    """The API reference as an IPython Markdown object (what the appendix's cell displays)."""
+    from IPython.display import Markdown
+
+    return Markdown(api_reference_markdown(root))
