@@ -81,8 +81,26 @@ table()
 
 ```{mermaid}
 graph LR
-  A --> B
+  A["one<br/>two"] --> B
 ```
+
+| x | y |
+|---|---|
+| 1 | 2 |
+
+: Static sizes {#tbl-ch01-static}
+
+## Exercises {#sec-ch01-exercises}
+
+::: {.callout-tip collapse="true" title="Solution 1.1"}
+Explained.
+
+```{python}
+answer = 42  # see @eq-ch01-exp
+```
+
+Done.
+:::
 """
 
 CH02 = """\
@@ -105,6 +123,21 @@ def code_cell(source, outputs, longctx=None):
     cell.outputs = outputs
     if longctx:
         cell.metadata["longctx"] = longctx
+    return cell
+
+
+CALLOUT = {"collapse": True, "id": "callout-1", "title": "Solution 1.1", "type": "tip"}
+
+
+def callout_md(part, source):
+    cell = nbformat.v4.new_markdown_cell(source)
+    cell.metadata["longctx"] = {"callout": CALLOUT | {"part": part}}
+    return cell
+
+
+def caption_md(kind, label, source):
+    cell = nbformat.v4.new_markdown_cell(source)
+    cell.metadata["longctx"] = {"kind": kind, "label": label, "role": "caption"}
     return cell
 
 
@@ -151,7 +184,18 @@ def make_fixture_book(tmp_path: Path) -> tuple[Path, Path]:
                 ],
                 {"label": "tbl-ch01-sizes", "number": "1.1", "caption": "Sizes"},
             ),
-            md("```mermaid\ngraph LR\n  A --> B\n```"),
+            md(
+                '```mermaid\ngraph LR\n  A["one<br/>two"] --> B\n```\n\n| x | y |\n|---|---|\n| 1 | 2 |\n\n\n'
+                "**Table 1.2:** Static sizes"
+            ),
+            md("## 1.3 Exercises"),
+            callout_md(
+                "start",
+                '<div class="callout callout-tip callout-collapse">\n<p class="callout-title">Solution 1.1</p>\n\nExplained.\n\n</div>',
+            ),
+            code_cell("answer = 42  # see @eq-ch01-exp", [], {"callout": CALLOUT | {"part": "code"}}),
+            callout_md("continued", '<div class="callout callout-tip callout-continued">\n\nDone.\n\n</div>'),
+            md("After the callout."),
         ]
     )
     ch02 = nbformat.v4.new_notebook(
@@ -240,6 +284,39 @@ def test_figure_has_caption_alt_and_file(built):
     assert img["alt"] == "A grey square."
     assert (out / img["src"]).is_file()
     assert figure.figcaption.get_text() == "Figure\u00a01.1: How does it grow?"
+    assert figure.figcaption.find("em").get_text() == "grow"  # the export's caption cell, rendered
+
+
+def test_caption_cell_is_not_repeated(built):
+    _, _, soups = built
+    assert "Figure 1.1:" not in soups["ch01-demo.html"].select_one("article").get_text().replace(
+        soups["ch01-demo.html"].find("figcaption").get_text(), ""
+    )
+
+
+def test_static_table_caption_and_id(built):
+    _, _, soups = built
+    table = soups["ch01-demo.html"].find("table", id="tbl-ch01-static")
+    assert table is not None and table.caption.get_text() == "Table\u00a01.2: Static sizes"
+
+
+def test_callout_split_across_cells_is_one_closed_details(built):
+    _, _, soups = built
+    callouts = soups["ch01-demo.html"].select(".callout")
+    assert len(callouts) == 1
+    callout = callouts[0]
+    assert callout.name == "details" and not callout.has_attr("open")
+    assert callout.summary.get_text() == "Solution 1.1"
+    text = callout.get_text()
+    assert "Explained." in text and "answer = 42" in text and "Done." in text
+    assert "Equation 1.1" in text and "@eq-" not in text  # references in code read as text
+
+
+def test_mermaid_source_stays_text(built):
+    _, _, soups = built
+    pre = soups["ch01-demo.html"].select_one("pre.mermaid")
+    assert pre.find(True) is None
+    assert 'A["one<br/>two"] --> B' in pre.get_text()
 
 
 def test_folded_code_is_closed_details_without_option_lines(built):
@@ -267,6 +344,7 @@ def test_progress_output_keeps_last_rewrite(built):
 def test_crossrefs_become_links_across_pages(built):
     _, _, soups = built
     ch01 = {a.get_text(): a["href"] for a in soups["ch01-demo.html"].select("a.crossref")}
+    assert "Figure 1.1" in ch01
     assert ch01["Figure 1.1"] == "#fig-ch01-plot"
     assert ch01["Equation 1.1"] == "#eq-ch01-exp"
     ch02 = {a.get_text(): a["href"] for a in soups["ch02-more.html"].select("a.crossref")}
@@ -334,3 +412,12 @@ def test_missing_assets_name_the_install_command(tmp_path, monkeypatch):
     root, executed = make_fixture_book(tmp_path)
     with pytest.raises(book_html.AssetError, match="npm ci --prefix web"):
         book_html.ensure_node_modules(root, install=False)
+
+
+def test_main_accepts_a_leading_double_dash(tmp_path, monkeypatch):
+    root, executed = make_fixture_book(tmp_path)
+    modules = fake_node_modules(tmp_path)
+    monkeypatch.setattr(book_html, "ensure_node_modules", lambda root, install=True: modules)
+    out = tmp_path / "site"
+    code = book_html.main(["--", "--root", str(root), "--executed", str(executed), "--out", str(out)])
+    assert code == 0 and (out / "index.html").is_file()

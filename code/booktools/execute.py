@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -139,7 +140,8 @@ def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1)
         allow_errors=False,
     )
     current = {"line": 0}
-    with client.setup_kernel(env=kernel_env(jobs)):
+    # The kernel's own log (not cell output, which comes over the protocol) is noise here.
+    with client.setup_kernel(env=kernel_env(jobs), stderr=subprocess.DEVNULL):
         helper_id = client.kc.execute(_HELPER_SOURCE, silent=True, store_history=False)
         client.wait_for_reply(helper_id)
         for index, cell in enumerate(notebook.cells):

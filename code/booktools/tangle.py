@@ -354,13 +354,15 @@ def tangle_document(
                 problem(at, f"`{how}` imports this chapter's own module; a chapter may import only earlier chapters")
             elif other not in earlier:
                 allowed = ", ".join(earlier) if earlier else "none: this is the first chapter"
-                what = "a later chapter" if other in later else "not a chapter before this one"
+                what = "a later chapter" if other in later else "which is not a chapter of this book"
                 problem(
                     at,
                     f"`{how}` imports {other}, {what}; a chapter may import only earlier chapters ({allowed})",
                 )
         for stmt in tree.body:
             defined, imported = _bound_names(stmt)
+            # `try: import x / except ImportError: x = None` binds one name in one statement.
+            imported = {name: how for name, how in imported.items() if name not in defined}
             at = block.first_line + stmt.lineno - 1
             for name in defined:
                 if name in defined_at:

@@ -1,0 +1,125 @@
+"""`check` catches each kind of broken book, reporting FILE:LINE: message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from longctx.booktools.book import load_book
+from longctx.booktools.check import check_book
+
+
+@pytest.fixture
+def clean_book(fixture_book: Path, booktools) -> Path:
+    assert booktools(fixture_book, "tangle")[0] == 0
+    return fixture_book
+
+
+def problems(root: Path) -> list[str]:
+    return check_book(load_book(root))
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_the_fixture_book_is_clean(clean_book, booktools):
+    assert problems(clean_book) == []
+    code, out, err = booktools(clean_book, "check")
+    assert (code, err) == (0, "") and "consistent" in out
+
+
+def chapter(root: Path, name: str = "ch01-alpha") -> Path:
+    return root / "chapters" / f"{name}.qmd"
+
+
+@pytest.mark.parametrize(
+    ("breakage", "expected"),
+    [
+        pytest.param(
+            lambda root: edit(chapter(root), "@fig-ch01-curve,", "@fig-ch01-curvy,"),
+            "chapters/ch01-alpha.qmd:9: cross-reference @fig-ch01-curvy points at no label",
+            id="unresolved-cross-reference",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), "[@vaswani2017attention]", "[@nobody2020]"),
+            "chapters/ch01-alpha.qmd:7: citation @nobody2020 is not in the bibliography (references.bib)",
+            id="unknown-citation",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), "{#sec-ch01-cost}", "{#sec-ch01-alpha}"),
+            "chapters/ch01-alpha.qmd:11: label sec-ch01-alpha is already used at chapters/ch01-alpha.qmd:5",
+            id="duplicate-label",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root, "ch02-beta"), "{#sec-ch02-beta}", "{#sec-ch01-beta}"),
+            "chapters/ch02-beta.qmd:1: label sec-ch01-beta should name its chapter: sec-ch02-...",
+            id="label-names-wrong-chapter",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), "## Counting pairs {#sec-ch01-cost}", "## Counting pairs {#counting}"),
+            "chapters/ch01-alpha.qmd:11: label counting should start with sec-",
+            id="label-without-prefix",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), '#| fig-alt: "A rising curve."\n', ""),
+            "chapters/ch01-alpha.qmd:70: figure cell fig-ch01-curve has no `#| fig-alt:`",
+            id="figure-without-alt",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), '#| fig-cap: "How do pairs grow with n?"\n', ""),
+            "chapters/ch01-alpha.qmd:70: figure cell fig-ch01-curve has no `#| fig-cap:`",
+            id="figure-without-caption",
+        ),
+        pytest.param(
+            lambda root: (root / "chapters" / "ch03-extra.qmd").write_text("# Extra\n"),
+            "chapters/ch03-extra.qmd:1: this chapter file is not listed in _quarto.yml",
+            id="chapter-not-listed",
+        ),
+        pytest.param(
+            lambda root: chapter(root, "appendix-extra").unlink(),
+            "_quarto.yml:10: chapters/appendix-extra.qmd is listed but does not exist",
+            id="listed-file-missing",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), "    return n * (n + 1) // 2", "    return n * (n - 1) // 2"),
+            "code/ch01/_generated.py:1: generated module is stale",
+            id="stale-module",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), "return n * (n + 1)", "return m * (n + 1)"),
+            "chapters/ch01-alpha.qmd:26: saved code uses `m`, which no saved cell defines or imports",
+            id="tangle-error",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), "total = pairs(4)", "from longctx import ch02\ntotal = pairs(4)"),
+            "chapters/ch01-alpha.qmd:30: `from longctx import ch02` imports ch02; a chapter may import only earlier",
+            id="later-import-in-unsaved-cell",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), "Models grow; see @fig-ch01-curve.\n:::", "Models grow."),
+            "chapters/ch01-alpha.qmd:52: fenced div opened here (`:::`) is never closed",
+            id="unclosed-callout",
+        ),
+        pytest.param(
+            lambda root: (root / "index.qmd").write_text("# Preface {.unnumbered}\n\n```{python}\n# @save\nx = 1\n```\n"),
+            "index.qmd:4: `# @save` in a file that produces no module",
+            id="save-outside-a-chapter-module",
+        ),
+        pytest.param(
+            lambda root: (root / "references.bib").write_text(
+                (root / "references.bib").read_text() + "@misc{xiao2024streaming, author = {X}, year = {2024}}\n"
+            ),
+            "references.bib:17: duplicate key xiao2024streaming",
+            id="duplicate-bibliography-key",
+        ),
+    ],
+)
+def test_each_broken_book_is_caught(clean_book, booktools, breakage, expected):
+    breakage(clean_book)
+    found = problems(clean_book)
+    assert any(problem.startswith(expected) for problem in found), "\n".join(found)
+    code, _, err = booktools(clean_book, "check")
+    assert code == 1 and expected in err

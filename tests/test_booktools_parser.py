@@ -1,0 +1,221 @@
+"""The one .qmd parser: front matter, blocks, cell options, line numbers, divs, BibTeX."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from longctx.booktools.bib import parse_bibtex
+from longctx.booktools.book import load_book
+from longctx.booktools.qmd import Cell, Markdown, QmdError, parse, parse_heading, walk
+
+
+def qmd(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+SAMPLE = qmd(
+    """
+    ---
+    title: "Sample"
+    execute:
+      echo: false
+    ---
+    # Sample {#sec-ch09-sample}
+
+    Prose with `{python} value` inline.
+
+    ```{python}
+    #| label: fig-ch09-plot
+    #| fig-cap: "What grows?"
+    #| fig-alt: >-
+    #|   A line that rises.
+    # @save
+    def f():
+        return 1
+    ```
+
+    ```{mermaid}
+    %%| fig-cap: "Flow"
+    graph LR
+      A --> B
+    ```
+
+    ````markdown
+    ```{python}
+    # @save
+    ```
+    ````
+
+    ```
+    plain
+    ```
+
+    ```python
+    shown = True
+    ```
+    """
+)
+
+
+def test_front_matter_is_yaml_and_blocks_keep_file_line_numbers():
+    doc = parse(SAMPLE, "chapters/ch09-sample.qmd")
+    assert doc.front_matter == {"title": "Sample", "execute": {"echo": False}}
+    assert doc.front_matter_lines == 5
+    assert isinstance(doc.blocks[0], Markdown)
+    assert doc.blocks[0].line == 6
+    assert doc.blocks[0].lines[0] == "# Sample {#sec-ch09-sample}"
+    kinds = [(type(block).__name__, block.line) for block in doc.blocks]
+    assert kinds == [
+        ("Markdown", 6),
+        ("Cell", 10),
+        ("Markdown", 19),
+        ("Cell", 20),
+        ("Markdown", 25),
+        ("Cell", 26),
+        ("Markdown", 31),
+        ("Cell", 32),
+        ("Markdown", 35),
+        ("Cell", 36),
+    ]
+
+
+def test_python_cell_options_are_parsed_as_yaml_and_save_marker_found():
+    doc = parse(SAMPLE, "chapters/ch09-sample.qmd")
+    cell = doc.python_cells[0]
+    assert cell.is_python and cell.executable and cell.lang == "python"
+    assert cell.options == {"label": "fig-ch09-plot", "fig-cap": "What grows?", "fig-alt": "A line that rises."}
+    assert cell.label == "fig-ch09-plot"
+    assert len(cell.option_lines) == 4
+    assert cell.code_line == 15
+    assert cell.saved and cell.saved_code_line == 16
+    assert cell.saved_code_lines == ["def f():", "    return 1"]
+    assert cell.end_line == 18
+
+
+def test_other_fences_are_cells_that_are_not_python():
+    doc = parse(SAMPLE, "chapters/ch09-sample.qmd")
+    mermaid, outer, plain, shown = doc.cells[1:]
+    assert (mermaid.lang, mermaid.executable, mermaid.options) == ("mermaid", True, {"fig-cap": "Flow"})
+    assert mermaid.code_lines == ["graph LR", "  A --> B"]
+    # A longer fence holds shorter ones as text: the inner ```{python} is not a cell.
+    assert outer.fence == "````" and outer.lines == ["```{python}", "# @save", "```"]
+    assert (plain.lang, plain.executable, plain.lines) == ("", False, ["plain"])
+    assert (shown.lang, shown.executable, shown.is_python) == ("python", False, False)
+    assert len(doc.python_cells) == 1
+
+
+def test_unclosed_fence_is_an_error_at_its_opening_line():
+    text = "# T\n\n```{python}\nx = 1\n"
+    with pytest.raises(QmdError) as caught:
+        parse(text, "chapters/ch09-x.qmd")
+    assert str(caught.value).startswith("chapters/ch09-x.qmd:3: ")
+    assert "never closed" in str(caught.value)
+
+
+def test_unclosed_front_matter_and_bad_yaml_are_errors_with_lines():
+    with pytest.raises(QmdError, match=r"^a\.qmd:1: front matter"):
+        parse("---\ntitle: x\n", "a.qmd")
+    with pytest.raises(QmdError, match=r"^a\.qmd:4: cell options"):
+        parse("# T\n\n```{python}\n#| label: [unclosed\nx = 1\n```\n", "a.qmd")
+
+
+def test_crlf_and_empty_documents():
+    doc = parse("# T\r\n\r\n```{python}\r\nx = 1\r\n```\r\n", "a.qmd")
+    assert doc.python_cells[0].code == "x = 1"
+    empty = parse("", "a.qmd")
+    assert empty.blocks == [] and empty.front_matter == {}
+
+
+def test_headings_with_attributes():
+    heading = parse_heading("## Grouped heads {#sec-ch03-gqa .unnumbered}", 7)
+    assert (heading.level, heading.text, heading.label, heading.unnumbered, heading.line) == (
+        2,
+        "Grouped heads",
+        "sec-ch03-gqa",
+        True,
+        7,
+    )
+    assert parse_heading("#hashtag not a heading") is None
+    assert parse_heading("### Plain").label is None
+
+
+def test_walk_tracks_callouts_across_cells_and_titles():
+    doc = parse(
+        qmd(
+            """
+            # T
+
+            ::: {.callout-tip collapse="true"}
+            ## Solution 1.1
+
+            Text.
+
+            ```{python}
+            x = 1
+            ```
+            :::
+
+            ::: {.callout-note title="Landscape"}
+            $$
+            # not a heading
+            $$
+            :::
+            """
+        ),
+        "a.qmd",
+    )
+    items, problems = walk(doc)
+    assert problems == []
+    title = next(item for item in items if getattr(item, "kind", "") == "heading" and item.callout_title)
+    assert title.heading.text == "Solution 1.1"
+    cell_item = next(item for item in items if hasattr(item, "cell"))
+    assert isinstance(cell_item.cell, Cell)
+    assert [div.callout_type for div in cell_item.divs] == ["tip"]
+    assert cell_item.divs[0].collapse and cell_item.divs[0].display_title == "Solution 1.1"
+    maths = [item for item in items if getattr(item, "in_math", False)]
+    assert [item.text for item in maths] == ["$$", "# not a heading", "$$"]
+    assert all(item.kind == "text" for item in maths)
+
+
+def test_walk_reports_unclosed_div():
+    doc = parse("# T\n\n::: {.callout-note}\nText\n", "a.qmd")
+    _, problems = walk(doc)
+    assert [str(problem) for problem in problems] == ["a.qmd:3: fenced div opened here (`:::`) is never closed"]
+
+
+def test_bibtex_authors_years_and_duplicates():
+    problems = []
+    entries = parse_bibtex(
+        qmd(
+            """
+            @article{a2017, author = {Vaswani, Ashish and Shazeer, Noam and Parmar, Niki}, title = {T}, year = {2017}}
+            @misc{b2021,
+              author = "Jianlin Su and Yu {Lu}",
+              title = "{RoFormer}",
+              year = 2021
+            }
+            @misc{c2024, author = {{OpenAI}}, title = {Report}, date = {2024-05-01}}
+            @misc{a2017, author = {Someone}, year = {1999}}
+            """
+        ),
+        "refs.bib",
+        problems,
+    )
+    assert entries["a2017"].author_text == "Vaswani et al." and entries["a2017"].year == "2017"
+    assert entries["b2021"].author_text == "Su and Lu" and entries["b2021"].title == "RoFormer"
+    assert entries["c2024"].author_text == "OpenAI" and entries["c2024"].year == "2024"
+    assert problems == ["refs.bib:8: duplicate key a2017 (first at line 1)"]
+
+
+def test_book_lists_chapters_then_appendices_in_order(fixture_book):
+    book = load_book(fixture_book)
+    assert [entry.path for entry in book.entries] == [
+        "index.qmd",
+        "chapters/ch01-alpha.qmd",
+        "chapters/ch02-beta.qmd",
+        "chapters/appendix-extra.qmd",
+    ]
+    assert [entry.module for entry in book.module_entries] == ["ch01", "ch02"]
+    assert [entry.appendix for entry in book.entries] == [False, False, False, True]
+    assert book.entries[1].line == 7
