@@ -171,6 +171,7 @@ def make_fixture_book(tmp_path: Path) -> tuple[Path, Path]:
                     "alt": "A grey square.",
                 },
             ),
+            caption_md("figure", "fig-ch01-plot", "**Figure 1.1:** How does it *grow*?"),
             md("## 1.2 Unlabelled section"),
             code_cell(
                 '#| label: tbl-ch01-sizes\n#| tbl-cap: "Sizes"\ntable()',

@@ -76,7 +76,7 @@ def book_dir(request, chromium_path, tmp_path_factory) -> Path:
     override = os.environ.get("LONGCTX_BOOK_DIR")
     if override:
         return Path(override)
-    executed = request.getfixturevalue("executed_notebooks")
+    executed = request.getfixturevalue("executed_book")
     out = tmp_path_factory.mktemp("book") / "_book"
     book_html.build_book(ROOT, Path(executed), out)
     return out
