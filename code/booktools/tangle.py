@@ -304,7 +304,13 @@ def _chapter_title(doc: Document) -> str:
 
 
 def tangle_document(
-    doc: Document, module: str, earlier: list[str], root: Path, later: list[str] | None = None
+    doc: Document,
+    module: str,
+    earlier: list[str],
+    root: Path,
+    later: list[str] | None = None,
+    *,
+    reuse_lint: bool = True,
 ) -> tuple[ModuleOutput | None, list[Problem]]:
     """Build one chapter's module text.
 
@@ -313,6 +319,9 @@ def tangle_document(
         module: its module name ("ch03").
         earlier: the modules of the chapters before it in `_quarto.yml` order.
         later: the modules of the chapters after it (only to word the error).
+        reuse_lint: skip the pyflakes lint when the module on disk already holds exactly
+            this text (tangle writes a module only after it passed the lint), which keeps a
+            whole-book tangle fast when few chapters changed.
         root: the book root (files go to root/code/<module>/).
 
     Returns:
@@ -348,7 +357,7 @@ def tangle_document(
                     block.lines[number] = "# " + original.strip() + "  (moved to the top of the module)"
         for line, message in _side_effects(tree.body):
             problem(block.first_line + line - 1, message)
-        for line, other, how in _chapter_imports(tree):
+        for line, other, how in _chapter_imports(tree) if "longctx" in source else []:
             at = block.first_line + line - 1
             if other == module:
                 problem(at, f"`{how}` imports this chapter's own module; a chapter may import only earlier chapters")
@@ -418,7 +427,11 @@ def tangle_document(
     except SyntaxError as exc:
         problems.append(Problem(doc.display, chapter_line(exc.lineno or 1), f"saved code does not compile: {exc.msg}"))
         return None, _sorted(problems)
-    undefined, unused = _lint(tree, doc.display, chapter_line)
+    existing = _read(root / "code" / module / GENERATED_NAME) if reuse_lint else None
+    if existing == generated:
+        undefined, unused = [], []
+    else:
+        undefined, unused = _lint(tree, doc.display, chapter_line)
     problems.extend(undefined)
     if problems:
         return None, _sorted(problems)
