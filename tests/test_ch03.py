@@ -1,0 +1,502 @@
+"""Tests for Chapter 3 (chapters/ch03-long-context.qmd): KV accounting, GQA/MQA, the latent cache,
+visibility masks, RoPE and its scaling constructions, and the retrieval probe."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from longctx import ch01, ch02, ch03
+
+GIB = 2**30
+FAST = settings(max_examples=25, deadline=None)
+
+
+def mha_7b() -> ch03.KVConfig:
+    return ch03.KVConfig("MHA", layers=32, query_heads=32, kv_heads=32, head_dim=128, bytes_per_scalar=2)
+
+
+# --- KV accounting (@eq-ch03-kvbytes) -----------------------------------------------------------
+
+
+def test_kv_bytes_golden_values_of_the_opening_example():
+    config = mha_7b()
+    assert kv_bytes_per_token(config) == 524_288
+    assert ch03.kv_bytes(config, 4_096) == 2 * GIB
+    assert ch03.kv_bytes(config, 131_072) == 64 * GIB
+    assert ch03.kv_bytes(config, 131_072, batch=3) == 3 * 64 * GIB
+    assert ch03.kv_bytes(config, 0) == 0
+
+
+def kv_bytes_per_token(config: ch03.KVConfig) -> int:
+    return ch03.kv_bytes(config, 1)
+
+
+@FAST
+@given(layers=st.integers(1, 8), kv=st.integers(1, 4), group=st.integers(1, 4), width=st.integers(1, 16),
+       s=st.sampled_from([1, 2, 4]), tokens=st.integers(0, 500), batch=st.integers(1, 4))
+def test_kv_bytes_is_the_product_of_the_equation(layers, kv, group, width, s, tokens, batch):
+    config = ch03.KVConfig("x", layers=layers, query_heads=kv * group, kv_heads=kv, head_dim=width,
+                           bytes_per_scalar=s)
+    assert ch03.kv_bytes(config, tokens, batch) == batch * tokens * layers * 2 * kv * width * s
+
+
+def test_kv_bytes_agrees_with_chapter_2_for_multi_head_attention():
+    tiny = ch02.GPTConfig(vocab_size=256)
+    tiny_kv = ch03.KVConfig("tiny", layers=tiny.layers, query_heads=tiny.heads, kv_heads=tiny.heads,
+                            head_dim=tiny.head_dim, bytes_per_scalar=4)
+    big = ch02.GPTConfig(vocab_size=32_000, d_model=4_096, layers=32, heads=32)
+    for tokens in (0, 1, 77, 4_096):
+        assert ch03.kv_bytes(tiny_kv, tokens, batch=2) == ch02.kv_cache_bytes(tiny, tokens, batch=2)
+        assert ch03.kv_bytes(mha_7b(), tokens) == ch02.kv_cache_bytes(big, tokens, bytes_per_scalar=2)
+
+
+def test_latent_and_windowed_widths():
+    latent = ch03.KVConfig("mla", layers=27, query_heads=16, head_dim=128, bytes_per_scalar=2,
+                           latent_rank=512, rope_key_dim=64)
+    assert latent.cached_scalars_per_layer_token() == 576
+    mixed = ch03.KVConfig("mix", layers=32, query_heads=32, kv_heads=8, head_dim=128, bytes_per_scalar=2,
+                          window=4_096, windowed_layers=24)
+    assert ch03.kv_bytes(mixed, 131_072) == (8 * 131_072 + 24 * 4_096) * 4_096
+    assert round(ch03.kv_bytes(mixed, 131_072) / GIB, 2) == 4.38
+    assert ch03.kv_bytes(mixed, 1_000) == 32 * 1_000 * 4_096          # below the window nothing is cut
+
+
+@pytest.mark.parametrize("name, per_token, at_128k", [
+    ("llama-2-7b", 524_288, 64 * GIB),
+    ("llama-3.1-8b", 131_072, 16 * GIB),
+    ("deepseek-v2-lite", 27 * 576 * 2, 27 * 576 * 2 * 131_072),
+    ("mistral-7b-v0.1", 131_072, 32 * 4_096 * 4_096),
+    ("gemma-3-1b", 26 * 1_024, (4 * 131_072 + 22 * 512) * 1_024),
+])
+def test_each_shipped_config(name, per_token, at_128k):
+    raw = ch03.load_model_config(name)
+    assert raw["_source"].split("/")[0] in {"meta-llama", "deepseek-ai", "mistralai", "google"}
+    assert "config.json" in raw["_source"]
+    config = ch03.KVConfig.from_hf_config(raw)
+    assert ch03.kv_bytes(config, 1) == per_token
+    assert ch03.kv_bytes(config, 131_072) == at_128k
+
+
+def test_from_hf_config_fields():
+    llama31 = ch03.KVConfig.from_hf_config(ch03.load_model_config("llama-3.1-8b"), name="L")
+    assert (llama31.name, llama31.layers, llama31.query_heads, llama31.kv_heads, llama31.head_dim,
+            llama31.bytes_per_scalar, llama31.window) == ("L", 32, 32, 8, 128, 2, None)
+    deepseek = ch03.KVConfig.from_hf_config(ch03.load_model_config("deepseek-v2-lite"))
+    assert (deepseek.kv_heads, deepseek.latent_rank, deepseek.rope_key_dim, deepseek.head_dim) == (None, 512, 64, 128)
+    gemma = ch03.KVConfig.from_hf_config(ch03.load_model_config("gemma-3-1b"))
+    assert (gemma.window, gemma.windowed_layers, gemma.kv_heads, gemma.head_dim) == (512, 22, 1, 256)
+    mistral = ch03.KVConfig.from_hf_config(ch03.load_model_config("mistral-7b-v0.1"))
+    assert (mistral.window, mistral.windowed_layers) == (4_096, 32)
+    base = {"num_hidden_layers": 4, "num_attention_heads": 4, "hidden_size": 64, "torch_dtype": "float32",
+            "sliding_window": 8}
+    assert ch03.KVConfig.from_hf_config({**base, "use_sliding_window": False}).window is None
+    assert ch03.KVConfig.from_hf_config({**base, "layer_types": ["sliding_attention", "full_attention"] * 2}
+                                        ).windowed_layers == 2
+    assert ch03.KVConfig.from_hf_config({**base, "model_type": "gemma2"}).windowed_layers == 2
+    nested = ch03.KVConfig.from_hf_config({"model_type": "x", "text_config": base})
+    assert nested.kv_heads == 4 and nested.head_dim == 16 and nested.bytes_per_scalar == 4
+    assert ch03.KVConfig.from_hf_config({**base, "torch_dtype": None}, bytes_per_scalar=1).bytes_per_scalar == 1
+
+
+@pytest.mark.parametrize("missing", ["num_hidden_layers", "num_attention_heads", "torch_dtype", "hidden_size"])
+def test_from_hf_config_names_a_missing_field(missing):
+    raw = dict(ch03.load_model_config("llama-2-7b"))
+    del raw[missing]
+    with pytest.raises(ValueError, match=missing):
+        ch03.KVConfig.from_hf_config(raw)
+
+
+def test_from_hf_config_rejects_bad_input():
+    with pytest.raises(TypeError, match="dict-like"):
+        ch03.KVConfig.from_hf_config([1, 2])
+    raw = {**ch03.load_model_config("llama-2-7b"), "torch_dtype": "float7"}
+    with pytest.raises(ValueError, match="unknown torch_dtype"):
+        ch03.KVConfig.from_hf_config(raw)
+
+
+def test_load_model_config_lists_what_is_shipped():
+    assert set(ch03.MODEL_CONFIG_NAMES) <= {p.stem for p in ch01.data_path("configs").glob("*.json")}
+    with pytest.raises(ValueError, match="llama-2-7b"):
+        ch03.load_model_config("gpt-5")
+
+
+@pytest.mark.parametrize("tokens, batch, message", [(-1, 1, "tokens"), (10, 0, "batch"), (1.5, 1, "tokens"),
+                                                    (10, True, "batch")])
+def test_kv_bytes_rejects_bad_counts(tokens, batch, message):
+    with pytest.raises(ValueError, match=message):
+        ch03.kv_bytes(mha_7b(), tokens, batch)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(kv_heads=5), "kv_heads must divide query_heads"),
+    (dict(kv_heads=None), "exactly one of kv_heads"),
+    (dict(kv_heads=8, latent_rank=16), "exactly one of kv_heads"),
+    (dict(kv_heads=8, layers=0), "layers"),
+    (dict(kv_heads=8, windowed_layers=3), "needs a window"),
+    (dict(kv_heads=8, window=16, windowed_layers=40), "windowed_layers"),
+    (dict(kv_heads=8, rope_key_dim=-2), "rope_key_dim"),
+])
+def test_kvconfig_rejects_inconsistent_fields(kwargs, message):
+    fields = dict(name="x", layers=4, query_heads=32, head_dim=8, bytes_per_scalar=2) | kwargs
+    with pytest.raises(ValueError, match=message):
+        ch03.KVConfig(**fields)
+
+
+# --- GQA / MQA (@eq-ch03-gqa-ratio) -------------------------------------------------------------
+
+
+def test_repeat_kv_follows_the_query_head_to_kv_head_order():
+    x = torch.arange(2 * 3 * 1 * 1, dtype=torch.float32).view(2, 3, 1, 1)
+    repeated = ch03.repeat_kv(x, 4)
+    assert repeated.shape == (2, 12, 1, 1)
+    for head in range(12):
+        assert torch.equal(repeated[:, head], x[:, head // 4])
+    assert ch03.repeat_kv(x, 1).shape == x.shape
+
+
+@FAST
+@given(kv=st.integers(1, 3), group=st.integers(1, 4), tq=st.integers(1, 5), past=st.integers(0, 4),
+       seed=st.integers(0, 10_000))
+def test_grouped_attention_equals_attention_over_repeated_heads(kv, group, tq, past, seed):
+    gen = torch.Generator().manual_seed(seed)
+    tk = tq + past
+    q = torch.randn(2, kv * group, tq, 4, generator=gen)
+    k, v = torch.randn(2, kv, tk, 4, generator=gen), torch.randn(2, kv, tk, 6, generator=gen)
+    mask = ch01.causal_mask(tk)[past:]
+    expected, _ = ch01.scaled_dot_product_attention(q, ch03.repeat_kv(k, group), ch03.repeat_kv(v, group), mask)
+    assert torch.allclose(ch03.grouped_attention(q, k, v, mask), expected, atol=1e-6)
+    full_mask = mask.expand(2, kv * group, tq, tk)
+    assert torch.allclose(ch03.grouped_attention(q, k, v, full_mask), expected, atol=1e-6)
+    assert torch.allclose(ch03.grouped_attention(q, k, v), ch01.scaled_dot_product_attention(
+        q, ch03.repeat_kv(k, group), ch03.repeat_kv(v, group))[0], atol=1e-6)
+
+
+@FAST
+@given(kv=st.integers(1, 4), group=st.integers(1, 3), head_dim=st.integers(1, 4), length=st.integers(1, 6),
+       seed=st.integers(0, 10_000))
+def test_gqa_cached_decoding_matches_full_pass(kv, group, head_dim, length, seed):
+    torch.manual_seed(seed)
+    heads = kv * group
+    layer = ch03.GroupedQueryAttention(heads * head_dim, heads, kv).eval()
+    x = torch.randn(2, length, heads * head_dim, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        full, (keys, values) = layer(x)
+        stepped = ch03.decode_token_by_token(layer, x)
+    assert torch.allclose(stepped, full, atol=1e-5)
+    assert keys.shape == values.shape == (2, kv, length, head_dim)
+    config = ch03.KVConfig("t", layers=1, query_heads=heads, kv_heads=kv, head_dim=head_dim, bytes_per_scalar=4)
+    assert keys.nbytes + values.nbytes == ch03.kv_bytes(config, length, batch=2)
+
+
+def test_gqa_chunked_prefill_matches_full_pass():
+    torch.manual_seed(1)
+    layer = ch03.GroupedQueryAttention(32, 8, 2).eval()
+    x = torch.randn(1, 9, 32)
+    with torch.no_grad():
+        full, _ = layer(x)
+        first, cache = layer(x[:, :4])
+        second, cache = layer(x[:, 4:], cache)
+    assert torch.allclose(torch.cat((first, second), 1), full, atol=1e-5)
+    assert cache[0].shape == (1, 2, 9, 4)
+
+
+def test_mqa_and_gqa_cache_ratio():
+    x = torch.randn(1, 8, 64)
+    sizes = {}
+    for kv in (8, 4, 2, 1):
+        _, (k, v) = ch03.GroupedQueryAttention(64, 8, kv)(x)
+        sizes[kv] = k.numel() + v.numel()
+    assert sizes[8] == 1_024
+    assert all(sizes[kv] * 8 == sizes[8] * kv for kv in sizes)       # ratio H_kv / H_q
+    llama2, llama31 = (ch03.KVConfig.from_hf_config(ch03.load_model_config(n)) for n in ("llama-2-7b", "llama-3.1-8b"))
+    assert ch03.kv_bytes(llama31, 65_536) * 4 == ch03.kv_bytes(llama2, 65_536)
+
+
+def test_gqa_layer_names_and_errors():
+    layer = ch03.GroupedQueryAttention(64, 8, 2)
+    assert layer.key.out_features == layer.value.out_features == 16
+    assert layer.query.out_features == layer.output.out_features == 64
+    assert all(module.bias is None for module in (layer.query, layer.key, layer.value, layer.output))
+    with pytest.raises(ValueError, match="kv_heads must divide query_heads"):
+        ch03.GroupedQueryAttention(64, 8, 3)
+    with pytest.raises(ValueError, match="query_heads must divide d_model"):
+        ch03.GroupedQueryAttention(60, 8, 2)
+    with pytest.raises(ValueError, match="positive integer"):
+        ch03.GroupedQueryAttention(64, 0, 1)
+    with pytest.raises(ValueError, match="shape"):
+        layer(torch.randn(1, 3, 32))
+    with pytest.raises(ValueError, match="divide query heads"):
+        ch03.grouped_attention(torch.randn(1, 3, 2, 4), torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
+    with pytest.raises(ValueError, match="groups"):
+        ch03.repeat_kv(torch.randn(1, 2, 2, 4), 0)
+
+
+# --- the latent cache (@eq-ch03-latent) -----------------------------------------------------------
+
+
+@FAST
+@given(heads=st.integers(1, 4), head_dim=st.integers(1, 4), rank=st.integers(1, 8), rope=st.sampled_from([0, 2, 4]),
+       length=st.integers(1, 6), seed=st.integers(0, 10_000))
+def test_latent_cached_decoding_matches_full_pass(heads, head_dim, rank, rope, length, seed):
+    torch.manual_seed(seed)
+    layer = ch03.ToyLatentKVAttention(heads * head_dim, heads, rank, rope_key_dim=rope).eval()
+    x = torch.randn(2, length, heads * head_dim, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        full, latent = layer(x)
+        stepped = ch03.decode_token_by_token(layer, x)
+    assert torch.allclose(stepped, full, atol=1e-5)
+    assert latent.shape == (2, length, rank + rope) and layer.latent_width() == rank + rope
+    config = ch03.KVConfig("t", layers=1, query_heads=heads, head_dim=head_dim, bytes_per_scalar=4,
+                           latent_rank=rank, rope_key_dim=rope)
+    assert latent.nbytes == ch03.kv_bytes(config, length, batch=2)
+
+
+def test_latent_layer_measured_compression_and_attribute_names():
+    layer = ch03.ToyLatentKVAttention(64, 4, 16)
+    _, latent = layer(torch.randn(1, 8, 64))
+    assert 2 * 4 * 16 / latent.size(-1) == 8.0                       # 128 -> 16 numbers per token
+    with_rope = ch03.ToyLatentKVAttention(64, 4, 16, rope_key_dim=4)
+    _, latent = with_rope(torch.randn(1, 8, 64))
+    assert latent.size(-1) == 20 and 128 / 20 == 6.4
+    names = {name: (m.in_features, m.out_features) for name, m in layer.named_children()}
+    assert names == {"query": (64, 64), "latent_down": (64, 16), "key_up": (16, 64), "value_up": (16, 64),
+                     "output": (64, 64)}
+    assert all(m.bias is None for m in layer.children())
+
+
+def test_latent_restarted_positions_break_only_the_second_chunk():
+    torch.manual_seed(0)
+    layer = ch03.ToyLatentKVAttention(32, 4, 8, rope_key_dim=4).eval()
+    x = torch.randn(1, 8, 32)
+    with torch.no_grad():
+        full, _ = layer(x)
+        first, cache = layer(x[:, :4])
+        good, _ = layer(x[:, 4:], cache)
+        bad, bad_cache = layer(x[:, 4:], cache, start=0)
+    assert torch.allclose(torch.cat((first, good), 1), full, atol=1e-5)
+    assert bad_cache.shape == (1, 8, 12) and (bad - full[:, 4:]).abs().max() > 1e-4
+
+
+def test_latent_layer_errors():
+    with pytest.raises(ValueError, match="rope_key_dim"):
+        ch03.ToyLatentKVAttention(64, 4, 16, rope_key_dim=3)
+    with pytest.raises(ValueError, match="query_heads must divide d_model"):
+        ch03.ToyLatentKVAttention(63, 4, 16)
+    with pytest.raises(ValueError, match="latent_rank"):
+        ch03.ToyLatentKVAttention(64, 4, 0)
+    layer = ch03.ToyLatentKVAttention(64, 4, 16)
+    with pytest.raises(ValueError, match="cache"):
+        layer(torch.randn(1, 2, 64), torch.randn(1, 3, 15))
+
+
+# --- visibility masks -----------------------------------------------------------------------------
+
+
+@FAST
+@given(n=st.integers(1, 20), window=st.one_of(st.none(), st.integers(1, 25)), sinks=st.integers(0, 5))
+def test_visibility_mask_matches_brute_force(n, window, sinks):
+    mask = ch03.visibility_mask(n, window, sinks)
+    assert mask.dtype == torch.bool and mask.shape == (n, n)
+    for i in range(n):
+        for j in range(n):
+            allowed = j <= i and (window is None or i - j < window or j < sinks)
+            assert bool(mask[i, j]) == allowed
+
+
+def test_visibility_mask_defaults_and_counts():
+    assert torch.equal(ch03.visibility_mask(12), ch01.causal_mask(12))
+    assert int(ch03.visibility_mask(12).sum()) == 78
+    assert int(ch03.visibility_mask(12, window=4).sum()) == 42
+    assert int(ch03.visibility_mask(12, window=4, sinks=2).sum()) == 42 + 1 + 7 * 2   # row 4 regains key 0 only
+    for bad, message in (((0,), "seq_len"), ((5, 0), "window"), ((5, 2, -1), "sinks")):
+        with pytest.raises(ValueError, match=message):
+            ch03.visibility_mask(*bad)
+
+
+# --- RoPE (@eq-ch03-rope, @eq-ch03-rope-relative) ------------------------------------------------------
+
+
+@FAST
+@given(dim=st.sampled_from([4, 8, 16, 32]), m=st.integers(-50, 300), n=st.integers(-50, 300),
+       shift=st.integers(-100, 1_000), seed=st.integers(0, 10_000))
+def test_rope_depends_only_on_the_offset_and_keeps_norms(dim, m, n, shift, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(3, 1, dim, generator=gen, dtype=torch.float64), torch.randn(3, 1, dim, generator=gen,
+                                                                                  dtype=torch.float64)
+    bands, _ = ch03.inverse_frequencies(dim)
+
+    def score(a, b):
+        return (ch03.apply_rope(q, [a], bands) * ch03.apply_rope(k, [b], bands)).sum(-1)
+
+    assert torch.allclose(score(m, n), score(m + shift, n + shift), atol=1e-9)
+    assert torch.allclose(score(m, n), score(0, n - m), atol=1e-9)
+    assert torch.allclose(ch03.apply_rope(q, [m], bands).norm(dim=-1), q.norm(dim=-1), atol=1e-12)
+    assert torch.allclose(ch03.apply_rope(q, [m], bands, 1.5).norm(dim=-1), 1.5 * q.norm(dim=-1), atol=1e-12)
+
+
+def test_rope_rotates_each_pair_by_its_angle():
+    bands = torch.tensor([0.5, 0.25], dtype=torch.float64)
+    vector = torch.tensor([[1.0, 0.0, 0.0, 2.0]], dtype=torch.float64)
+    out = ch03.apply_rope(vector, [2], bands)[0]
+    expected = torch.tensor([math.cos(1.0), math.sin(1.0), -2 * math.sin(0.5), 2 * math.cos(0.5)],
+                            dtype=torch.float64)
+    assert torch.allclose(out, expected)
+    assert torch.equal(ch03.apply_rope(vector, [0], bands), vector)
+
+
+@FAST
+@given(dim=st.sampled_from([4, 8, 16]), length=st.integers(1, 6), seed=st.integers(0, 10_000))
+def test_interleaved_and_rotate_half_give_the_same_scores(dim, length, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(length, dim, generator=gen), torch.randn(length, dim, generator=gen)
+    bands, _ = ch03.inverse_frequencies(dim)
+    positions = torch.arange(length) * 7
+    order = ch03.interleaved_to_half_order(dim)
+    interleaved = ch03.apply_rope(q, positions, bands) @ ch03.apply_rope(k, positions, bands).T
+    half = dim // 2
+    angles = positions[:, None].double() * bands
+    cos, sin = torch.cat((angles.cos(), angles.cos()), -1).float(), torch.cat((angles.sin(), angles.sin()), -1).float()
+
+    def llama_rotate(t):                      # the rotate-half formula, written independently
+        return t * cos + torch.cat((-t[:, half:], t[:, :half]), -1) * sin
+
+    assert torch.allclose(llama_rotate(q[:, order]) @ llama_rotate(k[:, order]).T, interleaved, atol=1e-4)
+    assert torch.allclose(ch03.apply_rope_rotate_half(q[:, order], positions, bands), llama_rotate(q[:, order]),
+                          atol=1e-5)
+
+
+def test_rope_errors():
+    bands, _ = ch03.inverse_frequencies(8)
+    with pytest.raises(ValueError, match="even"):
+        ch03.apply_rope(torch.randn(2, 7), [0, 1], bands[:3])
+    with pytest.raises(ValueError, match="frequencies"):
+        ch03.apply_rope(torch.randn(2, 8), [0, 1], bands[:3])
+    with pytest.raises(ValueError, match="one position per row"):
+        ch03.apply_rope(torch.randn(2, 8), [0, 1, 2], bands)
+    with pytest.raises(ValueError, match="even"):
+        ch03.interleaved_to_half_order(5)
+
+
+# --- PI, NTK, YaRN (@eq-ch03-ntk, @eq-ch03-yarn) --------------------------------------------------------
+
+
+@FAST
+@given(dim=st.sampled_from([4, 8, 16, 64, 128]), factor=st.floats(1.0, 64.0), base=st.sampled_from([1e4, 5e5]))
+def test_pi_ntk_yarn_band_relations(dim, factor, base):
+    rope, m_rope = ch03.inverse_frequencies(dim, base=base)
+    pi, m_pi = ch03.inverse_frequencies(dim, method="pi", base=base, factor=factor)
+    ntk, m_ntk = ch03.inverse_frequencies(dim, method="ntk", base=base, factor=factor)
+    yarn, m_yarn = ch03.inverse_frequencies(dim, method="yarn", base=base, factor=factor, original_context=4_096)
+    assert rope.dtype == torch.float64 and rope.shape == (dim // 2,)
+    assert torch.allclose(rope, base ** -(torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    assert torch.allclose(pi, rope / factor)
+    assert ntk[0].item() == rope[0].item() == 1.0                      # the fastest band is untouched
+    assert torch.isclose(ntk[-1], pi[-1])                              # the slowest band is divided by exactly a
+    assert bool((ntk <= rope * (1 + 1e-12)).all() and (ntk >= pi * (1 - 1e-12)).all())
+    assert bool((yarn <= rope * (1 + 1e-12)).all() and (yarn >= pi * (1 - 1e-12)).all())
+    assert m_rope == m_pi == m_ntk == 1.0
+    assert m_yarn == pytest.approx(0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    assert ch03.ntk_base(base, factor, dim) == pytest.approx(base * factor ** (dim / (dim - 2)))
+
+
+def reference_yarn(dim, base, factor, original, beta_fast=32, beta_slow=1):
+    """The correction range and ramp of the published YaRN code, written out independently (float64)."""
+    def correction(turns):
+        return (dim * math.log(original / (turns * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction(beta_fast)), 0)
+    high = min(math.ceil(correction(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    inv = [base ** (-(2 * j) / dim) for j in range(dim // 2)]
+    out = []
+    for j, omega in enumerate(inv):
+        interpolate = min(max((j - low) / (high - low), 0.0), 1.0)
+        extrapolate = 1.0 - interpolate
+        out.append(omega / factor * (1 - extrapolate) + omega * extrapolate)
+    return torch.tensor(out, dtype=torch.float64), 0.1 * math.log(factor) + 1.0, (low, high)
+
+
+@pytest.mark.parametrize("dim, base, factor, original", [
+    (16, 10_000.0, 4.0, 32), (64, 10_000.0, 40.0, 4_096), (128, 10_000.0, 8.0, 4_096),
+    (128, 500_000.0, 8.0, 8_192), (32, 10_000.0, 4.0, 32), (8, 10_000.0, 2.0, 16),
+])
+def test_yarn_agrees_with_the_reference_construction(dim, base, factor, original):
+    bands, magnitude = ch03.inverse_frequencies(dim, method="yarn", base=base, factor=factor,
+                                                original_context=original)
+    expected, expected_magnitude, _ = reference_yarn(dim, base, factor, original)
+    assert torch.allclose(bands, expected, rtol=1e-12)
+    assert magnitude == pytest.approx(expected_magnitude)
+
+
+def test_yarn_hand_derived_values():
+    # d_R = 16, b = 1e4, T_0 = 32, a = 4: j(32) < 0 -> low 0; j(1) = 16 ln(32 / 2pi) / (2 ln 1e4) = 1.41394 -> high 2.
+    assert ch03.yarn_correction_dim(1, 16, 1e4, 32) == pytest.approx(1.41394, abs=1e-5)
+    bands, magnitude = ch03.inverse_frequencies(16, method="yarn", factor=4, original_context=32)
+    assert bands[0].item() == 1.0
+    assert bands[1].item() == pytest.approx(10 ** -0.5 * (0.5 + 0.5 / 4))
+    assert torch.allclose(bands[2:], 1e4 ** -(torch.arange(4, 16, 2, dtype=torch.float64) / 16) / 4)
+    assert magnitude == pytest.approx(1.1386294361)
+    # DeepSeek-V2-Lite: d_R = 64, T_0 = 4096 -> j(32) = 10.47, j(1) = 22.52, so bands 0..10 kept, 23.. interpolated.
+    _, _, (low, high) = reference_yarn(64, 1e4, 40.0, 4_096)
+    assert (low, high) == (10, 23)
+    raw = ch03.load_model_config("deepseek-v2-lite")
+    ds, _ = ch03.inverse_frequencies(raw["qk_rope_head_dim"], method="yarn", base=raw["rope_theta"],
+                                     factor=raw["rope_scaling"]["factor"],
+                                     original_context=raw["rope_scaling"]["original_max_position_embeddings"])
+    plain, _ = ch03.inverse_frequencies(64)
+    assert torch.equal(ds[:11], plain[:11]) and torch.allclose(ds[23:], plain[23:] / 40)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(dim=7), "even integer >= 4"), (dict(dim=2), "even integer >= 4"), (dict(dim=16, factor=0.5), "factor"),
+    (dict(dim=16, method="longrope"), "unknown RoPE method"), (dict(dim=16, base=1.0), "base"),
+    (dict(dim=16, method="yarn", beta_fast=1, beta_slow=2), "beta"),
+    (dict(dim=16, method="yarn", original_context=0), "original_context"),
+])
+def test_inverse_frequencies_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ch03.inverse_frequencies(**kwargs)
+
+
+def test_ntk_base_errors():
+    with pytest.raises(ValueError, match="factor"):
+        ch03.ntk_base(1e4, 0.9, 16)
+    with pytest.raises(ValueError, match="even integer"):
+        ch03.ntk_base(1e4, 2.0, 2)
+
+
+# --- the retrieval probe --------------------------------------------------------------------------------
+
+
+def test_probe_golden_means_and_ordering():
+    hits = {}
+    for method in ("rope", "ntk", "yarn"):
+        rows = ch03.retrieval_probe(method)
+        assert len(rows) == 21 and [r["depth_percent"] for r in rows] == list(range(0, 101, 5))
+        for row in rows:
+            p = row["accuracy"]
+            assert 0 <= p <= 1 and row["standard_error"] == pytest.approx(math.sqrt(p * (1 - p) / 256))
+        hits[method] = round(sum(r["accuracy"] for r in rows) * 256)
+    assert hits == {"rope": 3_234, "ntk": 3_649, "yarn": 4_402}
+    assert hits["rope"] < hits["ntk"] < hits["yarn"]
+
+
+def test_probe_is_reproducible_and_accepts_custom_bands():
+    small = dict(trials=16, context=32, original_context=8, dim=8)
+    assert ch03.retrieval_probe("yarn", seed=5, **small) == ch03.retrieval_probe("yarn", seed=5, **small)
+    assert ch03.retrieval_probe("yarn", seed=5, **small) != ch03.retrieval_probe("yarn", seed=6, **small)
+    bands = ch03.inverse_frequencies(8, method="pi", factor=4)
+    assert ch03.retrieval_probe(bands, seed=5, **small) == ch03.retrieval_probe("pi", seed=5, **small)
+    with pytest.raises(ValueError, match="custom bands"):
+        ch03.retrieval_probe((torch.ones(3), 1.0), **small)
+    with pytest.raises(ValueError, match="context"):
+        ch03.retrieval_probe("rope", context=8, original_context=16, dim=8, trials=4)
+    with pytest.raises(ValueError, match="unknown RoPE method"):
+        ch03.retrieval_probe("alibi", **small)
+    with pytest.raises(ValueError, match="trials"):
+        ch03.retrieval_probe("rope", trials=0)
