@@ -392,3 +392,9 @@ def test_no_code_package_shadows_the_standard_library():
     assert result.returncode == 0
     location = Path(result.stdout.strip())
     assert location.name == "code.py" and REPO not in location.parents
+
+
+def test_html_verb_without_its_module_says_so_and_exits_2(book, booktools, monkeypatch):
+    monkeypatch.setitem(sys.modules, "longctx.booktools.html", None)
+    code, _, err = booktools(book, "html")
+    assert code == 2 and "longctx.booktools.html" in err
