@@ -243,7 +243,7 @@ def parse_options(lines: list[str], display: str, first_line: int) -> tuple[list
         options = yaml.load("\n".join(yaml_lines), Loader=_YAML_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        line = first_line + (mark.line if mark is not None else 0)
+        line = first_line + min(mark.line if mark is not None else 0, len(option_lines) - 1)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise QmdError(display, line, f"cell options (#| lines) are not valid YAML: {problem}") from None
     if options is None:
