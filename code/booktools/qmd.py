@@ -299,7 +299,7 @@ def parse(text: str, display: str = "<string>", path: Path | None = None) -> Doc
             loaded = yaml.load("\n".join(lines[1:end]), Loader=_YAML_LOADER)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
-            line = 2 + (mark.line if mark is not None else 0)
+            line = 2 + min(mark.line if mark is not None else 0, max(end - 2, 0))
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise QmdError(display, line, f"front matter is not valid YAML: {problem}") from None
         if loaded is not None and not isinstance(loaded, dict):
