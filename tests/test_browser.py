@@ -233,6 +233,20 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
                 problems.append(f"broken link: {link} (no id #{target.fragment} in {path})")
 
         page.screenshot(path=str(screenshots / f"{Path(name).stem}.png"), full_page=True)
+
+        # On a phone-sized screen the page itself never scrolls sideways: wide tables, code and
+        # equations scroll inside their own boxes.
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.wait_for_timeout(100)
+        overflow = page.evaluate(
+            "() => { const w = document.documentElement.clientWidth; return Array.from("
+            "document.querySelectorAll('.chapter *')).filter(e => e.getBoundingClientRect().right > w + 1)"
+            ".filter(e => !e.closest('.table-scroll, pre, mjx-container, .cell-input, .jp-Mermaid, pre.mermaid'))"
+            ".slice(0, 5).map(e => e.tagName + '.' + e.className + ': ' + (e.textContent || '').slice(0, 50)); }"
+        )
+        for element in overflow:
+            problems.append(f"wider than a 390 px screen: {element}")
+        page.screenshot(path=str(screenshots / f"{Path(name).stem}-narrow.png"))
     finally:
         page.close()
     assert not problems, f"{name}:\n  " + "\n  ".join(problems)
