@@ -517,7 +517,7 @@ def interleaved_to_half_order(width: int) -> Tensor:
     return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
 
 
-# chapters/ch03-long-context.qmd:1395
+# chapters/ch03-long-context.qmd:1399
 #: The RoPE construction names ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn")
 
@@ -605,7 +605,7 @@ def inverse_frequencies(dim: int,                # d_R, even
     return plain * (1 - ramp) + (plain / factor) * ramp, magnitude
 
 
-# chapters/ch03-long-context.qmd:1656
+# chapters/ch03-long-context.qmd:1660
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,          # one generator feeds every draw
                     trials: int = 256,          # per depth
