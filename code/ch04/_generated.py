@@ -534,7 +534,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:1730
+# chapters/ch04-efficient-architectures.qmd:1765
 def ssm_state_bytes(channels: int, state_size: int, bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens: channels x state_size x bytes, at any length."""
     for name, value in (("channels", channels), ("state_size", state_size), ("bytes_per_scalar", bytes_per_scalar)):
@@ -570,7 +570,7 @@ def hybrid_cache_bytes(
     return attention + ssm_layers * ssm_state_bytes(channels, state_size, config.bytes_per_scalar)
 
 
-# chapters/ch04-efficient-architectures.qmd:1930
+# chapters/ch04-efficient-architectures.qmd:1965
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -620,7 +620,7 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         return self.output(ch01.merge_heads(heads_out)), latent
 
 
-# chapters/ch04-efficient-architectures.qmd:2031
+# chapters/ch04-efficient-architectures.qmd:2066
 def quantize_kv(x: Tensor, bits: int, *, per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d), via `ch02.quantize`.
 
@@ -683,7 +683,7 @@ def quantized_cache_error(
     return (torch.linalg.norm(approx - exact) / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:2197
+# chapters/ch04-efficient-architectures.qmd:2232
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig | None = None) -> dict[str, int]:
     """Return the bytes one conversation's past costs under each design, on the running example's shape.
 
