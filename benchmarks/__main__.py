@@ -30,10 +30,10 @@ FULL = {
 }
 QUICK = {
     "decode_tokens": [1024, 4096, 16384],
-    "prefill_tokens": [512, 1024, 2048, 4096],
+    "prefill_tokens": [512, 1024, 2048],
     "scan_tokens": [256, 1024],
     "memory_tokens": [1024, 4096],
-    "ring_parts": [1, 2, 4],
+    "ring_parts": [2, 4],
     "ring_tokens": 255,
     "min_run_time": 0.05,
 }
@@ -60,10 +60,10 @@ def summary_table(results: dict) -> str:
     if results.get("decode"):
         largest = max(r["tokens"] for r in results["decode"])
         lines.append(f"decode step at T={largest}:")
-        lines.append(f"  {'design':18s} {'ms':>9s} {'MiB read':>9s} {'GB/s':>7s} {'% floor':>8s}")
+        lines.append(f"  {'design':22s} {'ms':>9s} {'MiB read':>9s} {'GB/s':>7s} {'% floor':>8s}")
         for r in results["decode"]:
             if r["tokens"] == largest:
-                lines.append(f"  {r['design']:18s} {r['seconds'] * 1e3:9.2f} {r['cache_bytes'] / 2**20:9.1f} "
+                lines.append(f"  {r['design']:22s} {r['seconds'] * 1e3:9.2f} {r['cache_bytes'] / 2**20:9.1f} "
                              f"{r['bytes_per_s'] / 1e9:7.2f} {r['percent_of_floor']:8.1f}")
     if results.get("prefill"):
         for slow, fast_design in (("full-sdpa", "window-banded"), ("full-sdpa", "window-blocksparse"),

@@ -1,0 +1,287 @@
+"""Tests for benchmarks/: fast kernels equal the chapters' teaching versions, each benchmark runs and
+returns every field, results files are complete, and bad inputs raise ValueError."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from longctx import ch01, ch02, ch03, ch04
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks import common, decode, fast, floors, memory, prefill, ring, scan  # noqa: E402
+from benchmarks.__main__ import QUICK, summary_table  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def _randn(*shape, seed=0, dtype=torch.float64):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+# --------------------------------------------------------------------------- fast == teaching
+
+
+@pytest.mark.parametrize(("query_heads", "kv_heads", "tokens"), [(4, 1, 7), (8, 2, 13), (6, 6, 5), (32, 8, 33)])
+def test_grouped_decode_attention_matches_ch03_grouped_attention(query_heads, kv_heads, tokens):
+    query = _randn(2, query_heads, 1, 16, seed=1)
+    key, value = _randn(2, kv_heads, tokens, 16, seed=2), _randn(2, kv_heads, tokens, 16, seed=3)
+    expected = ch03.grouped_attention(query, key, value)
+    assert torch.allclose(fast.grouped_decode_attention(query, key, value), expected, atol=1e-12)
+
+
+def test_grouped_decode_attention_matches_materialised_repeat():
+    query, key, value = _randn(1, 8, 1, 16, seed=4), _randn(1, 2, 9, 16, seed=5), _randn(1, 2, 9, 16, seed=6)
+    repeated = ch01.scaled_dot_product_attention(query, ch03.repeat_kv(key, 4), ch03.repeat_kv(value, 4))[0]
+    assert torch.allclose(fast.grouped_decode_attention(query, key, value), repeated, atol=1e-12)
+
+
+def _latent_layer(seed=7):
+    torch.manual_seed(seed)
+    return ch04.AbsorbedLatentAttention(32, 4, 8).double()
+
+
+def test_latent_decode_expanded_matches_ch03_latent_layer_last_token():
+    layer = _latent_layer()
+    x = _randn(1, 11, 32, seed=8)
+    with torch.no_grad():
+        full, latent = layer(x)
+        query = ch01.split_heads(layer.query(x[:, -1:]), 4)  # (1, 4, 1, 8)
+        step = fast.latent_decode_expanded(query, latent, layer.key_up.weight, layer.value_up.weight)
+        output = layer.output(ch01.merge_heads(step))
+    assert torch.allclose(output, full[:, -1:], atol=1e-10)
+
+
+def test_latent_decode_absorbed_matches_expanded_and_ch04_absorbed_layer():
+    layer = _latent_layer(9)
+    x = _randn(1, 10, 32, seed=10)
+    with torch.no_grad():
+        _, cache = layer(x[:, :-1])
+        absorbed_out, latent = layer.forward_absorbed(x[:, -1:], cache)
+        query = ch01.split_heads(layer.query(x[:, -1:]), 4)
+        expanded = fast.latent_decode_expanded(query, latent, layer.key_up.weight, layer.value_up.weight)
+        absorbed = fast.latent_decode_absorbed(query, latent, layer.key_up.weight, layer.value_up.weight)
+        output = layer.output(ch01.merge_heads(absorbed))
+    assert torch.allclose(absorbed, expanded, atol=1e-10)
+    assert torch.allclose(output, absorbed_out, atol=1e-10)
+
+
+def test_int4_packing_round_trips_and_dequantises_like_ch02():
+    x = _randn(2, 3, 5, 16, seed=11, dtype=torch.float32)
+    codes, scale = ch02.quantize(x, 4)
+    packed = fast.pack_int4(codes)
+    assert packed.dtype == torch.uint8 and packed.shape[-1] == 8  # two codes a byte
+    assert torch.equal(fast.unpack_int4(packed), codes)
+    every_code = torch.arange(-8, 8, dtype=torch.int8).reshape(1, 16)
+    assert torch.equal(fast.unpack_int4(fast.pack_int4(every_code)), every_code)
+    assert torch.equal(fast.dequantize_int4(packed, scale), ch02.dequantize(codes, scale))
+
+
+def test_int4_packing_rejects_odd_width():
+    with pytest.raises(ValueError, match="even"):
+        fast.pack_int4(torch.zeros(2, 3, dtype=torch.int8))
+
+
+@pytest.mark.parametrize(("tokens", "window", "block"), [(37, 8, 4), (64, 16, 16), (50, 5, 7)])
+def test_banded_attention_matches_ch04_block_sparse_with_the_exact_window(tokens, window, block):
+    query, key, value = (_randn(1, 2, tokens, 8, seed=s) for s in (12, 13, 14))
+    block_mask = ch04.sliding_window_block_mask(tokens, window, block)
+    token_mask = ch03.visibility_mask(tokens, window)
+    expected = ch04.block_sparse_attention(query, key, value, block_mask, block, token_mask=token_mask)
+    dense = ch01.scaled_dot_product_attention(query, key, value, token_mask)[0]
+    got = fast.banded_causal_attention(query, key, value, window, block)
+    assert torch.allclose(got, expected, atol=1e-12) and torch.allclose(got, dense, atol=1e-12)
+
+
+def test_ssm_decode_step_matches_ch04_sequential_scan():
+    channels, state_size, steps = 3, 4, 9
+    decay = torch.rand(steps, 1, channels, state_size, generator=torch.Generator().manual_seed(15), dtype=torch.float64)
+    input_weight = _randn(steps, 1, channels, state_size, seed=16)
+    readout = _randn(steps, 1, channels, state_size, seed=17)
+    x = _randn(steps, 1, channels, seed=18)
+    state = torch.zeros(1, channels, state_size, dtype=torch.float64)
+    outputs = []
+    for t in range(steps):
+        y, state = fast.ssm_decode_step(state, x[t], decay[t], input_weight[t], readout[t])
+        outputs.append(y)
+    # the same recurrence as a scan over time (time last): h_t = a_t h_{t-1} + B_t x_t
+    a = decay.permute(1, 2, 3, 0)
+    b = (input_weight * x[..., None]).permute(1, 2, 3, 0)
+    states = ch04.sequential_scan(a, b)  # (1, D, N, T)
+    expected = (states * readout.permute(1, 2, 3, 0)).sum(2)  # (1, D, T)
+    assert torch.allclose(torch.stack(outputs, -1), expected, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- smoke: every record has every field
+
+
+def test_floors_records_have_every_field():
+    progress = common.Progress(enabled=False)
+    record = floors.measure_floors(device=CPU, threads=1, quick=True, progress=progress)
+    for key in ("bandwidth", "matmul", "bytes_per_s", "flop_per_s"):
+        assert key in record
+    assert record["bytes_per_s"] > 0 and record["flop_per_s"] > 0
+    small = floors.bandwidth_floor(device=CPU, threads=1, megabytes=1, min_run_time=0.01)
+    assert set(small) >= {"copy_bytes_per_s", "read_bytes_per_s", "buffer_bytes"}
+
+
+@pytest.mark.parametrize("design", decode.DESIGNS)
+def test_each_decode_design_runs_once_with_every_field(design):
+    record = decode.measure_decode(design, 40, device=CPU, threads=1, floor_bytes_per_s=1e10, min_run_time=0.001)
+    assert set(decode.RECORD_FIELDS) <= set(record)
+    assert record["seconds"] > 0 and record["cache_bytes"] > 0 and record["bytes_moved"] >= record["cache_bytes"]
+
+
+def test_decode_cache_bytes_follow_the_design():
+    bytes_of = {d: decode.decode_case(d, 64, device=CPU).cache_bytes for d in ("mha", "gqa8-grouped", "mqa", "int8", "int4")}
+    assert bytes_of["mha"] == 4 * bytes_of["gqa8-grouped"] == 32 * bytes_of["mqa"]
+    assert bytes_of["int8"] == bytes_of["gqa8-grouped"] // 4 + 2 * 8 * 64 * 4  # codes + float32 scales
+    assert bytes_of["int4"] == bytes_of["gqa8-grouped"] // 8 + 2 * 8 * 64 * 4
+    window = decode.decode_case("window-4k", decode.WINDOW + 100, device=CPU, query_heads=4, head_dim=8)
+    assert window.cache_bytes == 2 * decode.GQA_KV_HEADS * decode.WINDOW * 8 * 4
+
+
+def test_decode_designs_compute_the_same_attention_as_their_reference():
+    # every GQA-8 variant (materialised, grouped, SDPA enable_gqa, teaching) gives the same output
+    outputs = [decode.decode_case(d, 50, device=CPU, seed=3).step()
+               for d in ("gqa8-materialised", "gqa8-grouped", "gqa8-grouped-teaching", "gqa8-sdpa-gqa")]
+    for other in outputs[1:]:
+        assert torch.allclose(other, outputs[0], atol=1e-5)
+    expanded = decode.decode_case("latent-expanded", 30, device=CPU, seed=4).step()
+    absorbed = decode.decode_case("latent-absorbed", 30, device=CPU, seed=4).step()
+    assert torch.allclose(expanded, absorbed, atol=1e-4)
+
+
+@pytest.mark.parametrize("design", prefill.DESIGNS)
+def test_each_prefill_design_runs_once_with_every_field(design):
+    record = prefill.measure_prefill(design, 70, device=CPU, threads=1, min_run_time=0.001)
+    assert set(prefill.RECORD_FIELDS) <= set(record) and record["seconds"] > 0 and record["flops"] > 0
+
+
+def test_prefill_crossover_is_the_first_size_from_which_the_other_design_always_wins():
+    rows = [("a", 1, 1.0), ("b", 1, 2.0), ("a", 2, 2.0), ("b", 2, 1.0), ("a", 4, 1.0), ("b", 4, 3.0),
+            ("a", 8, 5.0), ("b", 8, 4.0), ("a", 16, 9.0), ("b", 16, 4.0)]
+    records = [{"design": d, "tokens": n, "seconds": s} for d, n, s in rows]
+    assert prefill.crossovers(records, "a", "b") == 8
+    assert prefill.crossovers(records, "b", "a") is None
+
+
+def test_scan_and_ssm_records_have_every_field():
+    result = scan.run_scan([8, 33], device=CPU, threads=1, progress=common.Progress(False), min_run_time=0.001)
+    for record in result["scan"]:
+        assert set(scan.SCAN_RECORD_FIELDS) <= set(record)
+    assert set(scan.SSM_RECORD_FIELDS) <= set(result["ssm_step"])
+    assert result["ssm_step"]["state_bytes"] == scan.SSM_INNER * scan.SSM_STATE * 4
+
+
+@pytest.mark.parametrize("design", memory.DESIGNS)
+def test_each_memory_record_matches_the_formula(design):
+    record = memory.measure_memory(design, 1500, device=CPU)
+    assert set(memory.RECORD_FIELDS) <= set(record)
+    assert record["tensor_bytes"] == record["formula_bytes"]
+
+
+def test_memory_formula_uses_ch03_kv_bytes():
+    config = ch03.KVConfig("gqa", layers=1, query_heads=32, head_dim=128, bytes_per_scalar=4, kv_heads=8)
+    assert memory.formula_bytes("gqa8", 1000)[0] == ch03.kv_bytes(config, 1000)
+    assert memory.formula_bytes("window-4k", 10_000)[0] == ch03.kv_bytes(config, decode.WINDOW)
+
+
+def test_ring_benchmark_record_has_every_field():
+    record = ring.measure_ring(2, 5, heads=1, head_dim=4)
+    assert set(ring.RECORD_FIELDS) <= set(record)
+    assert record["max_abs_diff"] < 1e-5 and record["total_cache_bytes"] == 2 * 5 * 4 * 4
+
+
+def test_summary_table_names_machine_floor_and_crossovers():
+    progress = common.Progress(False)
+    results = {"machine": common.machine_record(CPU, 1, "quick"),
+               "floors": {"bytes_per_s": 1e10, "flop_per_s": 1e11},
+               "decode": [decode.measure_decode("mha", 16, device=CPU, threads=1, floor_bytes_per_s=1e10,
+                                                min_run_time=0.001)],
+               "prefill": prefill.run_prefill([16], ("full-sdpa", "linear-chunked"), device=CPU, threads=1,
+                                              progress=progress, min_run_time=0.001)}
+    table = summary_table(results)
+    assert "floor: 10.0 GB/s" in table and "mha" in table and "linear-chunked" in table
+
+
+# --------------------------------------------------------------------------- results files
+
+
+def test_results_files_hold_every_figure():
+    files = sorted(common.RESULTS_DIR.glob("*.json"))
+    assert files, "ship at least one results file in benchmarks/results/"
+    for path in files:
+        results = json.loads(path.read_text())
+        for key in ("device", "device_name", "threads", "torch_version", "date", "cpu_model", "mode"):
+            assert key in results["machine"], (path.name, key)
+        assert results["floors"]["bytes_per_s"] > 0
+        for part, fields in (("decode", decode.RECORD_FIELDS), ("prefill", prefill.RECORD_FIELDS),
+                             ("memory", memory.RECORD_FIELDS), ("ring", ring.RECORD_FIELDS)):
+            assert results[part], (path.name, part)
+            for record in results[part]:
+                assert set(fields) <= set(record), (path.name, part)
+        assert {r["design"] for r in results["decode"]} == set(decode.DESIGNS)
+
+
+def test_quick_sizes_cover_every_part():
+    for key in ("decode_tokens", "prefill_tokens", "scan_tokens", "memory_tokens", "ring_parts"):
+        assert QUICK[key]
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+
+def test_unknown_device_raises_value_error():
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        common.resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cuda"):
+            common.resolve_device("cuda")
+    assert common.resolve_device("auto").type in ("cpu", "cuda")
+
+
+def test_unknown_design_raises_value_error():
+    with pytest.raises(ValueError, match="unknown design 'flash'"):
+        decode.decode_case("flash", 16, device=CPU)
+    with pytest.raises(ValueError, match="unknown design"):
+        prefill.prefill_case("dense", 16, device=CPU)
+    with pytest.raises(ValueError, match="unknown design"):
+        memory.formula_bytes("paged", 16)
+
+
+@pytest.mark.parametrize("tokens", [0, -3])
+def test_tokens_below_one_raise_value_error(tokens):
+    with pytest.raises(ValueError, match="tokens"):
+        decode.decode_case("mha", tokens, device=CPU)
+    with pytest.raises(ValueError, match="tokens"):
+        prefill.prefill_case("full-sdpa", tokens, device=CPU)
+    with pytest.raises(ValueError, match="tokens"):
+        memory.formula_bytes("mha", tokens)
+    with pytest.raises(ValueError, match="tokens"):
+        scan.scan_inputs(tokens, device=CPU)
+
+
+def test_parts_below_one_raise_value_error():
+    with pytest.raises(ValueError, match="parts"):
+        ring.measure_ring(0, 8)
+
+
+def test_teaching_prefill_refuses_sizes_that_would_build_huge_score_matrices():
+    with pytest.raises(ValueError, match="full-teaching"):
+        prefill.prefill_case("full-teaching", prefill.TEACHING_FULL_LIMIT + 1, device=CPU)
+
+
+def test_command_line_rejects_unknown_device():
+    from benchmarks.__main__ import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "tpu"])
+    assert math.isfinite(QUICK["min_run_time"])
