@@ -20,13 +20,14 @@ LATENT_RANK = 512
 WINDOW = 4096
 
 DESIGNS = (
-    "mha", "gqa8-materialised", "gqa8-grouped", "gqa8-sdpa-gqa", "mqa",
+    "mha", "gqa8-materialised", "gqa8-grouped", "gqa8-grouped-teaching", "gqa8-sdpa-gqa", "mqa",
     "latent-expanded", "latent-absorbed", "window-4k", "int8", "int4",
 )
 DESIGN_NOTES = {
     "mha": "32 KV heads; torch SDPA",
     "gqa8-materialised": "8 KV heads repeated to 32 with ch03.repeat_kv, then torch SDPA",
-    "gqa8-grouped": "8 KV heads, ch03.grouped_attention (no repeat)",
+    "gqa8-grouped": "8 KV heads, the 4 query heads of a group stacked as rows of one SDPA call (no repeat)",
+    "gqa8-grouped-teaching": "8 KV heads, ch03.grouped_attention (no repeat; teaching attention)",
     "gqa8-sdpa-gqa": "8 KV heads, torch SDPA with enable_gqa=True",
     "mqa": "1 KV head shared by 32 query heads, grouped",
     "latent-expanded": f"latent cache of rank {LATENT_RANK}, keys and values rebuilt every step",
@@ -86,7 +87,8 @@ def decode_case(design: str, tokens: int, *, device: torch.device, seed: int = 0
         size = key.nbytes + value.nbytes
         return DecodeCase(lambda: F.scaled_dot_product_attention(query, key, value), size, size,
                           attention_flops(query_heads, tokens, head_dim))
-    if design in ("gqa8-materialised", "gqa8-grouped", "gqa8-sdpa-gqa", "mqa", "window-4k", "int8", "int4"):
+    if design in ("gqa8-materialised", "gqa8-grouped", "gqa8-grouped-teaching", "gqa8-sdpa-gqa", "mqa", "window-4k",
+                  "int8", "int4"):
         kv_heads = 1 if design == "mqa" else GQA_KV_HEADS
         kept = min(tokens, window) if design == "window-4k" else tokens
         key, value = (_randn(1, kv_heads, kept, head_dim, generator=generator, device=device) for _ in "kv")
@@ -97,12 +99,12 @@ def decode_case(design: str, tokens: int, *, device: torch.device, seed: int = 0
             def step():
                 return F.scaled_dot_product_attention(query, ch03.repeat_kv(key, groups), ch03.repeat_kv(value, groups))
             return DecodeCase(step, size, size + 2 * groups * size, flops)
-        if design == "gqa8-grouped":
+        if design == "gqa8-grouped-teaching":
             return DecodeCase(lambda: ch03.grouped_attention(query, key, value), size, size, flops)
         if design == "gqa8-sdpa-gqa":
             return DecodeCase(lambda: F.scaled_dot_product_attention(query, key, value, enable_gqa=True),
                               size, size, flops)
-        if design in ("mqa", "window-4k"):
+        if design in ("gqa8-grouped", "mqa", "window-4k"):
             return DecodeCase(lambda: fast.grouped_decode_attention(query, key, value), size, size, flops)
         if design == "int8":
             (key_codes, key_scale), (value_codes, value_scale) = ch02.quantize(key, 8), ch02.quantize(value, 8)

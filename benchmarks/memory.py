@@ -13,9 +13,10 @@ DESIGNS = ("mha", "gqa8", "mqa", "latent", "window-4k", "int8", "int4")
 RECORD_FIELDS = ("design", "tokens", "tensor_bytes", "rss_growth_bytes", "formula_bytes", "formula")
 
 
-def _kv_config(name: str, kv_heads: int, bytes_per_scalar: int):
-    return ch03.KVConfig(name, layers=1, query_heads=QUERY_HEADS, kv_heads=kv_heads, head_dim=HEAD_DIM,
-                         bytes_per_scalar=bytes_per_scalar)
+def _kv_config(name: str, bytes_per_scalar: int = 4, **fields):
+    """Return a one-layer ch03.KVConfig of the benchmark's shape (32 query heads of width 128)."""
+    return ch03.KVConfig(name, layers=1, query_heads=QUERY_HEADS, head_dim=HEAD_DIM,
+                         bytes_per_scalar=bytes_per_scalar, **fields)
 
 
 def formula_bytes(design: str, tokens: int) -> tuple[int, str]:
@@ -30,14 +31,16 @@ def formula_bytes(design: str, tokens: int) -> tuple[int, str]:
         raise ValueError(f"tokens (T) must be an integer >= 1 (got {tokens!r})")
     if design in ("mha", "gqa8", "mqa"):
         heads = {"mha": QUERY_HEADS, "gqa8": GQA_KV_HEADS, "mqa": 1}[design]
-        return ch03.kv_bytes(_kv_config(design, heads, 4), tokens), "ch03.kv_bytes"
+        return ch03.kv_bytes(_kv_config(design, kv_heads=heads), tokens), "ch03.kv_bytes"
     if design == "window-4k":
-        return ch03.kv_bytes(_kv_config(design, GQA_KV_HEADS, 4), min(tokens, WINDOW)), "ch03.kv_bytes at min(T, W)"
+        config = _kv_config(design, kv_heads=GQA_KV_HEADS, window=WINDOW, windowed_layers=1)
+        return ch03.kv_bytes(config, tokens), "ch03.kv_bytes with a window"
     if design == "latent":
-        return tokens * LATENT_RANK * 4, "T r s"
+        return ch03.kv_bytes(_kv_config(design, latent_rank=LATENT_RANK), tokens), "ch03.kv_bytes, latent"
     bits = 8 if design == "int8" else 4
-    per_token = 2 * GQA_KV_HEADS * (HEAD_DIM * bits // 8 + 4)
-    return tokens * per_token, "ch03.kv_bytes at s = bits/8, plus 4-byte scales"
+    codes = ch03.kv_bytes(_kv_config(design, kv_heads=GQA_KV_HEADS), tokens) * bits // 32  # s = bits/8
+    scales = 2 * GQA_KV_HEADS * tokens * 4  # one float32 scale per token, head, key or value
+    return codes + scales, "ch03.kv_bytes at s = bits/8, plus float32 scales"
 
 
 WRITE_CHUNK = 1024  # tokens written per step of the fill; bounds the temporaries

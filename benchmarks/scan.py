@@ -8,7 +8,7 @@ from longctx import ch04
 from . import fast
 from .common import time_median
 
-SCAN_CHANNELS = 256
+SCAN_CHANNELS = 64
 SSM_INNER = 8192  # a Mamba-style layer for d_model 4096: expansion 2
 SSM_STATE = 16
 SCAN_RECORD_FIELDS = ("tokens", "channels", "loop_seconds", "parallel_seconds", "speedup")
@@ -16,12 +16,12 @@ SSM_RECORD_FIELDS = ("inner", "state_size", "state_bytes", "seconds", "runs")
 
 
 def scan_inputs(tokens: int, channels: int = SCAN_CHANNELS, *, device, seed: int = 0):
-    """Return (a, b), each (tokens, channels): decays in (0, 1) and inputs, for h_t = a_t h_{t-1} + b_t."""
+    """Return (a, b), each (channels, tokens) with time last: decays in [0.5, 1) and inputs, for h_t = a_t h_{t-1} + b_t."""
     if not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"tokens (T) must be an integer >= 1 (got {tokens!r})")
     generator = torch.Generator(device=device).manual_seed(seed)
-    decay = torch.rand(tokens, channels, generator=generator, device=device) * 0.5 + 0.5
-    inputs = torch.randn(tokens, channels, generator=generator, device=device)
+    decay = torch.rand(channels, tokens, generator=generator, device=device) * 0.5 + 0.5
+    inputs = torch.randn(channels, tokens, generator=generator, device=device)
     return decay, inputs
 
 
