@@ -132,7 +132,7 @@ def blockwise_causal_attention(query, key, value, parts: int, *, order: str = "r
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:724
+# chapters/ch05-measured.qmd:728
 import math
 import os
 
@@ -188,7 +188,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query, key, value, out
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:788
+# chapters/ch05-measured.qmd:792
 import dataclasses
 import importlib
 import socket
@@ -252,10 +252,13 @@ def ring_attention(query, key, value, parts: int, *, timeout_s: float = 120.0) -
     output = torch.zeros(value.shape, dtype=value.dtype).share_memory_()
     bytes_sent = torch.zeros(parts, parts, dtype=torch.int64).share_memory_()
     cache_bytes = torch.zeros(parts, dtype=torch.int64).share_memory_()
-    worker = importlib.import_module("longctx.ch05").ring_attention_rank  # importable by the spawned processes
+    worker = importlib.import_module("longctx.ch05").ring_attention_rank  # importable by fresh processes
+    method = "forkserver" if "forkserver" in torch_multiprocessing.get_all_start_methods() else "spawn"
+    if method == "forkserver":  # a clean server that imports torch once; each rank is a fork of it
+        torch_multiprocessing.get_context(method).set_forkserver_preload(["torch", "longctx.ch05"])
     context = torch_multiprocessing.start_processes(
         worker, args=(parts, free_local_port(), *shared, output, bytes_sent, cache_bytes),
-        nprocs=parts, join=False, start_method="spawn")
+        nprocs=parts, join=False, start_method=method)
     started = time.monotonic()
     while not context.join(timeout=0.5):
         if time.monotonic() - started > timeout_s:
