@@ -278,9 +278,9 @@ def decode_token_by_token(layer: nn.Module, x: Tensor) -> Tensor:
     return torch.cat(outputs, dim=1)
 
 
-def _offset_causal_mask(query_len: int, key_len: int) -> Tensor:
+def _offset_causal_mask(query_len: int, key_len: int, device: torch.device | None = None) -> Tensor:
     """Return the causal mask rows for the last ``query_len`` of ``key_len`` positions."""
-    return ch01.causal_mask(key_len)[key_len - query_len:]
+    return ch01.causal_mask(key_len, device=device)[key_len - query_len:]
 
 
 class GroupedQueryAttention(nn.Module):
@@ -333,11 +333,11 @@ class GroupedQueryAttention(nn.Module):
             past_keys, past_values = cache
             k = torch.cat([past_keys, k], dim=2)                 # (B, H_kv, T_past + T, d_h)
             v = torch.cat([past_values, v], dim=2)
-        out = grouped_attention(q, k, v, _offset_causal_mask(x.size(1), k.size(2)))
+        out = grouped_attention(q, k, v, _offset_causal_mask(x.size(1), k.size(2), x.device))
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:768
+# chapters/ch03-long-context.qmd:772
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token, MLA-style (@eq-ch03-latent).
 
@@ -405,7 +405,7 @@ class ToyLatentKVAttention(nn.Module):
         past = 0 if cache is None else cache.size(1)
         fresh = self.latent_down(x)                                           # (B, T, r)
         if self.rope_key_dim:
-            positions = torch.arange(query_len) + (past if start is None else start)
+            positions = torch.arange(query_len, device=x.device) + (past if start is None else start)
             bands = 10_000.0 ** -(torch.arange(0, self.rope_key_dim, 2, dtype=torch.float64) / self.rope_key_dim)
             fresh = torch.cat((fresh, apply_rope(self.rope_key(x), positions, bands)), dim=-1)  # (B, T, r + d_R)
         latent = fresh if cache is None else torch.cat((cache, fresh), dim=1)  # (B, T_k, r + d_R)
@@ -417,14 +417,14 @@ class ToyLatentKVAttention(nn.Module):
             q_rot = apply_rope(ch01.split_heads(self.rope_query(x), self.query_heads), positions, bands)
             k_rot = latent[:, None, :, self.latent_rank:].expand(-1, self.query_heads, -1, -1)
             q, k = torch.cat((q, q_rot), dim=-1), torch.cat((k, k_rot), dim=-1)  # content + rotary score terms
-        out, _ = ch01.scaled_dot_product_attention(q, k, v, _offset_causal_mask(query_len, latent.size(1)))
+        out, _ = ch01.scaled_dot_product_attention(q, k, v, _offset_causal_mask(query_len, latent.size(1), x.device))
         return self.output(ch01.merge_heads(out)), latent
 
 
-# chapters/ch03-long-context.qmd:908
+# chapters/ch03-long-context.qmd:912
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
-                    sinks: int = 0) -> Tensor:
+                    sinks: int = 0, *, device: torch.device | str | None = None) -> Tensor:
     """Boolean (seq_len, seq_len) grid: True where query row i may read key column j.
 
     ``window=None`` gives Chapter 1's causal mask. A finite ``window`` W keeps,
@@ -435,6 +435,7 @@ def visibility_mask(seq_len: int,               # T
         seq_len: Sequence length (>= 1).
         window: Sliding-window width W (>= 1), or None for full causal attention.
         sinks: Initial positions that stay visible (>= 0; used only with a window).
+        device: Where to build the mask (default: the CPU).
 
     Raises:
         ValueError: If an argument is out of range.
@@ -444,15 +445,15 @@ def visibility_mask(seq_len: int,               # T
         _positive_int(window, "window")
     if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
         raise ValueError(f"sinks must be a non-negative integer (got {sinks!r})")
-    causal = ch01.causal_mask(seq_len)
+    causal = ch01.causal_mask(seq_len, device=device)
     if window is None:
         return causal
-    query = torch.arange(seq_len)[:, None]
-    key = torch.arange(seq_len)[None, :]
+    query = torch.arange(seq_len, device=device)[:, None]
+    key = torch.arange(seq_len, device=device)[None, :]
     return causal & ((query - key < window) | (key < sinks))
 
 
-# chapters/ch03-long-context.qmd:1140
+# chapters/ch03-long-context.qmd:1145
 def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
     """Rotated copy of ``vectors``: pair (2j, 2j+1) of row t turned by positions[t] * frequencies[j] (@eq-ch03-rope).
 
@@ -479,8 +480,9 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tens
     if vectors.dim() < 2 or positions.dim() != 1 or positions.numel() != vectors.size(-2):
         raise ValueError(f"need one position per row: {vectors.size(-2) if vectors.dim() > 1 else 'a (T, d) input'} "
                          f"(got positions of shape {tuple(positions.shape)})")
-    angles = positions.to(torch.float64)[:, None] * frequencies.to(torch.float64)    # (T, d_R/2): m * omega_j
-    cos, sin = angles.cos().to(vectors.dtype), angles.sin().to(vectors.dtype)
+    angles = positions.to(frequencies.device, torch.float64)[:, None] * frequencies.to(torch.float64)  # m * omega_j
+    cos = angles.cos().to(vectors.device, vectors.dtype)                               # (T, d_R/2)
+    sin = angles.sin().to(vectors.device, vectors.dtype)
     x_even, x_odd = vectors[..., 0::2], vectors[..., 1::2]                             # x_{2j}, x_{2j+1}
     new_even = x_even * cos - x_odd * sin                                              # first row of R_j(m)
     new_odd = x_even * sin + x_odd * cos                                               # second row of R_j(m)
@@ -488,7 +490,7 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tens
     return turned.flatten(-2) * magnitude
 
 
-# chapters/ch03-long-context.qmd:1225
+# chapters/ch03-long-context.qmd:1231
 def apply_rope_rotate_half(vectors: Tensor, positions: Tensor, frequencies: Tensor,
                            magnitude: float = 1.0) -> Tensor:
     """Return ``vectors`` rotated in the rotate-half layout: coordinate j pairs with j + d_R/2.
@@ -517,7 +519,7 @@ def interleaved_to_half_order(width: int) -> Tensor:
     return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
 
 
-# chapters/ch03-long-context.qmd:1399
+# chapters/ch03-long-context.qmd:1405
 #: The RoPE construction names ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn")
 
@@ -605,7 +607,7 @@ def inverse_frequencies(dim: int,                # d_R, even
     return plain * (1 - ramp) + (plain / factor) * ramp, magnitude
 
 
-# chapters/ch03-long-context.qmd:1660
+# chapters/ch03-long-context.qmd:1669
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,          # one generator feeds every draw
                     trials: int = 256,          # per depth
@@ -618,7 +620,8 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
     At each of 21 depths (0%, 5%, ..., 100% of ``context - 2``), ``trials``
     trials draw a content vector c, a query c + 0.15 noise at the last
     position, a needle c + 0.15 noise at the depth, and standard-normal
-    distractor keys everywhere else; query and needle are rotated with the
+    distractor keys everywhere else (drawn as their scores, which have the
+    same distribution); query and needle are rotated with the
     bands of ``method`` at factor ``context / original_context``, and a trial
     is a hit when the needle has the top score. There are no learned weights:
     the curve isolates rotary phase; it is not a language-model benchmark.
@@ -656,10 +659,12 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
     content = torch.randn(depths.numel(), trials, dim, generator=gen)             # (D, N, dim)
     query = content + 0.15 * torch.randn(content.shape, generator=gen)
     needle = content + 0.15 * torch.randn(content.shape, generator=gen)
-    distractors = magnitude * torch.randn(depths.numel(), trials, context, dim, generator=gen)  # pre-rotated
     query_rot = apply_rope(query[:, :, None], torch.tensor([context - 1]), frequencies, magnitude)[:, :, 0]
     needle_rot = apply_rope(needle.transpose(0, 1), needle_at, frequencies, magnitude).transpose(0, 1)
-    scores = torch.einsum("dntc,dnc->dnt", distractors, query_rot)               # (D, N, T)
+    # A distractor key is magnitude * (standard normal vector), in any rotation; its score against
+    # query_rot is therefore normal with standard deviation magnitude * |query_rot|. Draw the scores.
+    spread = magnitude * query_rot.norm(dim=-1, keepdim=True)                     # (D, N, 1)
+    scores = spread * torch.randn(depths.numel(), trials, context, generator=gen)  # (D, N, T)
     scores.scatter_(2, needle_at[:, None, None].expand(-1, trials, 1), (needle_rot * query_rot).sum(-1, keepdim=True))
     accuracy = (scores.argmax(-1) == needle_at[:, None]).double().mean(-1)       # (D,)
     return [{"depth_percent": round(100 * depth), "accuracy": p, "standard_error": math.sqrt(p * (1 - p) / trials)}
