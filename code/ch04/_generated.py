@@ -620,7 +620,7 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         return self.output(ch01.merge_heads(heads_out)), latent
 
 
-# chapters/ch04-efficient-architectures.qmd:2104
+# chapters/ch04-efficient-architectures.qmd:2105
 def quantize_kv(x: Tensor, bits: int, *, per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d), via `ch02.quantize`.
 
@@ -683,7 +683,7 @@ def quantized_cache_error(
     return (torch.linalg.norm(approx - exact) / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:2271
+# chapters/ch04-efficient-architectures.qmd:2272
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig | None = None) -> dict[str, int]:
     """Return the bytes one conversation's past costs under each design, on the running example's shape.
 
