@@ -490,3 +490,10 @@ def test_quantize_rejects_bad_tensor_and_dim():
         ch02.quantize(torch.ones(2, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="dim must be a dimension"):
         ch02.quantize(torch.ones(2, 2), dim=2)
+
+
+def test_config_accepts_numpy_integers():
+    import numpy as np
+
+    config = ch02.GPTConfig(vocab_size=np.int64(40), d_model=np.int32(8), heads=np.int64(2))
+    assert ch02.TinyGPT(config).position_embedding.weight.shape == (128, 8)

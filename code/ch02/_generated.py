@@ -6,6 +6,7 @@
 
 # chapters/ch02-tinygpt.qmd:29
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,7 @@ from tqdm import tqdm
 from longctx import ch01
 
 
-# chapters/ch02-tinygpt.qmd:62
+# chapters/ch02-tinygpt.qmd:63
 CORPUS_FILE = "pride-and-prejudice-ch01-30.txt"
 
 
@@ -53,7 +54,7 @@ def load_corpus() -> str:
     return ch01.data_path(CORPUS_FILE).read_text(encoding="utf-8")
 
 
-# chapters/ch02-tinygpt.qmd:167
+# chapters/ch02-tinygpt.qmd:168
 @dataclass(frozen=True)
 class GPTConfig:
     """The sizes that fix a TinyGPT, checked when the config is created.
@@ -81,7 +82,7 @@ class GPTConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context_length", "d_model", "layers", "heads"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer (got {value!r})")
         if self.d_model % self.heads:
             raise ValueError(
@@ -97,7 +98,7 @@ class GPTConfig:
         return self.d_model // self.heads
 
 
-# chapters/ch02-tinygpt.qmd:218
+# chapters/ch02-tinygpt.qmd:219
 class CausalSelfAttention(ch01.MultiHeadAttention):
     """Chapter 1's causal multi-head attention, which can also continue from a KV cache."""
 
@@ -146,7 +147,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# chapters/ch02-tinygpt.qmd:272
+# chapters/ch02-tinygpt.qmd:273
 class TinyGPT(nn.Module):
     """A decoder-only transformer small enough to train on a laptop CPU in seconds.
 
@@ -223,7 +224,7 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch02-tinygpt.qmd:452
+# chapters/ch02-tinygpt.qmd:453
 def unigram_entropy(token_ids, vocab_size: int) -> float:
     """Return the entropy, in nats, of the token frequencies in ``token_ids``.
 
@@ -343,7 +344,7 @@ def evaluate_loss(model: TinyGPT, token_ids, *, batches: int = 8, batch_size: in
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:655
+# chapters/ch02-tinygpt.qmd:656
 def next_token(logits: Tensor, temperature: float = 0.0, top_k: int | None = None, generator=None) -> int:
     """Return one token id chosen from a (V,) row of logits: the argmax at temperature 0, else a sample.
 
@@ -421,7 +422,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:776
+# chapters/ch02-tinygpt.qmd:777
 class KVCache:
     """The keys and values a TinyGPT has already computed: one (B, H, T, d_h) pair per layer.
 
@@ -439,7 +440,7 @@ class KVCache:
 
     def __init__(self, layers: int, batch: int, heads: int, head_dim: int, *, dtype=torch.float32, device=None):
         for name, value in (("layers", layers), ("batch", batch), ("heads", heads), ("head_dim", head_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer (got {value!r})")
         self.batch = batch
         empty = (batch, heads, 0, head_dim)
@@ -487,7 +488,7 @@ def attend_with_cache(attention: ch01.MultiHeadAttention, x: Tensor, cache: KVCa
     return attention.output(ch01.merge_heads(mixed))  # (B, T_new, d)
 
 
-# chapters/ch02-tinygpt.qmd:906
+# chapters/ch02-tinygpt.qmd:907
 def kv_cache_bytes(config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4) -> int:
     """Return the bytes a TinyGPT KV cache holds after ``tokens`` tokens: ``2 * B * L * d * s * T`` (@eq-ch02-kvbytes).
 
@@ -510,7 +511,7 @@ def kv_cache_bytes(config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_
     return batch * bytes_per_scalar * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1123
+# chapters/ch02-tinygpt.qmd:1126
 def quantize(x: Tensor, bits: int = 8, *, dim: int = -1) -> tuple[Tensor, Tensor]:
     """Return symmetric absmax codes and scales with ``x ≈ codes * scale`` (@eq-ch02-absmax).
 
