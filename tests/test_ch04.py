@@ -300,6 +300,21 @@ def test_linear_attention_weights_rows_sum_to_one_and_are_causal():
     assert (weights[~ch01.causal_mask(9)] == 0).all() and (weights[ch01.causal_mask(9)] > 0).all()
 
 
+def test_sharpness_numbers_of_the_weight_figure():
+    doubled, plain = ch04.sharpness_comparison(2.0), ch04.sharpness_comparison(1.0)
+    assert round(doubled["softmax"]["mean_of_row_max"], 2) == 0.55
+    assert round(doubled["softmax"]["max"], 2) == 0.81
+    assert round(doubled["linear"]["mean_of_row_max"], 2) == 0.19
+    assert round(doubled["linear"]["max"], 2) == 0.26
+    assert round(plain["softmax"]["mean_of_row_max"], 2) == 0.35
+    assert round(plain["linear"]["mean_of_row_max"], 2) == 0.18
+    for result in (doubled, plain):
+        for weights in result["weights"]:
+            assert torch.allclose(weights.sum(dim=-1), torch.ones(10))
+    with pytest.raises(ValueError, match="last_rows"):
+        ch04.weight_sharpness(torch.eye(3), last_rows=4)
+
+
 def test_linear_attention_rejects_bad_input():
     q = randn(4, 3, seed=0)
     with pytest.raises(ValueError, match="equal shapes"):

@@ -37,6 +37,7 @@ from ._generated import (
     selective_recall,
     selective_ssm,
     sequential_scan,
+    sharpness_comparison,
     sliding_window_block_mask,
     sliding_window_decode,
     ssm_convolution,
@@ -45,6 +46,7 @@ from ._generated import (
     ssm_state_bytes,
     step_sizes,
     strided_mask,
+    weight_sharpness,
     window_reach,
 )
 
@@ -83,6 +85,7 @@ __all__ = [
     "selective_recall",
     "selective_ssm",
     "sequential_scan",
+    "sharpness_comparison",
     "sliding_window_block_mask",
     "sliding_window_decode",
     "ssm_convolution",
@@ -91,5 +94,6 @@ __all__ = [
     "ssm_state_bytes",
     "step_sizes",
     "strided_mask",
+    "weight_sharpness",
     "window_reach",
 ]

@@ -368,7 +368,36 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor, chunk_si
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1253
+# chapters/ch04-efficient-architectures.qmd:1158
+def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
+    """Return how peaked the last rows of a (T, T) weight matrix are.
+
+    `mean_of_row_max` averages each row's largest weight over the last `last_rows` rows;
+    `max` is the single largest weight in those rows.
+    """
+    if weights.dim() != 2 or not 1 <= last_rows <= weights.shape[0]:
+        raise ValueError(f"need a (T, T) matrix and 1 <= last_rows <= T (got {tuple(weights.shape)}, {last_rows})")
+    tail = weights[-last_rows:]
+    return {"mean_of_row_max": tail.amax(dim=-1).mean().item(), "max": tail.max().item()}
+
+
+def sharpness_comparison(query_scale: float, seed: int = 11, tokens: int = 10, width: int = 8) -> dict:
+    """Return softmax and linear-attention weights on one random draw, with the weight_sharpness of each.
+
+    Keys and base queries are standard normal; the queries are multiplied by `query_scale`.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    keys = torch.randn(tokens, width, generator=generator)
+    queries = query_scale * torch.randn(tokens, width, generator=generator)
+    _, softmax_weights = ch01.scaled_dot_product_attention(queries, keys, keys, ch01.causal_mask(tokens))
+    linear_weights = linear_attention_weights(queries, keys)
+    return {
+        "softmax": weight_sharpness(softmax_weights), "linear": weight_sharpness(linear_weights),
+        "weights": (softmax_weights, linear_weights),
+    }
+
+
+# chapters/ch04-efficient-architectures.qmd:1269
 def _as_float(values, dtype: torch.dtype = torch.float64) -> Tensor:
     """Return `values` as a float tensor: float tensors as they are, everything else in `dtype`."""
     if isinstance(values, Tensor) and values.is_floating_point():
@@ -433,7 +462,7 @@ def ssm_convolution(x, A, B, C) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1417
+# chapters/ch04-efficient-architectures.qmd:1433
 def _check_scan(a: Tensor, b: Tensor) -> None:
     if a.shape != b.shape:
         raise ValueError(f"a and b must have the same shape (..., T) (got {tuple(a.shape)} and {tuple(b.shape)})")
@@ -504,7 +533,7 @@ def fixed_step_recall(delta: float) -> float:
     return selective_ssm(RECALL_VALUES, torch.full((len(RECALL_VALUES),), float(delta)))[-1].item()
 
 
-# chapters/ch04-efficient-architectures.qmd:1615
+# chapters/ch04-efficient-architectures.qmd:1631
 def scan_rounds(length: int) -> int:
     """Return the rounds a Hillis-Steele scan needs for `length` steps: ceil(log2 length)."""
     if length < 0:
@@ -534,7 +563,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:1802
+# chapters/ch04-efficient-architectures.qmd:1818
 def ssm_state_bytes(channels: int, state_size: int, bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens: channels x state_size x bytes, at any length."""
     for name, value in (("channels", channels), ("state_size", state_size), ("bytes_per_scalar", bytes_per_scalar)):
@@ -570,7 +599,7 @@ def hybrid_cache_bytes(
     return attention + ssm_layers * ssm_state_bytes(channels, state_size, config.bytes_per_scalar)
 
 
-# chapters/ch04-efficient-architectures.qmd:2003
+# chapters/ch04-efficient-architectures.qmd:2019
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -620,7 +649,7 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         return self.output(ch01.merge_heads(heads_out)), latent
 
 
-# chapters/ch04-efficient-architectures.qmd:2105
+# chapters/ch04-efficient-architectures.qmd:2121
 def quantize_kv(x: Tensor, bits: int, *, per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d), via `ch02.quantize`.
 
@@ -683,7 +712,7 @@ def quantized_cache_error(
     return (torch.linalg.norm(approx - exact) / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:2272
+# chapters/ch04-efficient-architectures.qmd:2288
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig | None = None) -> dict[str, int]:
     """Return the bytes one conversation's past costs under each design, on the running example's shape.
 
