@@ -428,7 +428,7 @@ class KVCache:
 
     ``keys[i]`` and ``values[i]`` start empty (T = 0) and grow by one row per
     token read. Each append concatenates, so the tensors always hold exactly the
-    cached tokens (a production cache preallocates instead; see the note below).
+    cached tokens (a serving system preallocates instead).
 
     Args:
         layers, batch, heads, head_dim: The cache's shape, ``L``, ``B``, ``H`` and ``d_h``.
