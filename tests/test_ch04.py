@@ -274,18 +274,18 @@ class LargestTensor(TorchDispatchMode):
 
 
 def test_long_sequence_paths_never_build_a_tokens_by_tokens_matrix():
-    tokens, width = 2048, 2
+    tokens, width, chunk = 1024, 2, 32
     q, k, v = randn(tokens, width, seed=1), randn(tokens, width, seed=2), randn(tokens, width, seed=3)
     with LargestTensor() as chunked_mode:
-        chunked = ch04.linear_attention_chunked(q, k, v, chunk_size=64)
-    blocks = ch04.sliding_window_block_mask(tokens, 64, 64)
+        chunked = ch04.linear_attention_chunked(q, k, v, chunk_size=chunk)
+    blocks = ch04.sliding_window_block_mask(tokens, chunk, chunk)
     with LargestTensor() as block_mode:
-        windowed = ch04.block_sparse_attention(q, k, v, blocks, 64)
-    assert chunked_mode.largest <= max(64 * 64, tokens * width) < tokens * tokens // 100
-    assert block_mode.largest <= max(64 * 128, tokens * width) < tokens * tokens // 100
-    recurrent, _ = ch04.linear_attention_recurrent(q[-200:], k[-200:], v[-200:], state=_state_before(q, k, v, tokens - 200))
-    assert torch.allclose(chunked[-200:], recurrent, atol=1e-9)
-    dense, _ = ch01.scaled_dot_product_attention(q, k, v, ch04.expand_block_mask(blocks, 64, tokens))
+        windowed = ch04.block_sparse_attention(q, k, v, blocks, chunk)
+    assert chunked_mode.largest <= max(chunk * chunk, tokens * width) < tokens * tokens // 100
+    assert block_mode.largest <= max(chunk * 2 * chunk, tokens * width) < tokens * tokens // 100
+    recurrent, _ = ch04.linear_attention_recurrent(q[-100:], k[-100:], v[-100:], state=_state_before(q, k, v, tokens - 100))
+    assert torch.allclose(chunked[-100:], recurrent, atol=1e-9)
+    dense, _ = ch01.scaled_dot_product_attention(q, k, v, ch04.expand_block_mask(blocks, chunk, tokens))
     assert torch.allclose(windowed, dense, atol=1e-12)
 
 
