@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import io
 import os
 import re
 import shutil
@@ -125,10 +126,58 @@ def screenshots() -> Path:
     return SCREENSHOTS
 
 
+def _full_page_screenshot(page, path: Path) -> None:
+    """The whole page as one PNG, stitched from viewport-sized shots.
+
+    Playwright's own full-page capture resizes the viewport to the page's height, which takes
+    about a minute for a long chapter on two cores; scrolling and stitching takes seconds.
+    """
+    from PIL import Image
+
+    page.add_style_tag(
+        content=".book-header, .sidebar { position: static !important; } .sidebar { height: auto !important; }"
+        " html { scroll-behavior: auto !important; }"
+    )
+    size = page.viewport_size
+    height = page.evaluate("() => document.documentElement.scrollHeight")
+    width = size["width"]
+    sheet = Image.new("RGB", (width, height), "white")
+    offset = 0
+    while offset < height:
+        page.evaluate(f"() => window.scrollTo(0, {offset})")
+        actual = page.evaluate("() => window.scrollY")
+        shot = Image.open(io.BytesIO(page.screenshot()))
+        sheet.paste(shot.convert("RGB").crop((0, 0, width, min(shot.height, height - actual))), (0, actual))
+        offset = actual + size["height"]
+        if actual + size["height"] >= height:
+            break
+    sheet.save(path, compress_level=1)
+
+
 @functools.cache
 def _ids_in(path: Path) -> frozenset[str]:
     soup = BeautifulSoup(path.read_text(encoding="utf-8"), "html.parser")
     return frozenset(tag["id"] for tag in soup.find_all(id=True))
+
+
+def _overflowing(page) -> list[str]:
+    """The first few elements that stick out of the page's width and are not inside a scrolling box."""
+    return page.evaluate(
+        """() => {
+      const width = document.documentElement.clientWidth;
+      const scrolls = (element) => {
+        for (let a = element.parentElement; a; a = a.parentElement) {
+          const overflow = getComputedStyle(a).overflowX;
+          if (overflow === "auto" || overflow === "scroll" || overflow === "hidden") return true;
+        }
+        return false;
+      };
+      return Array.from(document.querySelectorAll("body *"))
+        .filter(e => e.getBoundingClientRect().right > width + 1 && !scrolls(e))
+        .slice(0, 5)
+        .map(e => e.tagName + "." + e.className + ": " + (e.textContent || "").slice(0, 60));
+    }"""
+    )
 
 
 # Text a reader sees (folded code included), without scripts, styles, typeset maths or diagrams.
@@ -232,20 +281,18 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
             elif target.fragment and urllib.parse.unquote(target.fragment) not in _ids_in(file):
                 problems.append(f"broken link: {link} (no id #{target.fragment} in {path})")
 
-        page.screenshot(path=str(screenshots / f"{Path(name).stem}.png"), full_page=True)
+        wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        if wide > 0:
+            problems.append(f"the page scrolls sideways by {wide} px at 1280 px: {_overflowing(page)}")
+        _full_page_screenshot(page, screenshots / f"{Path(name).stem}.png")
 
         # On a phone-sized screen the page itself never scrolls sideways: wide tables, code and
         # equations scroll inside their own boxes.
         page.set_viewport_size({"width": 390, "height": 844})
-        page.wait_for_timeout(100)
-        overflow = page.evaluate(
-            "() => { const w = document.documentElement.clientWidth; return Array.from("
-            "document.querySelectorAll('.chapter *')).filter(e => e.getBoundingClientRect().right > w + 1)"
-            ".filter(e => !e.closest('.table-scroll, pre, mjx-container, .cell-input, .jp-Mermaid, pre.mermaid'))"
-            ".slice(0, 5).map(e => e.tagName + '.' + e.className + ': ' + (e.textContent || '').slice(0, 50)); }"
-        )
-        for element in overflow:
-            problems.append(f"wider than a 390 px screen: {element}")
+        page.wait_for_timeout(200)
+        wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        if wide > 0:
+            problems.append(f"the page scrolls sideways by {wide} px on a 390 px screen: {_overflowing(page)}")
         page.screenshot(path=str(screenshots / f"{Path(name).stem}-narrow.png"))
     finally:
         page.close()

@@ -704,11 +704,25 @@ def _label_equations(page: Page, numbering: Numbering) -> None:
     for text in list(soup.find_all(string=re.compile(r"\\tag\{"))):
         if text.find_parent(["pre", "code", "script"]) is not None:
             continue
-        for match in re.finditer(r"\\tag\*?\{([^}]*)\}", str(text)):
+        value = str(text)
+        cuts: list[tuple[int, str]] = []
+        for match in re.finditer(r"\\tag\*?\{([^}]*)\}", value):
             label = wanted.pop(match.group(1).strip(), None)
             if label is not None:
-                anchor = soup.new_tag("span", id=label, attrs={"class": "eq-anchor"})
-                text.insert_before(anchor)
+                opening = value.rfind("$$", 0, match.start())
+                cuts.append((max(opening, 0), label))
+        if not cuts:
+            continue
+        pieces: list = []
+        last = 0
+        for position, label in cuts:  # the anchor goes right before the equation's opening $$
+            pieces.append(NavigableString(value[last:position]))
+            pieces.append(soup.new_tag("span", id=label, attrs={"class": "eq-anchor"}))
+            last = position
+        pieces.append(NavigableString(value[last:]))
+        for piece in pieces:
+            text.insert_before(piece)
+        text.extract()
     page.body = str(soup)
 
 

@@ -11,5 +11,21 @@ window.MathJax = {
   options: {
     skipHtmlTags: ["script", "noscript", "style", "textarea", "pre", "code"],
     enableMenu: true
+  },
+  startup: {
+    // After typesetting, each displayed equation sits in its own sideways-scrolling box, so a
+    // wide equation never makes the whole page scroll (on a phone, or in a list item).
+    pageReady: function () {
+      return MathJax.startup.defaultPageReady().then(function () {
+        document.querySelectorAll('mjx-container[display="true"]').forEach(function (math) {
+          var parent = math.parentNode;
+          if (!parent || (parent.classList && parent.classList.contains("math-scroll"))) { return; }
+          var box = document.createElement("span");
+          box.className = "math-scroll";
+          parent.insertBefore(box, math);
+          box.appendChild(math);
+        });
+      });
+    }
   }
 };
