@@ -202,7 +202,8 @@ def make_fixture_book(tmp_path: Path) -> tuple[Path, Path]:
     ch02 = nbformat.v4.new_notebook(
         cells=[
             md(
-                "# 2 More\n\n## 2.1 Uses\n\nBack to Section 1.1, see [the demo](ch01-demo.ipynb) and Chapter 1."
+                "# 2 More\n\n## 2.1 Uses\n\nBack to Section 1.1, see [the demo](ch01-demo.ipynb) and Chapter 1. "
+                "With $x$ from Equation 1.1 and $\\text{Figure 1.1}$ untouched."
             )
         ]
     )
@@ -351,6 +352,8 @@ def test_crossrefs_become_links_across_pages(built):
     ch02 = {a.get_text(): a["href"] for a in soups["ch02-more.html"].select("a.crossref")}
     assert ch02["Section 1.1"] == "ch01-demo.html#sec-ch01-softmax"
     assert ch02["Chapter 1"] == "ch01-demo.html"
+    assert ch02["Equation 1.1"] == "ch01-demo.html#eq-ch01-exp"  # beside inline maths
+    assert "Figure 1.1" not in ch02  # inside maths: left alone
 
 
 def test_notebook_links_become_html(built):

@@ -102,6 +102,7 @@ _CROSSREF = re.compile(
 _NUMBER_PREFIX = re.compile(
     r"^\s*(?:(?:Chapter|Appendix)\s+)?(?P<number>(?:\d+|[A-Z])(?:\.\d+)*)[.:]?\s+(?=\S)"
 )
+_MATH_SPAN = re.compile(r"\$\$.*?\$\$|\\\[.*?\\\]|\\\(.*?\\\)|\$[^$]*\$", re.DOTALL)
 _CODE_REFERENCE = re.compile(r"@(?P<label>(?:fig|tbl|eq|sec)-[A-Za-z0-9_-]*[A-Za-z0-9])")
 _ATTR_SUFFIX = re.compile(r"\s*\{[^{}]*\}\s*$")
 
@@ -758,12 +759,15 @@ def _link_crossrefs(soup: BeautifulSoup, numbers: dict[tuple[str, str], str], pa
         "title",
     )
     for text in list(soup.find_all(string=_CROSSREF)):
-        if text.find_parent(skip) is not None or "$" in text or "\\" in text:
+        if text.find_parent(skip) is not None:
             continue
         pieces: list = []
         last = 0
         value = str(text)
+        maths = [span.span() for span in _MATH_SPAN.finditer(value)]
         for match in _CROSSREF.finditer(value):
+            if any(start <= match.start() < end for start, end in maths):
+                continue  # never split a formula: MathJax reads each one from a single text node
             kind = _CROSSREF_WORDS[match.group("word")]
             target = numbers.get((kind, match.group("number")))
             if target is None:
