@@ -529,3 +529,13 @@ def test_probe_score_shortcut_matches_explicit_rotated_keys():
         spread = math.sqrt((p_fast * (1 - p_fast) + p_slow * (1 - p_slow)) / 800) + 1e-3
         assert abs(p_fast - p_slow) < 5 * spread
     assert abs(sum(fast) - sum(slow)) / 21 < 0.02
+
+
+def test_windowed_shipped_configs_stop_growing_at_their_window():
+    mistral = ch03.KVConfig.from_hf_config(ch03.load_model_config("mistral-7b-v0.1"))
+    assert ch03.kv_bytes(mistral, 131_072) == ch03.kv_bytes(mistral, 4_096) == 512 * 2**20
+    assert ch03.kv_bytes(mistral, 4_095) < ch03.kv_bytes(mistral, 4_096)
+    gemma = ch03.KVConfig.from_hf_config(ch03.load_model_config("gemma-3-1b"))
+    per_layer_token = 2 * 1 * 256 * 2                                   # 2 * H_kv * d_h * s
+    assert ch03.kv_bytes(gemma, 32_768) == (4 * 32_768 + 22 * 512) * per_layer_token
+    assert round(26 * 32_768 * per_layer_token / ch03.kv_bytes(gemma, 32_768), 1) == 6.0    # the chapter's ratio

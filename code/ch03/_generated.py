@@ -4,7 +4,7 @@
 """Code saved from chapters/ch03-long-context.qmd ("Attention, Position, and Long Context")."""
 
 
-# chapters/ch03-long-context.qmd:92
+# chapters/ch03-long-context.qmd:93
 import json
 import math
 from collections.abc import Mapping
@@ -190,7 +190,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * config.cached_scalars_per_layer_token() * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:347
+# chapters/ch03-long-context.qmd:348
 def load_model_config(name: str) -> dict[str, Any]:
     """Return the shipped config.json excerpt ``data/configs/<name>.json`` as a dict.
 
@@ -212,7 +212,7 @@ def load_model_config(name: str) -> dict[str, Any]:
 MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite", "mistral-7b-v0.1", "gemma-3-1b")
 
 
-# chapters/ch03-long-context.qmd:496
+# chapters/ch03-long-context.qmd:499
 import torch
 from torch import Tensor, nn
 
@@ -337,7 +337,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:772
+# chapters/ch03-long-context.qmd:775
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token, MLA-style (@eq-ch03-latent).
 
@@ -421,7 +421,7 @@ class ToyLatentKVAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), latent
 
 
-# chapters/ch03-long-context.qmd:912
+# chapters/ch03-long-context.qmd:915
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *, device: torch.device | str | None = None) -> Tensor:
@@ -453,7 +453,7 @@ def visibility_mask(seq_len: int,               # T
     return causal & ((query - key < window) | (key < sinks))
 
 
-# chapters/ch03-long-context.qmd:1145
+# chapters/ch03-long-context.qmd:1159
 def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
     """Rotated copy of ``vectors``: pair (2j, 2j+1) of row t turned by positions[t] * frequencies[j] (@eq-ch03-rope).
 
@@ -490,7 +490,7 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tens
     return turned.flatten(-2) * magnitude
 
 
-# chapters/ch03-long-context.qmd:1231
+# chapters/ch03-long-context.qmd:1246
 def apply_rope_rotate_half(vectors: Tensor, positions: Tensor, frequencies: Tensor,
                            magnitude: float = 1.0) -> Tensor:
     """Return ``vectors`` rotated in the rotate-half layout: coordinate j pairs with j + d_R/2.
@@ -519,7 +519,7 @@ def interleaved_to_half_order(width: int) -> Tensor:
     return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
 
 
-# chapters/ch03-long-context.qmd:1405
+# chapters/ch03-long-context.qmd:1431
 #: The RoPE construction names ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn")
 
@@ -607,7 +607,7 @@ def inverse_frequencies(dim: int,                # d_R, even
     return plain * (1 - ramp) + (plain / factor) * ramp, magnitude
 
 
-# chapters/ch03-long-context.qmd:1675
+# chapters/ch03-long-context.qmd:1721
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,          # one generator feeds every draw
                     trials: int = 256,          # per depth
