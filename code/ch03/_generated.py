@@ -212,7 +212,7 @@ def load_model_config(name: str) -> dict[str, Any]:
 MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite", "mistral-7b-v0.1", "gemma-3-1b")
 
 
-# chapters/ch03-long-context.qmd:499
+# chapters/ch03-long-context.qmd:501
 import torch
 from torch import Tensor, nn
 
@@ -337,7 +337,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:775
+# chapters/ch03-long-context.qmd:777
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token, MLA-style (@eq-ch03-latent).
 
@@ -421,7 +421,7 @@ class ToyLatentKVAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), latent
 
 
-# chapters/ch03-long-context.qmd:915
+# chapters/ch03-long-context.qmd:917
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *, device: torch.device | str | None = None) -> Tensor:
@@ -453,7 +453,7 @@ def visibility_mask(seq_len: int,               # T
     return causal & ((query - key < window) | (key < sinks))
 
 
-# chapters/ch03-long-context.qmd:1159
+# chapters/ch03-long-context.qmd:1161
 def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
     """Rotated copy of ``vectors``: pair (2j, 2j+1) of row t turned by positions[t] * frequencies[j] (@eq-ch03-rope).
 
@@ -490,7 +490,7 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tens
     return turned.flatten(-2) * magnitude
 
 
-# chapters/ch03-long-context.qmd:1246
+# chapters/ch03-long-context.qmd:1248
 def apply_rope_rotate_half(vectors: Tensor, positions: Tensor, frequencies: Tensor,
                            magnitude: float = 1.0) -> Tensor:
     """Return ``vectors`` rotated in the rotate-half layout: coordinate j pairs with j + d_R/2.
@@ -519,7 +519,7 @@ def interleaved_to_half_order(width: int) -> Tensor:
     return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
 
 
-# chapters/ch03-long-context.qmd:1431
+# chapters/ch03-long-context.qmd:1433
 #: The RoPE construction names ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn")
 
@@ -607,7 +607,7 @@ def inverse_frequencies(dim: int,                # d_R, even
     return plain * (1 - ramp) + (plain / factor) * ramp, magnitude
 
 
-# chapters/ch03-long-context.qmd:1721
+# chapters/ch03-long-context.qmd:1727
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,          # one generator feeds every draw
                     trials: int = 256,          # per depth
