@@ -289,6 +289,7 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
         # On a phone-sized screen the page itself never scrolls sideways: wide tables, code and
         # equations scroll inside their own boxes.
         page.set_viewport_size({"width": 390, "height": 844})
+        page.evaluate("() => window.scrollTo(0, 0)")
         page.wait_for_timeout(200)
         wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
         if wide > 0:
