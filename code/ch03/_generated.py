@@ -607,7 +607,7 @@ def inverse_frequencies(dim: int,                # d_R, even
     return plain * (1 - ramp) + (plain / factor) * ramp, magnitude
 
 
-# chapters/ch03-long-context.qmd:1727
+# chapters/ch03-long-context.qmd:1728
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,          # one generator feeds every draw
                     trials: int = 256,          # per depth
