@@ -202,7 +202,7 @@ def make_fixture_book(tmp_path: Path) -> tuple[Path, Path]:
     ch02 = nbformat.v4.new_notebook(
         cells=[
             md(
-                "# 2 More\n\n## 2.1 Uses\n\nBack to Section 1.1, see [the demo](ch01-demo.ipynb) and Chapter 1. "
+                "# 2 More\n\n## A heading only the export has\n\n## 2.1 Uses\n\nBack to Section 1.1, see [the demo](ch01-demo.ipynb) and Chapter 1. "
                 "With $x$ from Equation 1.1 and $\\text{Figure 1.1}$ untouched."
             )
         ]
@@ -273,6 +273,8 @@ def test_contents_page_links_every_chapter_in_order(built):
 
 def test_headings_get_quarto_ids(built):
     _, _, soups = built
+    assert soups["ch02-more.html"].find("h2", id="sec-ch02-uses") is not None
+    assert soups["ch02-more.html"].find("h2", id="a-heading-only-the-export-has") is not None
     soup = soups["ch01-demo.html"]
     assert soup.find("h2", id="sec-ch01-softmax").get_text().startswith("1.1 Softmax")
     assert soup.find("h2", id="unlabelled-section") is not None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import difflib
 import html
 import re
 import shutil
@@ -155,8 +156,13 @@ def _first_heading(text: str) -> str | None:
 def _clean_title(text: str, number: str | None) -> str:
     text = _ATTR_SUFFIX.sub("", text).strip()
     match = _NUMBER_PREFIX.match(text)
-    if match and (number is None or match.group("number") == number):
-        text = text[match.end() :]
+    if match is not None:
+        found = match.group("number")
+        # with no number expected, only a numeral strips ("3.2 Title"), not a word ("A heading")
+        if found == number or (
+            number is None and (any(ch.isdigit() for ch in found) or text.startswith(("Chapter", "Appendix")))
+        ):
+            text = text[match.end() :]
     return text.strip()
 
 
@@ -581,6 +587,10 @@ def render_page(page: Page, out: Path, numbering: Numbering | None = None) -> No
     page.body = str(soup)
 
 
+def _plain(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
 def heading_ids(document: qmd.Document) -> list[tuple[qmd.Heading, str]]:
     """Every section heading of a chapter with the id Quarto gives it: its label, else Pandoc's slug.
 
@@ -620,12 +630,19 @@ def _assign_heading_ids(page: Page, soup: BeautifulSoup) -> None:
             anchor.decompose()
         text = tag.get_text().strip()
         ident = None
-        # match the rendered heading with the next source heading of the same level
-        for probe in range(cursor, len(sources)):
-            if sources[probe][0].level == level:
-                ident = sources[probe][1]
-                cursor = probe + 1
-                break
+        # Match the rendered heading with the next source heading of the same level: the one
+        # whose text is the same among the next few, else simply the next one.
+        candidates = [probe for probe in range(cursor, len(sources)) if sources[probe][0].level == level][:4]
+        wanted = _plain(_clean_title(text, None))
+        chosen = next((probe for probe in candidates if _plain(sources[probe][0].text) == wanted), None)
+        if chosen is None and candidates:
+            # not the same text (a cross-reference in a heading reads differently once translated):
+            # take the next heading when the texts are alike, else this heading is the export's own
+            similar = difflib.SequenceMatcher(None, _plain(sources[candidates[0]][0].text), wanted).ratio()
+            chosen = candidates[0] if similar >= 0.5 else None
+        if chosen is not None:
+            ident = sources[chosen][1]
+            cursor = chosen + 1
         if ident is None:
             ident = base = pandoc_slug(_clean_title(text, None))
             n = 1
