@@ -159,6 +159,17 @@ def test_strided_mask_matches_its_definition_and_reaches_everything_in_two_hops(
     assert ch04.receptive_field(mask, 2)[ch01.causal_mask(n)].all()
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_sparse_masks_give_skipped_pairs_exactly_zero_weight_in_chapter1_attention(seed):
+    sizes = random_sizes(seed, tokens=(2, 24), window=(1, 6), stride=(1, 6))
+    n = sizes["tokens"]
+    query, key, value = (randn(n, 8, seed=seed + k) for k in range(3))
+    for mask in (ch04.strided_mask(n, sizes["stride"]), ch04.global_local_mask(n, sizes["window"], (0,))):
+        _, weights = ch01.scaled_dot_product_attention(query, key, value, mask)
+        assert (weights[~mask] == 0).all()
+        assert torch.allclose(weights.sum(dim=-1), torch.ones(n, dtype=weights.dtype))
+
+
 def test_sparse_masks_reject_bad_input():
     with pytest.raises(ValueError, match="stride must be >= 1"):
         ch04.strided_mask(8, 0)
