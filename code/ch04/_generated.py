@@ -4,7 +4,7 @@
 """Code saved from chapters/ch04-efficient-architectures.qmd ("Efficient architectures: windows, sums, states and compressed caches")."""
 
 
-# chapters/ch04-efficient-architectures.qmd:31
+# chapters/ch04-efficient-architectures.qmd:32
 import math
 from dataclasses import replace
 
@@ -23,7 +23,7 @@ GB = 10**9
 KIB = 1024
 
 
-# chapters/ch04-efficient-architectures.qmd:291
+# chapters/ch04-efficient-architectures.qmd:292
 def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict[str, int]:
     """Return both bills of a context: score pairs and KV-cache bytes (@eq-ch04-bills).
 
@@ -54,7 +54,7 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict[str, 
 BILL_CONTEXTS = (8_192, 131_072, 1_048_576)
 
 
-# chapters/ch04-efficient-architectures.qmd:438
+# chapters/ch04-efficient-architectures.qmd:441
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a Boolean mask asks for (its True entries)."""
     if mask.dtype != torch.bool:
@@ -100,7 +100,7 @@ def hops_needed(distance: int, window: int) -> int:
     return math.ceil(distance / (window - 1))
 
 
-# chapters/ch04-efficient-architectures.qmd:571
+# chapters/ch04-efficient-architectures.qmd:574
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return which token sits in each of the `window` slots after `tokens_seen` tokens (-1 = empty)."""
     if window < 1:
@@ -149,7 +149,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor, window: int
     return torch.cat(outputs, dim=-2), largest
 
 
-# chapters/ch04-efficient-architectures.qmd:701
+# chapters/ch04-efficient-architectures.qmd:704
 def global_local_mask(
     seq_len: int, window: int, global_tokens: tuple[int, ...] = (0,), *, causal: bool = True
 ) -> Tensor:
@@ -188,7 +188,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:880
+# chapters/ch04-efficient-architectures.qmd:883
 def sliding_window_block_mask(seq_len: int, window: int, block_size: int) -> Tensor:
     """Return a bool (n_blocks, n_blocks) mask: True where a query block and a key block share a visible pair.
 
@@ -282,7 +282,7 @@ def block_sparse_attention(
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1073
+# chapters/ch04-efficient-architectures.qmd:1076
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1, element-wise: x + 1 above zero, e^x at or below; always > 0."""
     return F.elu(x) + 1.0
@@ -368,7 +368,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor, chunk_si
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1243
+# chapters/ch04-efficient-architectures.qmd:1246
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -397,7 +397,7 @@ def sharpness_comparison(query_scale: float, seed: int = 11, tokens: int = 10, w
     }
 
 
-# chapters/ch04-efficient-architectures.qmd:1355
+# chapters/ch04-efficient-architectures.qmd:1358
 def _as_float(values, dtype: torch.dtype = torch.float64) -> Tensor:
     """Return `values` as a float tensor: float tensors as they are, everything else in `dtype`."""
     if isinstance(values, Tensor) and values.is_floating_point():
@@ -462,7 +462,7 @@ def ssm_convolution(x, A, B, C) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1520
+# chapters/ch04-efficient-architectures.qmd:1523
 def _check_scan(a: Tensor, b: Tensor) -> None:
     if a.shape != b.shape:
         raise ValueError(f"a and b must have the same shape (..., T) (got {tuple(a.shape)} and {tuple(b.shape)})")
@@ -533,7 +533,7 @@ def fixed_step_recall(delta: float) -> float:
     return selective_ssm(RECALL_VALUES, torch.full((len(RECALL_VALUES),), float(delta)))[-1].item()
 
 
-# chapters/ch04-efficient-architectures.qmd:1723
+# chapters/ch04-efficient-architectures.qmd:1727
 def scan_rounds(length: int) -> int:
     """Return the rounds a Hillis-Steele scan needs for `length` steps: ceil(log2 length)."""
     if length < 0:
@@ -563,7 +563,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:1915
+# chapters/ch04-efficient-architectures.qmd:1919
 def ssm_state_bytes(channels: int, state_size: int, bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens: channels x state_size x bytes, at any length."""
     for name, value in (("channels", channels), ("state_size", state_size), ("bytes_per_scalar", bytes_per_scalar)):
@@ -599,7 +599,7 @@ def hybrid_cache_bytes(
     return attention + ssm_layers * ssm_state_bytes(channels, state_size, config.bytes_per_scalar)
 
 
-# chapters/ch04-efficient-architectures.qmd:2121
+# chapters/ch04-efficient-architectures.qmd:2125
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -649,7 +649,7 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         return self.output(ch01.merge_heads(heads_out)), latent
 
 
-# chapters/ch04-efficient-architectures.qmd:2224
+# chapters/ch04-efficient-architectures.qmd:2228
 def quantize_kv(x: Tensor, bits: int, *, per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d), via `ch02.quantize`.
 
@@ -712,7 +712,7 @@ def quantized_cache_error(
     return (torch.linalg.norm(approx - exact) / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:2394
+# chapters/ch04-efficient-architectures.qmd:2398
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig | None = None) -> dict[str, int]:
     """Return the bytes one conversation's past costs under each design, on the running example's shape.
 
