@@ -115,6 +115,10 @@ def main(argv=None) -> int:
         results["memory"] = memory.run_memory(sizes["memory_tokens"], device=device, progress=progress)
     if "ring" not in args.skip:
         results["ring"] = ring.run_ring(sizes["ring_parts"], sizes["ring_tokens"], progress=progress)
+    final = floors.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)
+    results["floors"] = floors.best_floors(results["floors"], final)
+    for record in results.get("decode", []):  # percentages against the better floor
+        record["percent_of_floor"] = 100.0 * record["bytes_per_s"] / results["floors"]["bytes_per_s"]
     results["machine"]["wall_seconds"] = time.monotonic() - started
     out = args.out or default_results_path(device, args.quick)
     write_results(results, out)

@@ -66,19 +66,26 @@ def synchronize(device: torch.device) -> None:
 
 
 def time_median(fn: Callable[[], object], *, device: torch.device, threads: int,
-                min_run_time: float = 0.2) -> dict:
+                min_run_time: float = 0.2, slow_repeats: int = 3) -> dict:
     """Return the median seconds per call of `fn` measured with torch.utils.benchmark after one warm-up call.
 
     The Timer picks how many calls make one block, repeats blocks for at least `min_run_time`
-    seconds, and reports the median block time per call. On CUDA the Timer synchronises.
+    seconds, and reports the median block time per call. A call slower than `min_run_time` on
+    its own would give a single block, so it is instead timed `slow_repeats` times, one call per
+    block, and the median of those is kept. On CUDA the Timer synchronises.
 
     Returns:
         {"seconds": median, "runs": number of blocks, "iqr_seconds": interquartile range}
     """
+    started = time.perf_counter()
     fn()  # warm-up: first-touch pages, kernel selection, allocator
     synchronize(device)
+    warm_up = time.perf_counter() - started
     timer = torch_benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-    measurement = timer.blocked_autorange(min_run_time=min_run_time)
+    if warm_up > min_run_time:
+        measurement = torch_benchmark.Measurement.merge([timer.timeit(1) for _ in range(slow_repeats)])[0]
+    else:
+        measurement = timer.blocked_autorange(min_run_time=min_run_time)
     return {"seconds": float(measurement.median), "runs": len(measurement.times),
             "iqr_seconds": float(measurement.iqr)}
 
