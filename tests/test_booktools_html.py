@@ -176,7 +176,8 @@ def make_fixture_book(tmp_path: Path) -> tuple[Path, Path]:
             code_cell(
                 '#| label: tbl-ch01-sizes\n#| tbl-cap: "Sizes"\ntable()',
                 [
-                    out("stream", name="stdout", text="progress 10%\rprogress 100%\ndone\n"),
+                    out("stream", name="stdout", text="progress 10%"),
+                    out("stream", name="stdout", text="\rprogress 100%\ndone\n"),
                     out(
                         "execute_result",
                         data={"text/markdown": "| a | b |\n|---|---|\n| 1 | 2 |", "text/plain": "<Markdown>"},

@@ -290,6 +290,26 @@ def _text_of(output_text) -> str:
     return "".join(output_text) if isinstance(output_text, list) else str(output_text)
 
 
+def _merge_streams(outputs: list) -> list:
+    """Consecutive stdout (or stderr) pieces as one, as a terminal shows them (progress bars arrive in pieces)."""
+    merged: list = []
+    for output in outputs:
+        previous = merged[-1] if merged else None
+        if (
+            output.get("output_type") == "stream"
+            and previous is not None
+            and previous.get("output_type") == "stream"
+            and previous.get("name") == output.get("name")
+        ):
+            merged[-1] = {
+                **previous,
+                "text": _text_of(previous.get("text", "")) + _text_of(output.get("text", "")),
+            }
+        else:
+            merged.append(output)
+    return merged
+
+
 def _collapse_carriage_returns(text: str) -> str:
     """Keep what a terminal would show for progress bars that rewrite their line."""
     lines = []
@@ -384,7 +404,8 @@ class _Renderer:
         self._figure_id_used = False
         if options.get("output", True) is not False:
             outputs = [
-                self.output(index, k, output, options) for k, output in enumerate(cell.get("outputs", []))
+                self.output(index, k, output, options)
+                for k, output in enumerate(_merge_streams(cell.get("outputs", [])))
             ]
             outputs = [item for item in outputs if item]
             if outputs:
