@@ -428,3 +428,45 @@ def test_main_accepts_a_leading_double_dash(tmp_path, monkeypatch):
     out = tmp_path / "site"
     code = book_html.main(["--", "--root", str(root), "--executed", str(executed), "--out", str(out)])
     assert code == 0 and (out / "index.html").is_file()
+
+
+# --- the API reference appendix (generated from the real chapter modules) ---------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_defining_lines_follow_source_comments(tmp_path):
+    from longctx.booktools.apiref import defining_lines
+
+    generated = tmp_path / "_generated.py"
+    generated.write_text(
+        "# header\n\n# chapters/ch09-x.qmd:12\nimport math\n\n\ndef f():\n    pass\n\n"
+        "# chapters/ch09-x.qmd:40\n@staticmethod\ndef g():\n    pass\n\nLIMIT: int = 3\n"
+    )
+    assert defining_lines(generated) == {
+        "f": ("chapters/ch09-x.qmd", 12),
+        "g": ("chapters/ch09-x.qmd", 40),
+        "LIMIT": ("chapters/ch09-x.qmd", 40),
+    }
+
+
+def test_api_reference_lists_every_public_name_with_a_section_link():
+    from longctx import ch01
+    from longctx.booktools import qmd
+    from longctx.booktools.apiref import api_entries, api_reference_markdown
+
+    entries = [entry for entry in api_entries(REPO) if entry.module == "longctx.ch01"]
+    assert [entry.name for entry in entries] == list(ch01.__all__)
+    ids = {
+        ident for _, ident in book_html.heading_ids(qmd.parse_file(REPO / "chapters" / "ch01-attention.qmd"))
+    }
+    for entry in entries:
+        page, _, fragment = entry.href.partition("#")
+        assert page == "ch01-attention.html"
+        assert fragment in ids, entry
+        assert entry.signature.startswith(entry.name)
+    softmax = next(entry for entry in entries if entry.name == "softmax")
+    assert softmax.summary and "\n" not in softmax.summary
+    text = api_reference_markdown(REPO)
+    assert "`softmax(" in text
+    assert not book_html.RAW_QUARTO.search(text)  # @eq- labels became "Equation N" links
