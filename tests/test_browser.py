@@ -295,6 +295,12 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
         if wide > 0:
             problems.append(f"the page scrolls sideways by {wide} px on a 390 px screen: {_overflowing(page)}")
         page.screenshot(path=str(screenshots / f"{Path(name).stem}-narrow.png"))
+        # there the chapter list hides behind the Contents button, which opens it
+        if page.is_visible("#sidebar"):
+            problems.append("on a 390 px screen the chapter list is open before the Contents button is pressed")
+        page.click(".sidebar-toggle")
+        if not page.is_visible("#sidebar a[href='index.html']"):
+            problems.append("the Contents button does not open the chapter list")
     finally:
         page.close()
     assert not problems, f"{name}:\n  " + "\n  ".join(problems)
