@@ -15,8 +15,15 @@ HTML page inside a single book layout:
   closed `<details>`; `echo: false` hides code, `output: false` hides output;
 - "Figure 3.2", "Section 3.2", "Equation 3.1", "Table 3.1", "Chapter 3" in prose link
   to their targets, on whichever page they are; links to `.qmd`/`.ipynb` become `.html`;
+- callouts that the export split across cells (metadata `longctx.callout`) become one
+  block again; collapsed ones (the exercise solutions) are a closed `<details>`;
 - MathJax (SVG output) and Mermaid are copied from `web/node_modules/` into
   `_book/assets/` and loaded from there: no page loads anything from another host.
+  They are npm packages pinned in `web/package-lock.json`; when they are missing the
+  build runs `npm ci --prefix web` once (Node.js and npm needed), else says what to run.
+
+Usage: `python -m longctx.booktools html [--executed DIR] [--out DIR]` (through the
+booktools CLI, options after `--`: `html -- --out /tmp/site`).
 
 `_book/index.html` is the preface (index.qmd's notebook, or index.qmd's markdown when
 there is none) followed by the contents, linking every page in order.
