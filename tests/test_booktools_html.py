@@ -173,6 +173,7 @@ def make_fixture_book(tmp_path: Path) -> tuple[Path, Path]:
             ),
             caption_md("figure", "fig-ch01-plot", "**Figure 1.1:** How does it *grow*?"),
             md("## 1.2 Unlabelled section"),
+            caption_md("table", "tbl-ch01-sizes", "**Table 1.1:** *Sizes*"),
             code_cell(
                 '#| label: tbl-ch01-sizes\n#| tbl-cap: "Sizes"\ntable()',
                 [
@@ -337,6 +338,10 @@ def test_computed_table_has_caption_and_scrolls(built):
     _, _, soups = built
     table = soups["ch01-demo.html"].find("table", id="tbl-ch01-sizes")
     assert table.caption.get_text() == "Table\u00a01.1: Sizes"
+    assert table.caption.find("em") is not None  # from the export's caption cell, which comes first
+    assert "Table 1.1:" not in soups["ch01-demo.html"].select_one("article").get_text().replace(
+        table.caption.get_text(), ""
+    )
     assert "table-scroll" in table.parent["class"]
 
 

@@ -346,7 +346,23 @@ class _Renderer:
         parts: list[str] = []
         callout: dict | None = None  # the callout being assembled: its metadata and rendered pieces
         cells = self.page.notebook.cells
+        # The export writes a figure's caption as a markdown cell after it and a table's before it
+        # (metadata role "caption"); the web edition puts that text into the <figcaption>/<caption>.
+        code_labels = {
+            str((cell.get("metadata", {}).get("longctx") or {}).get("label") or "")
+            for cell in cells
+            if cell.cell_type == "code"
+        }
         skip: set[int] = set()
+        for index, cell in enumerate(cells):
+            meta = cell.get("metadata", {}).get("longctx") or {}
+            if (
+                cell.cell_type == "markdown"
+                and meta.get("role") == "caption"
+                and meta.get("label") in code_labels
+            ):
+                self.caption_cells[str(meta["label"])] = cell.source
+                skip.add(index)
         for index, cell in enumerate(cells):
             if index in skip:
                 continue
@@ -364,13 +380,6 @@ class _Renderer:
                 else:
                     parts.append(f'<div class="cell markdown-cell">{piece}</div>')
             elif cell.cell_type == "code":
-                label = str(meta.get("label") or "")
-                follower = cells[index + 1] if index + 1 < len(cells) else None
-                if label and follower is not None and follower.cell_type == "markdown":
-                    follower_meta = follower.get("metadata", {}).get("longctx") or {}
-                    if follower_meta.get("role") == "caption" and follower_meta.get("label") == label:
-                        self.caption_cells[label] = follower.source
-                        skip.add(index + 1)
                 piece = self.code_cell(index, cell)
                 if callout is not None:
                     callout["pieces"].append(piece)
