@@ -10,6 +10,9 @@ ENV_STAMP := $(VENV)/.installed
 # Quarto: on PATH, or in the venv from `pip install quarto-cli`. A failed install is remembered here so
 # that it is tried once per environment, not on every build.
 QUARTO_FAILED := $(VENV)/.quarto-install-failed
+# MathJax and Mermaid for the notebook edition come from the npm registry (pinned in web/package-lock.json)
+# and are copied into _book/, so the book's pages load nothing from the network.
+WEB_STAMP := web/node_modules/.installed
 
 .DEFAULT_GOAL := help
 .PHONY: help env tangle notebooks execute check book html preview test lint bench bench-quick clean distclean
@@ -36,6 +39,11 @@ $(ENV_STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
+$(WEB_STAMP): web/package.json web/package-lock.json
+	@command -v npm >/dev/null || { echo "make: npm (Node.js) is needed once, to install MathJax and Mermaid into web/node_modules"; exit 2; }
+	npm ci --prefix web --no-audit --no-fund --loglevel=error
+	@touch $@
+
 tangle: $(ENV_STAMP)
 	$(BOOK) tangle
 
@@ -48,10 +56,10 @@ execute: notebooks
 check: $(ENV_STAMP)
 	$(BOOK) check
 
-html: $(ENV_STAMP)
+html: $(ENV_STAMP) $(WEB_STAMP)
 	$(BOOK) html
 
-book: execute
+book: execute $(WEB_STAMP)
 	@q=$$(command -v quarto || { test -x $(VENV)/bin/quarto && echo $(VENV)/bin/quarto; } || true); \
 	if [ -z "$$q" ] && [ ! -e $(QUARTO_FAILED) ]; then \
 	  echo "Quarto not found; trying 'pip install quarto-cli' once for this environment"; \
@@ -71,7 +79,7 @@ preview: execute
 	if [ -n "$$q" ]; then PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $$q preview; \
 	else echo "make preview needs Quarto (quarto.org, or 'pip install quarto-cli'); 'make book' builds the notebook edition without it."; exit 2; fi
 
-test: $(ENV_STAMP)
+test: $(ENV_STAMP) $(WEB_STAMP)
 	$(PY) -m pytest
 
 lint: $(ENV_STAMP)
@@ -89,4 +97,4 @@ clean:
 	find . -name "*.quarto_ipynb" -not -path "./$(VENV)/*" -delete
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) web/node_modules

@@ -475,3 +475,22 @@ def test_api_reference_lists_every_public_name_with_a_section_link():
     text = api_reference_markdown(REPO)
     assert "`softmax(" in text
     assert not book_html.RAW_QUARTO.search(text)  # @eq- labels became "Equation N" links
+
+
+def test_cli_passes_options_after_the_html_verb_to_the_builder(monkeypatch):
+    """`python -m longctx.booktools html --out X` reaches the builder with its options intact."""
+    from longctx.booktools import cli
+
+    seen = {}
+    monkeypatch.setattr(book_html, "main", lambda argv: seen.setdefault("argv", argv) and 0)
+    assert cli.main(["--root", "/tmp/book", "html", "--out", "X", "--executed", "E"]) == 0
+    assert seen["argv"] == ["--root", "/tmp/book", "--out", "X", "--executed", "E"]
+
+
+def test_cli_rejects_unknown_options_for_other_verbs(capsys):
+    from longctx.booktools import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["tangle", "--bogus"])
+    assert stop.value.code == 2
+    assert "--bogus" in capsys.readouterr().err

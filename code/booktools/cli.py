@@ -127,7 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # `html` hands its options to the html builder's own parser; argparse's REMAINDER does not capture
+    # options that come straight after a subcommand (`html --out X`), so collect them explicitly.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if args.verb != "html":
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.html_args = [*unknown, *args.html_args]
     if getattr(args, "jobs", 1) is not None and getattr(args, "jobs", 1) < 1:
         parser.error("--jobs must be at least 1")
     try:
