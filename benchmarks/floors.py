@@ -66,14 +66,17 @@ def measure_floors(*, device: torch.device, threads: int, quick: bool, progress)
 
 
 def best_floors(first: dict, second: dict) -> dict:
-    """Return the floors record with the faster bandwidth and the faster matmul of two measurements.
+    """Return floors made of the faster copy, the faster read and the faster matmul of two measurements.
 
     A floor is the best the machine can do; measuring it at the start and the end of a run and
     keeping the better of each guards against a moment when other work slowed the machine.
     """
-    fastest_bandwidth = max(first["bandwidth"], second["bandwidth"],
-                            key=lambda b: max(b["read_bytes_per_s"], b["copy_bytes_per_s"]))
-    fastest_matmul = max(first["matmul"], second["matmul"], key=lambda m: m["flop_per_s"])
-    return {"bandwidth": fastest_bandwidth, "matmul": fastest_matmul,
-            "bytes_per_s": max(fastest_bandwidth["read_bytes_per_s"], fastest_bandwidth["copy_bytes_per_s"]),
-            "flop_per_s": fastest_matmul["flop_per_s"], "measured": [first, second]}
+    bandwidth = {}
+    for key in ("copy", "read"):
+        best = max(first["bandwidth"], second["bandwidth"], key=lambda b, key=key: b[f"{key}_bytes_per_s"])
+        bandwidth.update({name: value for name, value in best.items() if name.startswith(key)})
+    bandwidth["buffer_bytes"] = first["bandwidth"]["buffer_bytes"]
+    matmul = max(first["matmul"], second["matmul"], key=lambda m: m["flop_per_s"])
+    return {"bandwidth": bandwidth, "matmul": matmul,
+            "bytes_per_s": max(bandwidth["read_bytes_per_s"], bandwidth["copy_bytes_per_s"]),
+            "flop_per_s": matmul["flop_per_s"], "measured": [first, second]}

@@ -285,3 +285,14 @@ def test_command_line_rejects_unknown_device():
     with pytest.raises(SystemExit):
         parse_args(["--device", "tpu"])
     assert math.isfinite(QUICK["min_run_time"])
+
+
+def test_best_floors_keeps_the_faster_of_each_measurement():
+    def record(copy, read, flops):
+        return {"bandwidth": {"copy_bytes_per_s": copy, "copy_seconds": 1 / copy, "read_bytes_per_s": read,
+                              "read_seconds": 1 / read, "buffer_bytes": 64},
+                "matmul": {"flop_per_s": flops}}
+
+    best = floors.best_floors(record(3.0, 17.0, 5.0), record(15.0, 16.0, 8.0))
+    assert best["bandwidth"]["copy_bytes_per_s"] == 15.0 and best["bandwidth"]["read_bytes_per_s"] == 17.0
+    assert best["bytes_per_s"] == 17.0 and best["flop_per_s"] == 8.0
