@@ -171,8 +171,14 @@ def run_decode(token_counts, designs=DESIGNS, *, device, threads, floor_bytes_pe
         for design in designs:
             if tokens > SLOW_DESIGN_LIMIT.get(design, tokens):
                 continue  # minutes per call, and its trend is plain by then
-            record = measure_decode(design, tokens, device=device, threads=threads,
-                                    floor_bytes_per_s=floor_bytes_per_s, min_run_time=min_run_time)
+            try:
+                record = measure_decode(design, tokens, device=device, threads=threads,
+                                        floor_bytes_per_s=floor_bytes_per_s, min_run_time=min_run_time)
+            except RuntimeError as error:  # e.g. out of memory on an accelerator: keep the rest of the run
+                if device.type == "cpu":
+                    raise
+                progress(f"decode {design} T={tokens}: skipped on {device.type} ({error})")
+                continue
             records.append(record)
             progress(f"decode {design:18s} T={tokens:6d}: {record['seconds'] * 1e3:8.2f} ms, "
                      f"{record['percent_of_floor']:5.1f}% of floor")
