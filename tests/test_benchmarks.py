@@ -296,3 +296,31 @@ def test_best_floors_keeps_the_faster_of_each_measurement():
     best = floors.best_floors(record(3.0, 17.0, 5.0), record(15.0, 16.0, 8.0))
     assert best["bandwidth"]["copy_bytes_per_s"] == 15.0 and best["bandwidth"]["read_bytes_per_s"] == 17.0
     assert best["bytes_per_s"] == 17.0 and best["flop_per_s"] == 8.0
+
+
+def test_command_line_quick_run_writes_a_complete_results_file(tmp_path, monkeypatch, capsys):
+    import benchmarks.__main__ as cli
+
+    tiny = {"decode_tokens": [64], "prefill_tokens": [64], "scan_tokens": [16], "memory_tokens": [32],
+            "ring_parts": [2], "ring_tokens": 9, "min_run_time": 0.001}
+    for key, value in tiny.items():
+        monkeypatch.setitem(cli.QUICK, key, value)
+    out = tmp_path / "tiny.json"
+    threads_before = torch.get_num_threads()
+    try:
+        assert cli.main(["--quick", "--threads", "1", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads_before)
+    results = json.loads(out.read_text())
+    assert results["machine"]["mode"] == "quick" and results["machine"]["threads"] == 1
+    assert {r["design"] for r in results["decode"]} == set(decode.DESIGNS)
+    assert len(results["prefill"]) == len(prefill.DESIGNS) and results["ring"][0]["parts"] == 2
+    printed = capsys.readouterr().out
+    assert "decode step at T=64" in printed and f"wrote {out}" in printed
+
+
+def test_command_line_rejects_threads_below_one(capsys):
+    import benchmarks.__main__ as cli
+
+    assert cli.main(["--threads", "0"]) == 2
+    assert "--threads must be >= 1" in capsys.readouterr().err
