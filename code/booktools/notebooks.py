@@ -32,14 +32,12 @@ What the export does (the notebook edition's HTML builder relies on it):
 from __future__ import annotations
 
 import html
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 from .bib import BibEntry, load_bibliography
-from .book import Book, load_book
+from .book import Book, load_book, write_atomic
 from .numbering import ChapterInfo, Numbering, Target, compute_numbering
 from .qmd import Cell, CellItem, Div, Line, QmdError, walk
 
@@ -374,15 +372,7 @@ def _write_if_changed(path: Path, text: str) -> bool:
             return False
     except FileNotFoundError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text)
     return True
 
 

@@ -8,13 +8,11 @@ written only when every chapter asked for is clean, each through a temporary fil
 from __future__ import annotations
 
 import ast
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .book import Book, ChapterEntry
+from .book import Book, ChapterEntry, write_atomic
 from .qmd import Cell, Document, QmdError, parse_file
 
 __all__ = [
@@ -556,21 +554,6 @@ def tangle_book(book: Book, files: list[Path | str] | None = None) -> TangleResu
     return result
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def _read(path: Path) -> str | None:
     try:
         return path.read_text(encoding="utf-8")
@@ -589,6 +572,6 @@ def write_outputs(result: TangleResult) -> list[Path]:
     for path in stale_outputs(result):
         for output in result.outputs:
             if path in output.files:
-                _write_atomic(path, output.files[path])
+                write_atomic(path, output.files[path])
                 written.append(path)
     return written
