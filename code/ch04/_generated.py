@@ -113,6 +113,15 @@ def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     return slots
 
 
+def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
+    """Raise ValueError unless query and key are (..., T, d) alike and value is (..., T, d_v)."""
+    if query.shape != key.shape or key.shape[:-1] != value.shape[:-1]:
+        raise ValueError(
+            "query and key must have equal shapes (..., T, d) and value (..., T, d_v) "
+            f"(got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)})"
+        )
+
+
 def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor, window: int) -> tuple[Tensor, int]:
     """Return (outputs, largest buffer length) of token-by-token decoding with a rolling KV buffer.
 
@@ -127,11 +136,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor, window: int
     """
     if window < 1:
         raise ValueError(f"window must be >= 1 (got {window})")
-    if query.shape != key.shape or key.shape[:-1] != value.shape[:-1]:
-        raise ValueError(
-            "query and key must have equal shapes (..., T, d) and value (..., T, d_v) "
-            f"(got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)})"
-        )
+    _check_qkv(query, key, value)
     *lead, tokens, _ = key.shape
     key_buffer = key.new_zeros(*lead, window, key.shape[-1])  # (..., w, d): all the memory there is
     value_buffer = value.new_zeros(*lead, window, value.shape[-1])
@@ -149,7 +154,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor, window: int
     return torch.cat(outputs, dim=-2), largest
 
 
-# chapters/ch04-efficient-architectures.qmd:704
+# chapters/ch04-efficient-architectures.qmd:709
 def global_local_mask(
     seq_len: int, window: int, global_tokens: tuple[int, ...] = (0,), *, causal: bool = True
 ) -> Tensor:
@@ -188,7 +193,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:883
+# chapters/ch04-efficient-architectures.qmd:888
 def sliding_window_block_mask(seq_len: int, window: int, block_size: int) -> Tensor:
     """Return a bool (n_blocks, n_blocks) mask: True where a query block and a key block share a visible pair.
 
@@ -247,11 +252,7 @@ def block_sparse_attention(
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1 (got {block_size})")
-    if query.shape != key.shape or key.shape[:-1] != value.shape[:-1]:
-        raise ValueError(
-            "query and key must have equal shapes (..., T, d) and value (..., T, d_v) "
-            f"(got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)})"
-        )
+    _check_qkv(query, key, value)
     tokens = query.shape[-2]
     n_blocks = math.ceil(tokens / block_size)
     if block_mask.dtype != torch.bool or tuple(block_mask.shape) != (n_blocks, n_blocks):
@@ -282,18 +283,10 @@ def block_sparse_attention(
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1076
+# chapters/ch04-efficient-architectures.qmd:1077
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1, element-wise: x + 1 above zero, e^x at or below; always > 0."""
     return F.elu(x) + 1.0
-
-
-def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
-    if query.shape != key.shape or key.shape[:-1] != value.shape[:-1]:
-        raise ValueError(
-            "query and key must have equal shapes (..., T, d) and value (..., T, d_v) "
-            f"(got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)})"
-        )
 
 
 def linear_attention_weights(query: Tensor, key: Tensor) -> Tensor:
@@ -368,7 +361,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor, chunk_si
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1246
+# chapters/ch04-efficient-architectures.qmd:1239
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -397,7 +390,7 @@ def sharpness_comparison(query_scale: float, seed: int = 11, tokens: int = 10, w
     }
 
 
-# chapters/ch04-efficient-architectures.qmd:1358
+# chapters/ch04-efficient-architectures.qmd:1351
 def _as_float(values, dtype: torch.dtype = torch.float64) -> Tensor:
     """Return `values` as a float tensor: float tensors as they are, everything else in `dtype`."""
     if isinstance(values, Tensor) and values.is_floating_point():
@@ -462,7 +455,7 @@ def ssm_convolution(x, A, B, C) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1523
+# chapters/ch04-efficient-architectures.qmd:1516
 def _check_scan(a: Tensor, b: Tensor) -> None:
     if a.shape != b.shape:
         raise ValueError(f"a and b must have the same shape (..., T) (got {tuple(a.shape)} and {tuple(b.shape)})")
@@ -533,7 +526,7 @@ def fixed_step_recall(delta: float) -> float:
     return selective_ssm(RECALL_VALUES, torch.full((len(RECALL_VALUES),), float(delta)))[-1].item()
 
 
-# chapters/ch04-efficient-architectures.qmd:1727
+# chapters/ch04-efficient-architectures.qmd:1720
 def scan_rounds(length: int) -> int:
     """Return the rounds a Hillis-Steele scan needs for `length` steps: ceil(log2 length)."""
     if length < 0:
@@ -563,7 +556,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:1919
+# chapters/ch04-efficient-architectures.qmd:1912
 def ssm_state_bytes(channels: int, state_size: int, bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens: channels x state_size x bytes, at any length."""
     for name, value in (("channels", channels), ("state_size", state_size), ("bytes_per_scalar", bytes_per_scalar)):
@@ -599,7 +592,7 @@ def hybrid_cache_bytes(
     return attention + ssm_layers * ssm_state_bytes(channels, state_size, config.bytes_per_scalar)
 
 
-# chapters/ch04-efficient-architectures.qmd:2125
+# chapters/ch04-efficient-architectures.qmd:2118
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -649,7 +642,7 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         return self.output(ch01.merge_heads(heads_out)), latent
 
 
-# chapters/ch04-efficient-architectures.qmd:2228
+# chapters/ch04-efficient-architectures.qmd:2221
 def quantize_kv(x: Tensor, bits: int, *, per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d), via `ch02.quantize`.
 
@@ -712,7 +705,7 @@ def quantized_cache_error(
     return (torch.linalg.norm(approx - exact) / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:2398
+# chapters/ch04-efficient-architectures.qmd:2391
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig | None = None) -> dict[str, int]:
     """Return the bytes one conversation's past costs under each design, on the running example's shape.
 
