@@ -1,0 +1,86 @@
+"""The repository keeps its promises: the README's commands, CI, the pins and the package layout agree."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _fenced_blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def test_readme_names_the_two_commands_first():
+    first_block = _fenced_blocks(README, "bash")[0]
+    commands = [line.split("#")[0].strip() for line in first_block.splitlines() if line.strip()]
+    assert commands == ["make test", "make book"]
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    lines = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()]
+    commands = [line for line in lines if line and not line.startswith("#")]
+    assert commands[-1] == "make test"
+
+
+def test_every_make_target_the_readme_names_exists():
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][a-z-]*):", makefile, flags=re.M))
+    named = set(re.findall(r"`make ([a-z][a-z-]*)`", README))
+    assert named, "the README should name its make targets"
+    assert named <= targets, f"README names targets the Makefile lacks: {sorted(named - targets)}"
+
+
+def test_readme_python_examples_run():
+    """The snippets a reader will paste first must work as printed."""
+    blocks = _fenced_blocks(README, "python")
+    inline = re.findall(r'\.venv/bin/python -c "(.*?)"', README, flags=re.S)
+    assert blocks and inline
+    for source in [*blocks, *inline]:
+        done = subprocess.run([sys.executable, "-c", source], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, f"README example failed:\n{source}\n{done.stderr[-2000:]}"
+
+
+def test_requirements_are_exact_pins_with_the_local_torch():
+    lines = [line.strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
+    pins = [line for line in lines if line and not line.startswith("#")]
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==[A-Za-z0-9_.+\-]+", pin) for pin in pins), pins
+    assert "torch==2.13.0" in pins
+
+
+def test_conda_environment_uses_the_same_pins():
+    environment = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_section = next(item["pip"] for item in environment["dependencies"] if isinstance(item, dict))
+    assert "-r requirements.txt" in pip_section and "-e ." in pip_section
+
+
+def test_code_folder_is_not_a_package_and_does_not_shadow_the_standard_library():
+    assert not (ROOT / "code" / "__init__.py").exists()
+    done = subprocess.run([sys.executable, "-c", "import code; print(code.__file__)"], cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    assert not done.stdout.strip().startswith(str(ROOT))
+
+
+@pytest.mark.parametrize("chapter", sorted(p.name for p in (ROOT / "code").glob("ch[0-9][0-9]")))
+def test_each_chapter_module_imports_from_outside_the_repository(tmp_path, chapter):
+    done = subprocess.run([sys.executable, "-c", f"from longctx import {chapter}; print(len({chapter}.__all__))"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 0
+
+
+def test_quarto_project_lists_index_chapters_and_appendices():
+    config = yaml.safe_load((ROOT / "_quarto.yml").read_text())
+    assert config["project"]["type"] == "book"
+    assert config["execute"]["freeze"] == "auto"
+    assert config["bibliography"] == "references.bib"
+    assert {"html", "epub"} <= set(config["format"])
+    assert config["book"]["chapters"][0] == "index.qmd"
