@@ -131,7 +131,7 @@ def data_path(*parts: str) -> pathlib.Path:
     return path
 
 
-# chapters/ch01-attention.qmd:304
+# chapters/ch01-attention.qmd:303
 def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     """Return the softmax of ``scores`` along ``dim``, computed without overflow (@eq-ch01-softmax).
 
@@ -162,7 +162,7 @@ def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     return exps / torch.where(total > 0, total, torch.ones_like(total))  # an empty slice: 0 / 1 = 0
 
 
-# chapters/ch01-attention.qmd:397
+# chapters/ch01-attention.qmd:396
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -243,7 +243,7 @@ def scaled_dot_product_attention(
     return weights @ value, weights  # (..., T_q, d_v)
 
 
-# chapters/ch01-attention.qmd:584
+# chapters/ch01-attention.qmd:601
 def causal_mask(seq_len: int, *, device: torch.device | str | None = None) -> Tensor:
     """Return the causal mask: a bool (seq_len, seq_len) tensor, True where query i may attend key j (j <= i).
 
@@ -262,7 +262,7 @@ def causal_mask(seq_len: int, *, device: torch.device | str | None = None) -> Te
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
 
 
-# chapters/ch01-attention.qmd:689
+# chapters/ch01-attention.qmd:707
 def split_heads(x: Tensor, heads: int) -> Tensor:
     """Return ``x`` reshaped from (B, T, H*d_h) to (B, H, T, d_h): one slice of width d_h per head.
 
@@ -294,7 +294,7 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).contiguous().view(batch, tokens, heads * head_dim)
 
 
-# chapters/ch01-attention.qmd:727
+# chapters/ch01-attention.qmd:745
 class MultiHeadAttention(nn.Module):
     """Multi-head self-attention: H heads of @eq-ch01-attention side by side, mixed by an output layer.
 
@@ -345,7 +345,7 @@ class MultiHeadAttention(nn.Module):
         return self.output(merge_heads(attended))  # (B, H, T, dh) -> (B, T, d_model) -> (B, T, d_model)
 
 
-# chapters/ch01-attention.qmd:851
+# chapters/ch01-attention.qmd:869
 def attention_pairs(seq_len: int, *, causal: bool = True) -> int:
     """Return how many (query, key) pairs attention scores over ``seq_len`` tokens, per head per layer.
 

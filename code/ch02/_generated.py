@@ -224,7 +224,7 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch02-tinygpt.qmd:453
+# chapters/ch02-tinygpt.qmd:456
 def unigram_entropy(token_ids, vocab_size: int) -> float:
     """Return the entropy, in nats, of the token frequencies in ``token_ids``.
 
@@ -344,7 +344,7 @@ def evaluate_loss(model: TinyGPT, token_ids, *, batches: int = 8, batch_size: in
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:656
+# chapters/ch02-tinygpt.qmd:668
 def next_token(logits: Tensor, temperature: float = 0.0, top_k: int | None = None, generator=None) -> int:
     """Return one token id chosen from a (V,) row of logits: the argmax at temperature 0, else a sample.
 
@@ -422,7 +422,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:777
+# chapters/ch02-tinygpt.qmd:820
 class KVCache:
     """The keys and values a TinyGPT has already computed: one (B, H, T, d_h) pair per layer.
 
@@ -488,7 +488,7 @@ def attend_with_cache(attention: ch01.MultiHeadAttention, x: Tensor, cache: KVCa
     return attention.output(ch01.merge_heads(mixed))  # (B, T_new, d)
 
 
-# chapters/ch02-tinygpt.qmd:907
+# chapters/ch02-tinygpt.qmd:962
 def kv_cache_bytes(config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4) -> int:
     """Return the bytes a TinyGPT KV cache holds after ``tokens`` tokens: ``2 * B * L * d * s * T`` (@eq-ch02-kvbytes).
 
@@ -511,7 +511,7 @@ def kv_cache_bytes(config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_
     return batch * bytes_per_scalar * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1126
+# chapters/ch02-tinygpt.qmd:1242
 def quantize(x: Tensor, bits: int = 8, *, dim: int = -1) -> tuple[Tensor, Tensor]:
     """Return symmetric absmax codes and scales with ``x ≈ codes * scale`` (@eq-ch02-absmax).
 
