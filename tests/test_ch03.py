@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 from longctx import ch01, ch02, ch03
 
 GIB = 2**30
@@ -539,3 +540,38 @@ def test_windowed_shipped_configs_stop_growing_at_their_window():
     per_layer_token = 2 * 1 * 256 * 2                                   # 2 * H_kv * d_h * s
     assert ch03.kv_bytes(gemma, 32_768) == (4 * 32_768 + 22 * 512) * per_layer_token
     assert round(26 * 32_768 * per_layer_token / ch03.kv_bytes(gemma, 32_768), 1) == 6.0    # the chapter's ratio
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the element count of the largest tensor with new storage that any operation creates.
+
+    Views (transpose, expand, view) share their input's storage and are not counted: only memory
+    that was really allocated and written is.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        shared = {a.untyped_storage().data_ptr() for a in inputs}
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in shared:
+                self.largest = max(self.largest, tensor.numel())
+        return out
+
+
+def test_grouped_attention_never_copies_the_cached_heads():
+    """A decode step reads each KV head in place: nothing as large as one copy of the keys is created."""
+    batch, query_heads, kv_heads, tokens, width = 1, 32, 8, 2048, 64
+    generator = torch.Generator().manual_seed(5)
+    q = torch.randn(batch, query_heads, 1, width, generator=generator)
+    k, v = (torch.randn(batch, kv_heads, tokens, width, generator=generator) for _ in range(2))
+    with _LargestTensor() as grouped:
+        ch03.grouped_attention(q, k, v)
+    with _LargestTensor() as repeated:
+        ch03.repeat_kv(k, query_heads // kv_heads)
+    assert repeated.largest == batch * query_heads * tokens * width
+    assert grouped.largest < k.numel() // 2  # only the (B, H_q, 1, T) scores, far smaller than the keys

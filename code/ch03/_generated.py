@@ -212,7 +212,7 @@ def load_model_config(name: str) -> dict[str, Any]:
 MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite", "mistral-7b-v0.1", "gemma-3-1b")
 
 
-# chapters/ch03-long-context.qmd:501
+# chapters/ch03-long-context.qmd:504
 import torch
 from torch import Tensor, nn
 
@@ -252,11 +252,14 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | 
     if value.size(1) != kv_heads or query_heads % kv_heads:
         raise ValueError(f"key/value heads must divide query heads (got {query_heads} and {kv_heads})")
     groups = query_heads // kv_heads
-    q = query.reshape(batch, kv_heads, groups, query_len, width)   # (B, H_kv, g, T_q, d_h)
-    k, v = key[:, :, None], value[:, :, None]                      # (B, H_kv, 1, T_k, d), shared by the group
-    if mask is not None and mask.dim() > 2:
-        mask = mask.expand(batch, query_heads, query_len, key_len).reshape(batch, kv_heads, groups, query_len, key_len)
-    out, _ = ch01.scaled_dot_product_attention(q, k, v, mask)       # (B, H_kv, g, T_q, d_v)
+    # The g query heads of a group become g * T_q rows over one KV head: a view, since head h = kv * g + j.
+    # (Giving key a size-1 group axis and broadcasting looks equivalent, but torch.matmul then expands
+    # and flattens the key, which copies it once per query head.)
+    q = query.reshape(batch, kv_heads, groups * query_len, width)   # (B, H_kv, g*T_q, d_h)
+    if mask is not None:
+        mask = mask.expand(batch, query_heads, query_len, key_len)   # the small bool mask may be copied
+        mask = mask.reshape(batch, kv_heads, groups * query_len, key_len)
+    out, _ = ch01.scaled_dot_product_attention(q, key, value, mask)  # (B, H_kv, g*T_q, d_v), key read once
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
@@ -337,7 +340,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:777
+# chapters/ch03-long-context.qmd:783
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token, MLA-style (@eq-ch03-latent).
 
@@ -421,7 +424,7 @@ class ToyLatentKVAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), latent
 
 
-# chapters/ch03-long-context.qmd:917
+# chapters/ch03-long-context.qmd:923
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *, device: torch.device | str | None = None) -> Tensor:
@@ -453,7 +456,7 @@ def visibility_mask(seq_len: int,               # T
     return causal & ((query - key < window) | (key < sinks))
 
 
-# chapters/ch03-long-context.qmd:1161
+# chapters/ch03-long-context.qmd:1167
 def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
     """Rotated copy of ``vectors``: pair (2j, 2j+1) of row t turned by positions[t] * frequencies[j] (@eq-ch03-rope).
 
@@ -490,7 +493,7 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tens
     return turned.flatten(-2) * magnitude
 
 
-# chapters/ch03-long-context.qmd:1248
+# chapters/ch03-long-context.qmd:1254
 def apply_rope_rotate_half(vectors: Tensor, positions: Tensor, frequencies: Tensor,
                            magnitude: float = 1.0) -> Tensor:
     """Return ``vectors`` rotated in the rotate-half layout: coordinate j pairs with j + d_R/2.
@@ -519,7 +522,7 @@ def interleaved_to_half_order(width: int) -> Tensor:
     return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
 
 
-# chapters/ch03-long-context.qmd:1433
+# chapters/ch03-long-context.qmd:1439
 #: The RoPE construction names ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn")
 
@@ -607,7 +610,7 @@ def inverse_frequencies(dim: int,                # d_R, even
     return plain * (1 - ramp) + (plain / factor) * ramp, magnitude
 
 
-# chapters/ch03-long-context.qmd:1728
+# chapters/ch03-long-context.qmd:1734
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,          # one generator feeds every draw
                     trials: int = 256,          # per depth
