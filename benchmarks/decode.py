@@ -27,8 +27,8 @@ DESIGN_NOTES = {
     "mha": "32 KV heads; torch SDPA",
     "gqa8-materialised": "8 KV heads repeated to 32 with ch03.repeat_kv, then torch SDPA",
     "gqa8-grouped": "8 KV heads, the 4 query heads of a group stacked as rows of one SDPA call (no repeat)",
-    "gqa8-grouped-teaching": ("8 KV heads, ch03.grouped_attention: no repeat in its code, but torch.matmul's broadcast "
-                              "copies each KV head for its 4 query heads; teaching softmax"),
+    "gqa8-grouped-teaching": ("8 KV heads, ch03.grouped_attention: each group's query heads stacked as rows over "
+                              "its KV head (no copy); teaching softmax"),
     "gqa8-sdpa-gqa": "8 KV heads, torch SDPA with enable_gqa=True",
     "mqa": "1 KV head shared by 32 query heads, grouped",
     "latent-expanded": f"latent cache of rank {LATENT_RANK}, keys and values rebuilt every step",
@@ -114,9 +114,8 @@ def decode_case(design: str, tokens: int, *, device: torch.device, seed: int = 0
                 return F.scaled_dot_product_attention(query, ch03.repeat_kv(key, groups), ch03.repeat_kv(value, groups))
             return DecodeCase(step, size, size + 2 * groups * size, flops)
         if design == "gqa8-grouped-teaching":
-            # torch.matmul broadcasts the shared head over its group by expand + reshape, and that
-            # reshape copies: the keys and values are written and read once per query head
-            return DecodeCase(lambda: ch03.grouped_attention(query, key, value), size, size + 2 * groups * size, flops)
+            # the group's query heads are stacked as rows over their KV head, so the cache is read once
+            return DecodeCase(lambda: ch03.grouped_attention(query, key, value), size, size, flops)
         if design == "gqa8-sdpa-gqa":
             return DecodeCase(lambda: F.scaled_dot_product_attention(query, key, value, enable_gqa=True),
                               size, size, flops)
