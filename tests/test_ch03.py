@@ -9,8 +9,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 from longctx import ch01, ch02, ch03
+from torch.utils._python_dispatch import TorchDispatchMode
 
 GIB = 2**30
 FAST = settings(max_examples=25, deadline=None)
