@@ -28,7 +28,7 @@ def median_seconds(function, *, threads: int = 1, min_run_time: float = 0.2) -> 
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
-# chapters/ch05-measured.qmd:814
+# chapters/ch05-measured.qmd:818
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of `parts` ranks holds.
 
@@ -61,7 +61,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:870
+# chapters/ch05-measured.qmd:874
 import torch
 
 
@@ -132,7 +132,7 @@ def blockwise_causal_attention(query, key, value, parts: int, *, order: str = "r
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:971
+# chapters/ch05-measured.qmd:975
 import math
 import os
 
@@ -188,7 +188,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query, key, value, out
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:1035
+# chapters/ch05-measured.qmd:1039
 import dataclasses
 import importlib
 import socket
