@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from longctx import ch01, ch02
+from longctx import ch01, ch02, support
 
 TINY = ch02.GPTConfig(vocab_size=256, context_length=32, d_model=16, layers=2, heads=2)
 
@@ -53,7 +53,7 @@ def test_load_corpus_is_the_shipped_public_domain_text():
     corpus = ch02.load_corpus()
     assert corpus.startswith("PRIDE AND PREJUDICE")
     assert 250_000 < len(corpus.encode("utf-8")) <= 300_000
-    assert ch01.data_path(ch02.CORPUS_FILE).stat().st_size <= 300 * 1024
+    assert support.data_path(ch02.CORPUS_FILE).stat().st_size <= 300 * 1024
 
 
 # --- config and model shapes --------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from longctx import ch01, ch02, ch03
+from longctx import ch01, ch02, ch03, support
 from torch.utils._python_dispatch import TorchDispatchMode
 
 GIB = 2**30
@@ -120,7 +120,7 @@ def test_from_hf_config_rejects_bad_input():
 
 
 def test_load_model_config_lists_what_is_shipped():
-    assert set(ch03.MODEL_CONFIG_NAMES) <= {p.stem for p in ch01.data_path("configs").glob("*.json")}
+    assert set(ch03.MODEL_CONFIG_NAMES) <= {p.stem for p in support.data_path("configs").glob("*.json")}
     with pytest.raises(ValueError, match="llama-2-7b"):
         ch03.load_model_config("gpt-5")
 

@@ -3,12 +3,9 @@
 """Attention from first principles: the code saved from chapters/ch01-attention.qmd."""
 
 from ._generated import (
-    PALETTE,
     MultiHeadAttention,
-    apply_book_style,
     attention_pairs,
     causal_mask,
-    data_path,
     kv_cache_scalars,
     merge_heads,
     scaled_dot_product_attention,
@@ -17,12 +14,9 @@ from ._generated import (
 )
 
 __all__ = [
-    "PALETTE",
     "MultiHeadAttention",
-    "apply_book_style",
     "attention_pairs",
     "causal_mask",
-    "data_path",
     "kv_cache_scalars",
     "merge_heads",
     "scaled_dot_product_attention",

@@ -4,134 +4,15 @@
 """Code saved from chapters/ch01-attention.qmd ("Attention from first principles")."""
 
 
-# chapters/ch01-attention.qmd:31
+# chapters/ch01-attention.qmd:175
 import math
-import operator
-import pathlib
 
 import torch
 from torch import Tensor, nn
 
-
-def _describe(value: object) -> str:
-    """Return a short description of ``value`` for error messages (the dtype for a tensor)."""
-    if isinstance(value, Tensor):
-        return f"tensor of dtype {value.dtype}"
-    return type(value).__name__
+from longctx.support import check_int, check_number, describe
 
 
-def _shape_of(value: object) -> str:
-    """Return ``value``'s shape as text, or its type name when it is not a tensor."""
-    return f"shape {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
-
-
-def _check_count(name: str, value: object) -> int:
-    """Return ``value`` as a positive int; otherwise raise an error that names ``name``.
-
-    Any integer type is accepted (``int``, a NumPy integer, an integer tensor
-    with one element); ``bool`` and floats are refused.
-
-    Raises:
-        TypeError: If ``value`` is not an integer.
-        ValueError: If ``value`` is zero or negative.
-    """
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int (got bool)")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int (got {type(value).__name__})") from None
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer (got {value})")
-    return value
-
-
-# chapters/ch01-attention.qmd:79
-# The book's colours, in the order plots use them: blue, rust, green, violet, ochre, slate.
-PALETTE: tuple[str, ...] = ("#1f5f8b", "#c4512d", "#4f8a3c", "#7a4fa0", "#c99a12", "#5c6670")
-
-
-def apply_book_style() -> None:
-    """Set matplotlib's defaults to the book's figure style; returns None.
-
-    One figure size, resolution, font scale, light grid and colour cycle (from
-    ``PALETTE``) for every chapter. Only ``matplotlib.rcParams`` changes: the
-    backend is left alone, so Quarto and Jupyter keep their own.
-    """
-    import matplotlib as mpl
-    from cycler import cycler
-
-    mpl.rcParams.update(
-        {
-            "figure.figsize": (6.4, 3.6),
-            "figure.dpi": 110,
-            "savefig.dpi": 150,
-            "font.size": 10,
-            "axes.titlesize": 11,
-            "axes.labelsize": 10,
-            "axes.grid": True,
-            "grid.alpha": 0.3,
-            "grid.linewidth": 0.6,
-            "axes.spines.top": False,
-            "axes.spines.right": False,
-            "axes.prop_cycle": cycler(color=list(PALETTE)),
-            "lines.linewidth": 1.8,
-            "legend.frameon": False,
-        }
-    )
-
-
-def _repo_root() -> pathlib.Path:
-    """Return the repository root, found from where ``longctx`` is installed (the folder above ``code/``)."""
-    try:
-        import longctx
-
-        for entry in longctx.__path__:
-            candidate = pathlib.Path(entry).resolve().parent
-            if (candidate / "data").is_dir():
-                return candidate
-    except ImportError:
-        pass
-    # Not installed: look upward from the working directory for the book project.
-    here = pathlib.Path.cwd().resolve()
-    for candidate in (here, *here.parents):
-        if (candidate / "_quarto.yml").is_file() and (candidate / "data").is_dir():
-            return candidate
-    raise FileNotFoundError(
-        "cannot find the book's data/ folder: install the package (pip install -e .) "
-        "or run from inside the repository"
-    )
-
-
-def data_path(*parts: str) -> pathlib.Path:
-    """Return the absolute path of a file or folder inside the repository's ``data/`` folder.
-
-    Works from any working directory (the repository root, ``notebooks/``, an
-    exercise folder) because it starts from where ``longctx`` is installed.
-
-    Args:
-        *parts: Path pieces below ``data/``, e.g. ``data_path("configs", "llama.json")``.
-
-    Returns:
-        The absolute path; ``data_path()`` is the folder itself.
-
-    Raises:
-        TypeError: If a piece is not a string.
-        ValueError: If a piece is absolute or climbs out of ``data/`` with ``..``.
-        FileNotFoundError: If the path does not exist (the message names it).
-    """
-    for part in parts:
-        if not isinstance(part, str):
-            raise TypeError(f"data_path parts must be strings (got {type(part).__name__})")
-        if pathlib.PurePath(part).is_absolute() or ".." in pathlib.PurePath(part).parts:
-            raise ValueError(f"data_path parts must be relative and stay inside data/ (got {part!r})")
-    path = _repo_root().joinpath("data", *parts)
-    if not path.exists():
-        raise FileNotFoundError(f"no such file or folder in the book's data/: {path}")
-    return path
-
-
-# chapters/ch01-attention.qmd:303
 def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     """Return the softmax of ``scores`` along ``dim``, computed without overflow (@eq-ch01-softmax).
 
@@ -152,7 +33,7 @@ def softmax(scores: Tensor, dim: int = -1) -> Tensor:
         ValueError: If ``dim`` is not a dimension of ``scores``.
     """
     if not isinstance(scores, Tensor) or not scores.is_floating_point():
-        raise TypeError(f"softmax needs a floating-point tensor (got {_describe(scores)})")
+        raise TypeError(f"softmax needs a floating-point tensor (got {describe(scores)})")
     if scores.dim() == 0 or not -scores.dim() <= dim < scores.dim():
         raise ValueError(f"dim must be a dimension of the {scores.dim()}-d scores tensor (got {dim})")
     peak = scores.amax(dim=dim, keepdim=True)  # m in @eq-ch01-softmax
@@ -162,7 +43,7 @@ def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     return exps / torch.where(total > 0, total, torch.ones_like(total))  # an empty slice: 0 / 1 = 0
 
 
-# chapters/ch01-attention.qmd:396
+# chapters/ch01-attention.qmd:276
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -197,9 +78,9 @@ def scaled_dot_product_attention(
     """
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor (got {_describe(tensor)})")
+            raise TypeError(f"{name} must be a floating-point tensor (got {describe(tensor)})")
         if tensor.dim() < 2:
-            raise ValueError(f"{name} needs at least 2 dimensions (..., tokens, width) (got {_shape_of(tensor)})")
+            raise ValueError(f"{name} needs at least 2 dimensions (..., tokens, width) (got {describe(tensor)})")
     if not query.dtype == key.dtype == value.dtype:
         raise TypeError(f"query, key and value must share one dtype (got {query.dtype}, {key.dtype} and {value.dtype})")
     if query.shape[-1] != key.shape[-1]:
@@ -222,7 +103,7 @@ def scaled_dot_product_attention(
     score_shape = torch.Size((*leading, query.shape[-2], key.shape[-2]))
     if mask is not None:
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            raise TypeError(f"mask must be a bool tensor, True = may attend (got {_describe(mask)})")
+            raise TypeError(f"mask must be a bool tensor, True = may attend (got {describe(mask)})")
         try:
             fits = torch.broadcast_shapes(mask.shape, score_shape) == score_shape
         except RuntimeError:
@@ -231,10 +112,8 @@ def scaled_dot_product_attention(
             raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape {tuple(score_shape)}")
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])  # 1 / sqrt(d) in @eq-ch01-attention
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a number or None (got {type(scale).__name__})")
-    elif not (scale > 0 and math.isfinite(scale)):
-        raise ValueError(f"scale must be positive and finite (got {scale})")
+    else:
+        scale = check_number("scale", scale, above=0)
 
     scores = (query @ key.transpose(-2, -1)) * scale  # (..., T_q, T_k): q_i . k_j / sqrt(d)
     if mask is not None:
@@ -243,7 +122,7 @@ def scaled_dot_product_attention(
     return weights @ value, weights  # (..., T_q, d_v)
 
 
-# chapters/ch01-attention.qmd:601
+# chapters/ch01-attention.qmd:479
 def causal_mask(seq_len: int, *, device: torch.device | str | None = None) -> Tensor:
     """Return the causal mask: a bool (seq_len, seq_len) tensor, True where query i may attend key j (j <= i).
 
@@ -258,11 +137,11 @@ def causal_mask(seq_len: int, *, device: torch.device | str | None = None) -> Te
         TypeError: If ``seq_len`` is not an int.
         ValueError: If ``seq_len`` is not positive.
     """
-    seq_len = _check_count("seq_len", seq_len)
+    seq_len = check_int("seq_len", seq_len, minimum=1)
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
 
 
-# chapters/ch01-attention.qmd:707
+# chapters/ch01-attention.qmd:587
 def split_heads(x: Tensor, heads: int) -> Tensor:
     """Return ``x`` reshaped from (B, T, H*d_h) to (B, H, T, d_h): one slice of width d_h per head.
 
@@ -270,9 +149,9 @@ def split_heads(x: Tensor, heads: int) -> Tensor:
         TypeError: If ``heads`` is not an int.
         ValueError: If ``heads`` is not positive, ``x`` is not 3-d, or its width is not divisible by ``heads``.
     """
-    heads = _check_count("heads", heads)
+    heads = check_int("heads", heads, minimum=1)
     if not isinstance(x, Tensor) or x.dim() != 3:
-        raise ValueError(f"split_heads expects a (batch, tokens, width) tensor (got {_shape_of(x)})")
+        raise ValueError(f"split_heads expects a (batch, tokens, width) tensor (got {describe(x)})")
     batch, tokens, width = x.shape
     if width % heads:
         raise ValueError(f"the width {width} must be divisible by heads (got heads={heads})")
@@ -288,13 +167,13 @@ def merge_heads(x: Tensor) -> Tensor:
         ValueError: If ``x`` is not a 4-d tensor.
     """
     if not isinstance(x, Tensor) or x.dim() != 4:
-        raise ValueError(f"merge_heads expects a (batch, heads, tokens, head_dim) tensor (got {_shape_of(x)})")
+        raise ValueError(f"merge_heads expects a (batch, heads, tokens, head_dim) tensor (got {describe(x)})")
     batch, heads, tokens, head_dim = x.shape
     # (B, H, T, dh) -> (B, T, H, dh) -> (B, T, H*dh); transpose only relabels strides, so copy first
     return x.transpose(1, 2).contiguous().view(batch, tokens, heads * head_dim)
 
 
-# chapters/ch01-attention.qmd:745
+# chapters/ch01-attention.qmd:625
 class MultiHeadAttention(nn.Module):
     """Multi-head self-attention: H heads of @eq-ch01-attention side by side, mixed by an output layer.
 
@@ -310,8 +189,8 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, heads: int, *, bias: bool = False) -> None:
         super().__init__()
-        d_model = _check_count("d_model", d_model)
-        heads = _check_count("heads", heads)
+        d_model = check_int("d_model", d_model, minimum=1)
+        heads = check_int("heads", heads, minimum=1)
         if d_model % heads:
             raise ValueError(f"d_model must be divisible by heads (got d_model={d_model}, heads={heads})")
         self.d_model = d_model
@@ -335,7 +214,7 @@ class MultiHeadAttention(nn.Module):
                 ``scaled_dot_product_attention``.
         """
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have shape (batch, tokens, {self.d_model}) (got {_shape_of(x)})")
+            raise ValueError(f"x must have shape (batch, tokens, {self.d_model}) (got {describe(x)})")
         if mask is None:
             mask = causal_mask(x.shape[1], device=x.device)  # (T, T), broadcast over batch and heads
         q = split_heads(self.query(x), self.heads)  # (B, T, d_model) -> (B, H, T, dh)
@@ -345,7 +224,7 @@ class MultiHeadAttention(nn.Module):
         return self.output(merge_heads(attended))  # (B, H, T, dh) -> (B, T, d_model) -> (B, T, d_model)
 
 
-# chapters/ch01-attention.qmd:869
+# chapters/ch01-attention.qmd:749
 def attention_pairs(seq_len: int, *, causal: bool = True) -> int:
     """Return how many (query, key) pairs attention scores over ``seq_len`` tokens, per head per layer.
 
@@ -356,7 +235,7 @@ def attention_pairs(seq_len: int, *, causal: bool = True) -> int:
         TypeError: If ``seq_len`` is not an int.
         ValueError: If ``seq_len`` is not positive.
     """
-    tokens = _check_count("seq_len", seq_len)
+    tokens = check_int("seq_len", seq_len, minimum=1)
     return tokens * (tokens + 1) // 2 if causal else tokens * tokens
 
 
@@ -370,7 +249,7 @@ def kv_cache_scalars(seq_len: int, d_model: int, *, layers: int = 1) -> int:
         TypeError: If an argument is not an int.
         ValueError: If an argument is not positive.
     """
-    seq_len = _check_count("seq_len", seq_len)
-    d_model = _check_count("d_model", d_model)
-    layers = _check_count("layers", layers)
+    seq_len = check_int("seq_len", seq_len, minimum=1)
+    d_model = check_int("d_model", d_model, minimum=1)
+    layers = check_int("layers", layers, minimum=1)
     return 2 * layers * d_model * seq_len

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from longctx import ch01
+from longctx import ch01, support
 
 
 # chapters/ch02-tinygpt.qmd:63
@@ -51,7 +51,7 @@ class ByteTokenizer:
 
 def load_corpus() -> str:
     """Return the chapter's training text: chapters 1 to 30 of Pride and Prejudice (public domain)."""
-    return ch01.data_path(CORPUS_FILE).read_text(encoding="utf-8")
+    return support.data_path(CORPUS_FILE).read_text(encoding="utf-8")
 
 
 # chapters/ch02-tinygpt.qmd:168

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from longctx import ch01
+from longctx import ch01, support
 
 #: Bytes per number for the ``torch_dtype`` strings found in config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
@@ -200,7 +200,7 @@ def load_model_config(name: str) -> dict[str, Any]:
     Raises:
         ValueError: If no excerpt of that name is shipped (the message lists those that are).
     """
-    folder = ch01.data_path("configs")
+    folder = support.data_path("configs")
     shipped = sorted(path.stem for path in folder.glob("*.json"))
     if name not in shipped:
         raise ValueError(f"no shipped model config named {name!r}; shipped: {shipped}")

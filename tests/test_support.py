@@ -1,0 +1,124 @@
+"""Tests for longctx.support: the argument checks every chapter uses, the figure style, the data folder."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from longctx import support
+
+# --------------------------------------------------------------------------- argument checks
+
+
+@pytest.mark.parametrize("value", [3, np.int64(3), torch.tensor(3)])
+def test_check_int_accepts_every_integer_type_and_returns_a_python_int(value):
+    result = support.check_int("heads", value, minimum=1)
+    assert result == 3 and type(result) is int
+
+
+@pytest.mark.parametrize("value", [True, 2.0, 2.5, "2", None, torch.tensor(2.0), torch.tensor([1, 2])])
+def test_check_int_refuses_non_integers_with_type_error_naming_the_argument(value):
+    with pytest.raises(TypeError, match=r"^heads must be an int \(got "):
+        support.check_int("heads", value)
+
+
+def test_check_int_range_messages_say_what_is_allowed():
+    with pytest.raises(ValueError, match=r"^heads must be a positive integer \(got 0\)$"):
+        support.check_int("heads", 0, minimum=1)
+    with pytest.raises(ValueError, match=r"^sinks must be an integer >= 0 \(got -1\)$"):
+        support.check_int("sinks", -1, minimum=0)
+    with pytest.raises(ValueError, match=r"^bits must be an integer <= 16 \(got 17\)$"):
+        support.check_int("bits", 17, maximum=16)
+    assert support.check_int("sinks", 0, minimum=0) == 0
+
+
+@pytest.mark.parametrize("value", [2, 2.5, np.float32(2.5)])
+def test_check_number_accepts_reals_and_returns_a_float(value):
+    result = support.check_number("base", value, above=1)
+    assert result == float(value) and type(result) is float
+
+
+@pytest.mark.parametrize("value", [True, "2", None, 1j, torch.tensor(2.0)])
+def test_check_number_refuses_non_reals(value):
+    with pytest.raises(TypeError, match=r"^base must be a real number \(got "):
+        support.check_number("base", value)
+
+
+def test_check_number_bounds_and_non_finite_values():
+    with pytest.raises(ValueError, match=r"^base must be > 1"):
+        support.check_number("base", 1.0, above=1)
+    with pytest.raises(ValueError, match=r"^factor must be >= 1"):
+        support.check_number("factor", 0.5, minimum=1)
+    with pytest.raises(ValueError, match=r"^p must be <= 1"):
+        support.check_number("p", 1.5, maximum=1)
+    with pytest.raises(ValueError, match=r"^p must be < 1"):
+        support.check_number("p", 1.0, below=1)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="must be a finite number"):
+            support.check_number("scale", bad)
+    assert support.check_number("limit", float("inf"), finite=False) == float("inf")
+    with pytest.raises(ValueError, match="finite"):
+        support.check_number("limit", float("nan"), finite=False)
+
+
+def test_check_choice_and_check_bool():
+    assert support.check_choice("method", "yarn", ("rope", "yarn")) == "yarn"
+    with pytest.raises(ValueError, match=r"^method must be one of 'rope', 'yarn' \(got 'alibi'\)$"):
+        support.check_choice("method", "alibi", ("rope", "yarn"))
+    with pytest.raises(TypeError, match="method must be one of"):
+        support.check_choice("method", 3, ("rope", "yarn"))
+    assert support.check_bool("causal", False) is False
+    with pytest.raises(TypeError, match=r"^causal must be True or False \(got int 1\)$"):
+        support.check_bool("causal", 1)
+
+
+def test_check_tensor_kind_rank_and_emptiness():
+    x = torch.zeros(2, 3)
+    assert support.check_tensor("x", x, dims=2, floating=True) is x
+    assert support.check_tensor("x", x, dims=(2, 3)) is x
+    with pytest.raises(TypeError, match=r"^x must be a floating-point tensor \(got list\)$"):
+        support.check_tensor("x", [1.0], floating=True)
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        support.check_tensor("x", torch.zeros(2, dtype=torch.long), floating=True)
+    with pytest.raises(TypeError, match=r"mask must be a tensor of dtype torch.bool"):
+        support.check_tensor("mask", torch.zeros(2), dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"^x must have 3 or 4 dimensions \(got shape \(2, 3\)\)$"):
+        support.check_tensor("x", x, dims=(3, 4))
+    with pytest.raises(ValueError, match=r"at least 3 dimensions"):
+        support.check_tensor("x", x, min_dims=3)
+    with pytest.raises(ValueError, match=r"^x must not be empty"):
+        support.check_tensor("x", torch.zeros(0, 3), nonempty=True)
+
+
+def test_describe_names_dtype_and_shape_of_tensors_and_value_of_scalars():
+    assert support.describe(torch.zeros(2, 3)) == "tensor of dtype torch.float32 and shape (2, 3)"
+    assert support.describe(2.5) == "float 2.5"
+    assert support.describe(True) == "bool True"
+    assert support.describe([1]) == "list"
+
+
+# --------------------------------------------------------------------------- figure style and data
+
+
+def test_data_path_is_absolute_and_inside_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # works from any working directory
+    folder = support.data_path()
+    assert folder.is_absolute() and folder.name == "data" and folder.is_dir()
+
+
+def test_apply_book_style_sets_palette_cycle():
+    import matplotlib as mpl
+
+    support.apply_book_style()
+    colours = mpl.rcParams["axes.prop_cycle"].by_key()["color"]
+    assert tuple(colours) == support.PALETTE
+    assert mpl.rcParams["axes.grid"] is True
+
+
+def test_data_path_rejects_missing_and_escaping_paths():
+    with pytest.raises(FileNotFoundError, match="no-such-file.txt"):
+        support.data_path("no-such-file.txt")
+    with pytest.raises(ValueError, match="stay inside data/"):
+        support.data_path("..", "README.md")
+    with pytest.raises(TypeError, match="data_path parts must be strings"):
+        support.data_path(3)
