@@ -216,6 +216,8 @@ MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite", "mistral
 import torch
 from torch import Tensor, nn
 
+from longctx.support import check_int, check_number
+
 
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for every query head of its group.
@@ -257,8 +259,11 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | 
     # and flattens the key, which copies it once per query head.)
     q = query.reshape(batch, kv_heads, groups * query_len, width)   # (B, H_kv, g*T_q, d_h)
     if mask is not None:
-        mask = mask.expand(batch, query_heads, query_len, key_len)   # the small bool mask may be copied
-        mask = mask.reshape(batch, kv_heads, groups * query_len, key_len)
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B or 1, H_q or 1, T_q, T_k)
+        if mask.size(1) == 1:       # one mask for every head: stack it once per query head of a group
+            mask = mask.repeat(1, 1, groups, 1)                      # (B or 1, 1, g*T_q, T_k)
+        else:                       # a mask per query head: the same view as the queries
+            mask = mask.reshape(mask.size(0), kv_heads, groups * query_len, key_len)
     out, _ = ch01.scaled_dot_product_attention(q, key, value, mask)  # (B, H_kv, g*T_q, d_v), key read once
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
@@ -281,9 +286,21 @@ def decode_token_by_token(layer: nn.Module, x: Tensor) -> Tensor:
     return torch.cat(outputs, dim=1)
 
 
-def _offset_causal_mask(query_len: int, key_len: int, device: torch.device | None = None) -> Tensor:
-    """Return the causal mask rows for the last ``query_len`` of ``key_len`` positions."""
-    return ch01.causal_mask(key_len, device=device)[key_len - query_len:]
+def causal_rows(query_len: int, key_len: int, *, device: torch.device | str | None = None) -> Tensor:
+    """Return the rows of the causal mask that the last ``query_len`` of ``key_len`` tokens need.
+
+    A bool (query_len, key_len) tensor, True where query i (at position
+    key_len - query_len + i) may read key j. A decode step (query_len 1)
+    builds one row of T entries, never the T x T mask.
+
+    Raises:
+        TypeError: If a length is not an int.
+        ValueError: If a length is not positive or query_len > key_len.
+    """
+    query_len = check_int("query_len", query_len, minimum=1)
+    key_len = check_int("key_len", key_len, minimum=query_len)
+    query_at = torch.arange(key_len - query_len, key_len, device=device)[:, None]  # (T_q, 1)
+    return torch.arange(key_len, device=device)[None, :] <= query_at              # (T_q, T_k)
 
 
 class GroupedQueryAttention(nn.Module):
@@ -336,11 +353,11 @@ class GroupedQueryAttention(nn.Module):
             past_keys, past_values = cache
             k = torch.cat([past_keys, k], dim=2)                 # (B, H_kv, T_past + T, d_h)
             v = torch.cat([past_values, v], dim=2)
-        out = grouped_attention(q, k, v, _offset_causal_mask(x.size(1), k.size(2), x.device))
+        out = grouped_attention(q, k, v, causal_rows(x.size(1), k.size(2), device=x.device))
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:783
+# chapters/ch03-long-context.qmd:800
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token, MLA-style (@eq-ch03-latent).
 
@@ -356,6 +373,7 @@ class ToyLatentKVAttention(nn.Module):
         query_heads: Heads; must divide ``d_model``.
         latent_rank: Cached latent width r.
         rope_key_dim: Width d_R of the decoupled rotary key (0 or even).
+        rope_base: Base b of the rotary key's bands (> 1).
 
     Raises:
         ValueError: If a size is not positive, heads do not divide the width,
@@ -363,7 +381,8 @@ class ToyLatentKVAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, query_heads: int, latent_rank: int,  # r
-                 rope_key_dim: int = 0):                                  # d_R; 0 = no rotary key
+                 rope_key_dim: int = 0,                                   # d_R; 0 = no rotary key
+                 rope_base: float = 10_000.0):                            # b of the rotary key
         for count, what in ((d_model, "d_model"), (query_heads, "query_heads"), (latent_rank, "latent_rank")):
             _positive_int(count, what)
         if d_model % query_heads:
@@ -373,6 +392,7 @@ class ToyLatentKVAttention(nn.Module):
         super().__init__()
         self.d_model, self.query_heads, self.head_dim = d_model, query_heads, d_model // query_heads
         self.rope_key_dim = rope_key_dim                              # d_R
+        self.rope_base = check_number("rope_base", rope_base, above=1)  # b
         self.latent_rank = latent_rank                                # r
         self.query = nn.Linear(d_model, d_model, bias=False)
         self.latent_down = nn.Linear(d_model, latent_rank, bias=False)
@@ -400,31 +420,56 @@ class ToyLatentKVAttention(nn.Module):
         Raises:
             ValueError: If ``x`` or ``cache`` has the wrong shape.
         """
-        if x.dim() != 3 or x.size(-1) != self.d_model:
-            raise ValueError(f"x must have shape (B, T, {self.d_model}) (got {tuple(x.shape)})")
-        if cache is not None and (cache.dim() != 3 or cache.size(-1) != self.latent_width()):
-            raise ValueError(f"cache must have shape (B, T_past, {self.latent_width()}) (got {tuple(cache.shape)})")
-        query_len = x.size(1)
-        past = 0 if cache is None else cache.size(1)
-        fresh = self.latent_down(x)                                           # (B, T, r)
-        if self.rope_key_dim:
-            positions = torch.arange(query_len, device=x.device) + (past if start is None else start)
-            bands = 10_000.0 ** -(torch.arange(0, self.rope_key_dim, 2, dtype=torch.float64) / self.rope_key_dim)
-            fresh = torch.cat((fresh, apply_rope(self.rope_key(x), positions, bands)), dim=-1)  # (B, T, r + d_R)
-        latent = fresh if cache is None else torch.cat((cache, fresh), dim=1)  # (B, T_k, r + d_R)
+        latent, positions = self.extend_latent(x, cache, start=start)      # (B, T_k, r + d_R), (T,)
         content = latent[..., :self.latent_rank]
         q = ch01.split_heads(self.query(x), self.query_heads)                 # (B, H, T, d_h)
         k = ch01.split_heads(self.key_up(content), self.query_heads)          # (B, H, T_k, d_h), rebuilt
         v = ch01.split_heads(self.value_up(content), self.query_heads)        # (B, H, T_k, d_h), rebuilt
         if self.rope_key_dim:
-            q_rot = apply_rope(ch01.split_heads(self.rope_query(x), self.query_heads), positions, bands)
+            q_rot = self.rotary_queries(x, positions)                         # (B, H, T, d_R)
             k_rot = latent[:, None, :, self.latent_rank:].expand(-1, self.query_heads, -1, -1)
             q, k = torch.cat((q, q_rot), dim=-1), torch.cat((k, k_rot), dim=-1)  # content + rotary score terms
-        out, _ = ch01.scaled_dot_product_attention(q, k, v, _offset_causal_mask(query_len, latent.size(1), x.device))
+        visible = causal_rows(x.size(1), latent.size(1), device=x.device)    # (T, T_k)
+        out, _ = ch01.scaled_dot_product_attention(q, k, v, visible)
         return self.output(ch01.merge_heads(out)), latent
 
+    def rotary_bands(self) -> Tensor:
+        """Return the decoupled rotary key's band frequencies, rope_base^(-2j/d_R), (d_R/2,) float64."""
+        exponents = torch.arange(0, self.rope_key_dim, 2, dtype=torch.float64) / self.rope_key_dim
+        return self.rope_base ** -exponents
 
-# chapters/ch03-long-context.qmd:923
+    def extend_latent(self, x: Tensor, cache: Tensor | None = None, *,
+                      start: int | None = None) -> tuple[Tensor, Tensor]:
+        """Return (latent, positions): the cache with ``x``'s tokens appended, and their positions.
+
+        The new tokens' latents (and, with ``rope_key_dim > 0``, their rotated
+        rotary keys) are appended to ``cache``: (B, T_past + T, r + d_R).
+        ``positions`` (T,) are the new tokens' positions, from ``start`` or the
+        cache length. Every forward pass of a latent layer begins here.
+
+        Raises:
+            ValueError: If ``x`` or ``cache`` has the wrong shape.
+        """
+        if x.dim() != 3 or x.size(-1) != self.d_model:
+            raise ValueError(f"x must have shape (B, T, {self.d_model}) (got {tuple(x.shape)})")
+        if cache is not None and (cache.dim() != 3 or cache.size(-1) != self.latent_width()):
+            raise ValueError(f"cache must have shape (B, T_past, {self.latent_width()}) (got {tuple(cache.shape)})")
+        past = 0 if cache is None else cache.size(1)
+        positions = torch.arange(x.size(1), device=x.device) + (past if start is None else start)
+        fresh = self.latent_down(x)                                           # (B, T, r)
+        if self.rope_key_dim:
+            rotated = apply_rope(self.rope_key(x), positions, self.rotary_bands())  # (B, T, d_R)
+            fresh = torch.cat((fresh, rotated), dim=-1)                       # (B, T, r + d_R)
+        latent = fresh if cache is None else torch.cat((cache, fresh), dim=1)  # (B, T_k, r + d_R)
+        return latent, positions
+
+    def rotary_queries(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Return each head's rotated rotary query part, (B, H, T, d_R), for tokens ``x`` at ``positions``."""
+        per_head = ch01.split_heads(self.rope_query(x), self.query_heads)     # (B, H, T, d_R)
+        return apply_rope(per_head, positions, self.rotary_bands())
+
+
+# chapters/ch03-long-context.qmd:968
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *, device: torch.device | str | None = None) -> Tensor:
@@ -456,7 +501,7 @@ def visibility_mask(seq_len: int,               # T
     return causal & ((query - key < window) | (key < sinks))
 
 
-# chapters/ch03-long-context.qmd:1167
+# chapters/ch03-long-context.qmd:1212
 def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
     """Rotated copy of ``vectors``: pair (2j, 2j+1) of row t turned by positions[t] * frequencies[j] (@eq-ch03-rope).
 
@@ -493,7 +538,7 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tens
     return turned.flatten(-2) * magnitude
 
 
-# chapters/ch03-long-context.qmd:1254
+# chapters/ch03-long-context.qmd:1299
 def apply_rope_rotate_half(vectors: Tensor, positions: Tensor, frequencies: Tensor,
                            magnitude: float = 1.0) -> Tensor:
     """Return ``vectors`` rotated in the rotate-half layout: coordinate j pairs with j + d_R/2.
@@ -522,7 +567,7 @@ def interleaved_to_half_order(width: int) -> Tensor:
     return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
 
 
-# chapters/ch03-long-context.qmd:1439
+# chapters/ch03-long-context.qmd:1484
 #: The RoPE construction names ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn")
 
@@ -610,7 +655,7 @@ def inverse_frequencies(dim: int,                # d_R, even
     return plain * (1 - ramp) + (plain / factor) * ramp, magnitude
 
 
-# chapters/ch03-long-context.qmd:1734
+# chapters/ch03-long-context.qmd:1779
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,          # one generator feeds every draw
                     trials: int = 256,          # per depth

@@ -612,19 +612,9 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         Raises:
             ValueError: x is not (B, T, d_model) or the cache does not have the layer's width.
         """
-        if x.dim() != 3 or x.size(-1) != self.d_model:
-            raise ValueError(f"x must have shape (B, T, {self.d_model}) (got {tuple(x.shape)})")
-        if cache is not None and (cache.dim() != 3 or cache.size(-1) != self.latent_width()):
-            raise ValueError(f"cache must have shape (B, T_past, {self.latent_width()}) (got {tuple(cache.shape)})")
         batch, tokens, _ = x.shape
         heads, head_dim, rank, rope = self.query_heads, self.head_dim, self.latent_rank, self.rope_key_dim
-        past = 0 if cache is None else cache.size(1)
-        fresh = self.latent_down(x)  # (B, T, r): the content part of the cache
-        if rope:
-            positions = torch.arange(tokens) + past
-            bands = 10_000.0 ** -(torch.arange(0, rope, 2, dtype=torch.float64) / rope)  # Chapter 3's bands
-            fresh = torch.cat((fresh, ch03.apply_rope(self.rope_key(x), positions, bands)), dim=-1)
-        latent = fresh if cache is None else torch.cat((cache, fresh), dim=1)  # (B, T_k, r + d_R)
+        latent, positions = self.extend_latent(x, cache)  # Chapter 3's checks, latent and rotary key
         content = latent[..., :rank].unsqueeze(1)  # (B, 1, T_k, r), shared by every head
         query = ch01.split_heads(self.query(x), heads)  # (B, H, T, d_h)
         key_up = self.key_up.weight.view(heads, head_dim, rank)  # head h's W_UK^T, (H, d_h, r)
@@ -632,17 +622,17 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         query_latent = query @ key_up  # (B, H, T, r): each query moved into latent space
         scores = query_latent @ content.transpose(-2, -1)  # (B, H, T, T_k) = q . k, no key built
         if rope:
-            rotary_query = ch03.apply_rope(ch01.split_heads(self.rope_query(x), heads), positions, bands)
+            rotary_query = self.rotary_queries(x, positions)  # (B, H, T, d_R)
             scores = scores + rotary_query @ latent[:, None, :, rank:].transpose(-2, -1)
         scores = scores / math.sqrt(head_dim + rope)  # the scale `forward` uses for its (d_h + d_R)-wide keys
-        visible = ch01.causal_mask(latent.size(1), device=x.device)[latent.size(1) - tokens :]
+        visible = ch03.causal_rows(tokens, latent.size(1), device=x.device)  # (T, T_k)
         weights = ch01.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
         mixed = weights @ content  # (B, H, T, r): mix the latents first ...
         heads_out = mixed @ value_up.transpose(-2, -1)  # ... then expand once per query: (B, H, T, d_h)
         return self.output(ch01.merge_heads(heads_out)), latent
 
 
-# chapters/ch04-efficient-architectures.qmd:2221
+# chapters/ch04-efficient-architectures.qmd:2211
 def quantize_kv(x: Tensor, bits: int, *, per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d), via `ch02.quantize`.
 
@@ -705,7 +695,7 @@ def quantized_cache_error(
     return (torch.linalg.norm(approx - exact) / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:2391
+# chapters/ch04-efficient-architectures.qmd:2381
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig | None = None) -> dict[str, int]:
     """Return the bytes one conversation's past costs under each design, on the running example's shape.
 
