@@ -472,36 +472,44 @@ class ToyLatentKVAttention(nn.Module):
 # chapters/ch03-long-context.qmd:968
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
-                    sinks: int = 0, *, device: torch.device | str | None = None) -> Tensor:
-    """Boolean (seq_len, seq_len) grid: True where query row i may read key column j.
+                    sinks: int = 0, *,
+                    query_len: int | None = None,
+                    device: torch.device | str | None = None) -> Tensor:
+    """Boolean grid, True where a query row may read a key column.
 
-    ``window=None`` gives Chapter 1's causal mask. A finite ``window`` W keeps,
-    for query i, the keys j with i - W < j <= i; ``sinks`` keeps the first
-    ``sinks`` positions visible as well (the StreamingLLM pattern).
+    ``window=None`` gives the causal mask. A finite ``window`` W keeps, for
+    the query at position i, the keys j with i - W < j <= i; ``sinks`` keeps
+    the first ``sinks`` positions visible as well (the StreamingLLM pattern).
+    With ``query_len`` only the rows of the last ``query_len`` positions are
+    built, (query_len, seq_len): what a decode step needs, O(T) not O(T^2).
 
     Args:
-        seq_len: Sequence length (>= 1).
+        seq_len: Sequence length, the number of keys (>= 1).
         window: Sliding-window width W (>= 1), or None for full causal attention.
         sinks: Initial positions that stay visible (>= 0; used only with a window).
+        query_len: Rows to build, for the last positions (1..seq_len); None
+            means every row, a (seq_len, seq_len) grid.
         device: Where to build the mask (default: the CPU).
 
     Raises:
+        TypeError: If a count is not an int.
         ValueError: If an argument is out of range.
     """
-    _positive_int(seq_len, "seq_len")
+    seq_len = check_int("seq_len", seq_len, minimum=1)
     if window is not None:
-        _positive_int(window, "window")
-    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
-        raise ValueError(f"sinks must be a non-negative integer (got {sinks!r})")
-    causal = ch01.causal_mask(seq_len, device=device)
+        window = check_int("window", window, minimum=1)
+    sinks = check_int("sinks", sinks, minimum=0)
+    rows = seq_len if query_len is None else check_int(
+        "query_len", query_len, minimum=1, maximum=seq_len)
+    visible = causal_rows(rows, seq_len, device=device)           # (T_q, T)
     if window is None:
-        return causal
-    query = torch.arange(seq_len, device=device)[:, None]
+        return visible
+    query = torch.arange(seq_len - visible.size(0), seq_len, device=device)[:, None]
     key = torch.arange(seq_len, device=device)[None, :]
-    return causal & ((query - key < window) | (key < sinks))
+    return visible & ((query - key < window) | (key < sinks))
 
 
-# chapters/ch03-long-context.qmd:1212
+# chapters/ch03-long-context.qmd:1220
 def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
     """Rotated copy of ``vectors``: pair (2j, 2j+1) of row t turned by positions[t] * frequencies[j] (@eq-ch03-rope).
 
@@ -538,7 +546,7 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tens
     return turned.flatten(-2) * magnitude
 
 
-# chapters/ch03-long-context.qmd:1299
+# chapters/ch03-long-context.qmd:1307
 def apply_rope_rotate_half(vectors: Tensor, positions: Tensor, frequencies: Tensor,
                            magnitude: float = 1.0) -> Tensor:
     """Return ``vectors`` rotated in the rotate-half layout: coordinate j pairs with j + d_R/2.
@@ -567,7 +575,7 @@ def interleaved_to_half_order(width: int) -> Tensor:
     return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
 
 
-# chapters/ch03-long-context.qmd:1484
+# chapters/ch03-long-context.qmd:1492
 #: The RoPE construction names ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn")
 
@@ -655,7 +663,7 @@ def inverse_frequencies(dim: int,                # d_R, even
     return plain * (1 - ramp) + (plain / factor) * ramp, magnitude
 
 
-# chapters/ch03-long-context.qmd:1779
+# chapters/ch03-long-context.qmd:1787
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,          # one generator feeds every draw
                     trials: int = 256,          # per depth
