@@ -718,7 +718,7 @@ def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
     return turned[..., order]
 
 
-# chapters/ch03-long-context.qmd:1843
+# chapters/ch03-long-context.qmd:1844
 import math
 
 from longctx.support import check_choice
@@ -846,7 +846,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:2056
+# chapters/ch03-long-context.qmd:2057
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 
@@ -933,7 +933,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:2397
+# chapters/ch03-long-context.qmd:2399
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth
