@@ -535,9 +535,12 @@ class ToyLatentKVAttention(nn.Module):
         if cache is not None:
             check_tensor("cache", cache, dims=3, floating=True)
             width = self.latent_width()
-            if cache.size(0) != x.size(0) or cache.size(-1) != width:
-                raise ValueError(f"cache must have shape ({x.size(0)}, "
-                                 f"T_past, {width}) (got {tuple(cache.shape)})")
+            if cache.size(-1) != width:
+                raise ValueError(f"cache must have shape (B, T_past, {width}) "
+                                 f"(got {tuple(cache.shape)})")
+            if cache.size(0) != x.size(0):
+                raise ValueError(f"cache must hold x's batch of {x.size(0)} "
+                                 f"(got {tuple(cache.shape)})")
             past = cache.size(1)
         if start is not None:
             start = check_int("start", start, minimum=0)
@@ -558,7 +561,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:1127
+# chapters/ch03-long-context.qmd:1130
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -593,7 +596,7 @@ def read_window_fields(mapping: Mapping[str, Any],
     return {"window": window, "windowed_layers": windowed}
 
 
-# chapters/ch03-long-context.qmd:1191
+# chapters/ch03-long-context.qmd:1194
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -634,7 +637,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:1508
+# chapters/ch03-long-context.qmd:1511
 def apply_rope(vectors: Tensor, positions: Tensor | list[int],
                frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
     """Return ``vectors`` rotated by RoPE (Equation 3.4).
@@ -683,7 +686,7 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int],
     return turned.flatten(-2) * magnitude                  # (..., T, d_R)
 
 
-# chapters/ch03-long-context.qmd:1611
+# chapters/ch03-long-context.qmd:1614
 def interleaved_to_half_order(width: int) -> Tensor:
     """Return the order (0, 2, 4, ..., 1, 3, 5, ...) from interleaved to half.
 
@@ -718,7 +721,7 @@ def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
     return turned[..., order]
 
 
-# chapters/ch03-long-context.qmd:1844
+# chapters/ch03-long-context.qmd:1847
 import math
 
 from longctx.support import check_choice
@@ -846,7 +849,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:2057
+# chapters/ch03-long-context.qmd:2060
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 
@@ -933,7 +936,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:2399
+# chapters/ch03-long-context.qmd:2402
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth
