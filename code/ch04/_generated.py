@@ -589,7 +589,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:1763
+# chapters/ch04-efficient-architectures.qmd:1764
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -604,22 +604,27 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     (Equation 4.7).
 
     In round r every position merges with the one 2^r places earlier, all
-    at once; positions before the start contribute the do-nothing step
-    (1, 0). After round r, position t holds the merge of steps
-    t - 2^(r+1) + 1 .. t. Nothing is divided, so a = 0 and long sequences
-    are safe, and nothing is written in place, so gradients flow through it.
+    at once; a position with nothing that far back keeps its step, as if
+    merged with the do-nothing step (1, 0). After round r, position t holds
+    the merge of steps t - 2^(r+1) + 1 .. t. Nothing is divided, so a = 0
+    and long sequences are safe, and nothing is written in place, so
+    gradients flow through it.
     """
     _check_scan(a, b)
     shift = 1
     while shift < a.shape[-1]:
-        earlier_a = F.pad(a[..., :-shift], (shift, 0), value=1.0)  # (1, 0)
-        earlier_b = F.pad(b[..., :-shift], (shift, 0), value=0.0)  # at start
-        a, b = earlier_a * a, a * earlier_b + b  # (a1 a2, a2 b1 + b2)
+        # (a_earlier, b_earlier) then (a, b) -> (a_earlier a, a b_earlier + b)
+        later_a, later_b = a[..., shift:], b[..., shift:]
+        merged_b = torch.addcmul(later_b, later_a, b[..., :-shift])
+        merged_a = later_a * a[..., :-shift]
+        # the first `shift` positions have nothing that far back: kept as is
+        b = torch.cat([b[..., :shift], merged_b], dim=-1)
+        a = torch.cat([a[..., :shift], merged_a], dim=-1)
         shift *= 2
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2013
+# chapters/ch04-efficient-architectures.qmd:2019
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.8).
@@ -661,7 +666,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2168
+# chapters/ch04-efficient-architectures.qmd:2174
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -732,7 +737,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2258
+# chapters/ch04-efficient-architectures.qmd:2264
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -857,7 +862,7 @@ def train_copying(model: CopyingModel, *, steps: int, length: int,
             "losses": losses}
 
 
-# chapters/ch04-efficient-architectures.qmd:2515
+# chapters/ch04-efficient-architectures.qmd:2521
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -902,7 +907,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:2753
+# chapters/ch04-efficient-architectures.qmd:2759
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -981,7 +986,7 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch04-efficient-architectures.qmd:2936
+# chapters/ch04-efficient-architectures.qmd:2942
 def quantize_kv(x: Tensor, bits: int, *,
                 per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d).
@@ -1066,7 +1071,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:3148
+# chapters/ch04-efficient-architectures.qmd:3154
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:
