@@ -1081,3 +1081,25 @@ def test_cache_bytes_by_design_rejects_bad_input():
         ch04.cache_bytes_by_design(10, lite)
     with pytest.raises(TypeError, match="config must be a ch03.KVConfig"):
         ch04.cache_bytes_by_design(10, "llama")
+
+
+# --------------------------------------------------------------------------- the chapter's text
+
+CHAPTER = __import__("pathlib").Path(__file__).resolve().parents[1] / "chapters" / "ch04-efficient-architectures.qmd"
+
+
+def test_every_diagram_is_a_labelled_captioned_figure():
+    text = CHAPTER.read_text(encoding="utf-8")
+    diagrams = re.findall(r"```\{mermaid\}\n((?:%%\|.*\n)*)", text)
+    assert len(diagrams) >= 10
+    for options in diagrams:
+        assert re.search(r"^%%\| label: fig-ch04-[a-z0-9-]+$", options, re.M), options
+        assert re.search(r'^%%\| fig-cap: ".+\?"$', options, re.M), options  # a question
+        assert re.search(r'^%%\| fig-alt: ".{40,}"$', options, re.M), options
+
+
+def test_no_stray_timing_output_and_papers_figures_are_exempted_in_the_opening():
+    text = CHAPTER.read_text(encoding="utf-8")
+    assert "chapter executed in" not in text and "CHAPTER_START" not in text
+    opening = text[: text.index("## The two bills")]
+    assert "results reported by papers" in opening  # the quoted figures are the papers' own
