@@ -100,10 +100,14 @@ def test_describe_names_dtype_and_shape_of_tensors_and_value_of_scalars():
 # --------------------------------------------------------------------------- figure style and data
 
 
-def test_data_path_is_absolute_and_inside_data(tmp_path, monkeypatch):
+def test_data_path_is_absolute_and_works_from_any_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # works from any working directory
     folder = support.data_path()
-    assert folder.is_absolute() and folder.name == "data" and folder.is_dir()
+    assert folder.is_absolute() and folder.is_dir()
+    assert (folder / "README.md").is_file()  # the file that records where each data file came from
+    corpus = support.data_path("pride-and-prejudice-ch01-30.txt")
+    assert corpus == folder / "pride-and-prejudice-ch01-30.txt" and corpus.is_file()
+    assert support.data_path("configs", "gemma-3-1b.json") == support.data_path("configs/gemma-3-1b.json")
 
 
 def test_apply_book_style_sets_palette_cycle():
@@ -115,10 +119,20 @@ def test_apply_book_style_sets_palette_cycle():
     assert mpl.rcParams["axes.grid"] is True
 
 
-def test_data_path_rejects_missing_and_escaping_paths():
-    with pytest.raises(FileNotFoundError, match="no-such-file.txt"):
+def test_data_path_names_what_exists_when_a_file_is_missing():
+    with pytest.raises(ValueError, match=r"^no 'no-such-file.txt' among the book's data files .*holds: README.md, configs/"):
         support.data_path("no-such-file.txt")
-    with pytest.raises(ValueError, match="stay inside data/"):
-        support.data_path("..", "README.md")
-    with pytest.raises(TypeError, match="data_path parts must be strings"):
-        support.data_path(3)
+    with pytest.raises(ValueError, match=r"no 'configs/llama.json' .*\(configs/ holds: .*llama-2-7b.json"):
+        support.data_path("configs", "llama.json")
+
+
+@pytest.mark.parametrize("part", ["..", "configs/../../README.md", "/etc/passwd", ""])
+def test_data_path_refuses_paths_that_leave_the_data_folder(part):
+    with pytest.raises(ValueError, match=r"^data_path parts must be non-empty relative paths that stay inside"):
+        support.data_path(part)
+
+
+@pytest.mark.parametrize("part", [3, None, b"configs"])
+def test_data_path_refuses_parts_that_are_not_strings(part):
+    with pytest.raises(TypeError, match=r"^data_path parts must be strings \(got "):
+        support.data_path("configs", part)
