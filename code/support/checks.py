@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
 import torch
 from torch import Tensor
@@ -140,8 +140,9 @@ def check_tensor(
     dims: int | tuple[int, ...] | None = None,
     min_dims: int | None = None,
     floating: bool = False,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | tuple[torch.dtype, ...] | None = None,
     nonempty: bool = False,
+    sizes: dict[int, int] | None = None,
 ) -> Tensor:
     """Return ``value`` if it is a tensor of the kind asked for.
 
@@ -151,21 +152,26 @@ def check_tensor(
         dims: The allowed number of dimensions (one int or a tuple), or None.
         min_dims: The fewest dimensions allowed, or None.
         floating: Require a floating-point dtype.
-        dtype: Require exactly this dtype.
+        dtype: Require this dtype, or one of a tuple of dtypes.
         nonempty: Refuse a tensor with no elements.
+        sizes: Required sizes of some dimensions, ``{dimension: size}``;
+            ``{-1: 64}`` asks for a last dimension of 64.
 
     Raises:
         TypeError: If ``value`` is not a tensor or has the wrong dtype.
-        ValueError: If it has the wrong number of dimensions or is empty when
-            ``nonempty``.
+        ValueError: If it has the wrong number of dimensions, is empty when
+            ``nonempty``, or has a wrong size in one of ``sizes``.
     """
     if not isinstance(value, Tensor):
         kind = "a floating-point tensor" if floating else "a tensor"
         raise TypeError(f"{name} must be {kind} (got {describe(value)})")
     if floating and not value.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor (got {describe(value)})")
-    if dtype is not None and value.dtype != dtype:
-        raise TypeError(f"{name} must be a tensor of dtype {dtype} (got {describe(value)})")
+    if dtype is not None:
+        allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
+        if value.dtype not in allowed:
+            wanted = " or ".join(str(d) for d in allowed)
+            raise TypeError(f"{name} must be a tensor of dtype {wanted} (got {describe(value)})")
     if dims is not None:
         allowed = (dims,) if isinstance(dims, int) else tuple(dims)
         if value.dim() not in allowed:
@@ -179,4 +185,101 @@ def check_tensor(
         )
     if nonempty and value.numel() == 0:
         raise ValueError(f"{name} must not be empty (got shape {tuple(value.shape)})")
+    for dim, size in (sizes or {}).items():
+        if not -value.dim() <= dim < value.dim() or value.shape[dim] != size:
+            raise ValueError(
+                f"{name} must have size {size} in dimension {dim} (got shape {tuple(value.shape)})"
+            )
     return value
+
+
+def _type_name(kind: type) -> str:
+    """Return how an error message names a type: ``str``, ``torch.Generator``, ``GPTConfig``."""
+    module = kind.__module__
+    return f"torch.{kind.__name__}" if module.startswith("torch") else kind.__name__
+
+
+def check_type(name: str, value: object, expected: type | tuple[type, ...]) -> object:
+    """Return ``value`` if it is an instance of ``expected``; otherwise raise TypeError naming ``name``.
+
+    For objects that are not numbers: a config, a model, a cache, a string, a
+    ``torch.Generator``. Counts and reals have their own checks
+    (``check_int``, ``check_number``), which also refuse ``bool``.
+
+    Args:
+        name: The argument's name.
+        value: What the caller passed.
+        expected: A type, or a tuple of types any of which will do.
+
+    Raises:
+        TypeError: If ``value`` is not an instance of ``expected``.
+    """
+    kinds = expected if isinstance(expected, tuple) else (expected,)
+    if not isinstance(value, kinds):
+        wanted = " or ".join(_type_name(kind) for kind in kinds)
+        raise TypeError(f"{name} must be a {wanted} (got {describe(value)})")
+    return value
+
+
+def check_device(name: str, value: object) -> torch.device:
+    """Return ``value`` as a ``torch.device``; it may be a device or a name such as ``"cpu"``.
+
+    Raises:
+        TypeError: If ``value`` is neither a ``torch.device`` nor a string.
+        ValueError: If it is a string that names no device type torch knows.
+    """
+    if not isinstance(value, torch.device | str):
+        raise TypeError(f"{name} must be a torch.device or a device name such as 'cpu' (got {describe(value)})")
+    try:
+        return torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"{name} must name a device torch knows, such as 'cpu' or 'cuda:0' (got {value!r})") from None
+
+
+def check_int_sequence(
+    name: str,
+    value: object,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    nonempty: bool = False,
+) -> Tensor:
+    """Return a sequence of integers (token ids, say) as a 1-d int64 tensor.
+
+    A list, a tuple, a ``range``, a NumPy array or a 1-d integer tensor will
+    do; floats, bools and strings are refused rather than rounded.
+
+    Args:
+        name: The argument's name.
+        value: What the caller passed.
+        minimum: The smallest allowed entry (inclusive), or None.
+        maximum: The largest allowed entry (inclusive), or None.
+        nonempty: Refuse a sequence with no entries.
+
+    Raises:
+        TypeError: If ``value`` is not a sequence of integers.
+        ValueError: If it is not one-dimensional, is empty when ``nonempty``,
+            or has an entry outside ``[minimum, maximum]``.
+    """
+    wanted = f"{name} must be a sequence of integers"
+    if isinstance(value, Tensor):
+        ids = value
+    elif isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise TypeError(f"{wanted} (got {describe(value)})")
+    else:
+        entries = list(value)
+        try:
+            ids = torch.as_tensor(entries) if entries else torch.empty(0, dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{wanted} (got a {type(value).__name__} whose entries are not all integers)") from None
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise TypeError(f"{wanted} (got entries of dtype {ids.dtype})")
+    if ids.dim() != 1:
+        raise ValueError(f"{wanted}, one-dimensional (got shape {tuple(ids.shape)})")
+    if nonempty and ids.numel() == 0:
+        raise ValueError(f"{name} must not be empty")
+    if ids.numel() and minimum is not None and int(ids.min()) < minimum:
+        raise ValueError(f"{name} must hold integers >= {minimum} (got {int(ids.min())})")
+    if ids.numel() and maximum is not None and int(ids.max()) > maximum:
+        raise ValueError(f"{name} must hold integers <= {maximum} (got {int(ids.max())})")
+    return ids.long()
