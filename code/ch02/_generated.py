@@ -769,10 +769,11 @@ def dequantize(codes: Tensor, scale: Tensor) -> Tensor:
     Raises:
         TypeError: If ``codes`` is not an integer tensor or ``scale`` not a
             floating-point tensor.
-        ValueError: If ``scale`` does not broadcast to the codes' shape.
+        ValueError: If ``codes`` is empty or ``scale`` does not broadcast to
+            the codes' shape.
     """
     integers = (torch.int8, torch.int16, torch.int32, torch.int64)
-    check_tensor("codes", codes, dtype=integers)
+    check_tensor("codes", codes, dtype=integers, nonempty=True)
     check_tensor("scale", scale, floating=True)
     try:
         fits = torch.broadcast_shapes(codes.shape, scale.shape) == codes.shape

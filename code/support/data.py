@@ -76,7 +76,8 @@ def data_path(*parts: str) -> pathlib.Path:
         held = sorted(f"{p.name}/" if p.is_dir() else p.name for p in folder.iterdir())
         where = folder.relative_to(root).as_posix()
         raise ValueError(
-            f"no {'/'.join(parts)!r} among the book's data files in {root} "
-            f"({'the data folder' if where == '.' else where + '/'} holds: {', '.join(held)})"
+            f"data_path parts must name a file or folder among the book's data files in {root}; "
+            f"{'the data folder' if where == '.' else where + '/'} holds: {', '.join(held)} "
+            f"(got {'/'.join(parts)!r})"
         )
     return path

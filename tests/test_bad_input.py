@@ -1,0 +1,355 @@
+"""One convention for bad input, checked everywhere: TypeError or ValueError, naming the argument.
+
+Every public callable of the swept modules (each name in a module's ``__all__``; for a
+class, its constructor and the public methods it defines) is called once per bad
+argument. One argument at a time is replaced by a value of the wrong type (a bool or a
+float for a count, a string for a number, a list for a tensor, a number for a name or
+an object) or a wrong value (negative, zero, NaN, infinite, an unknown name, a tensor
+that is empty, has one dimension too few or too many, or has the wrong dtype). Each
+call must raise TypeError or ValueError whose message names the argument: never silent
+acceptance, never a raw torch or math error.
+
+The probes come from introspection: the kind of each argument is read off one valid
+value for it, and ``VALID_CALLS`` below, the one table written by hand, gives those
+values. Where a probe is in fact a valid argument (a dimension may be 0, a mask may
+broadcast from fewer dimensions), ``Valid.accepts`` says so, which also documents it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+# ------------------------------------------------------------------------------------------
+# LEAD: the modules the sweep covers. Chapters 3, 4 and 5 are being rewritten on other
+# branches; add "ch03", "ch04" and "ch05" here when they merge, and bring their entries
+# in VALID_CALLS up to date (the test lists every public callable that lacks one).
+SWEPT_MODULES = ("support", "ch01", "ch02")
+# ------------------------------------------------------------------------------------------
+
+INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+@dataclass
+class Valid:
+    """A valid call of one public callable, from which the bad calls are made.
+
+    ``arguments`` builds fresh valid arguments, by name (the instance of a method
+    is passed to it, for arguments that must fit that instance); ``instance``
+    builds the object whose method is called. ``accepts`` maps an argument to the
+    probes it legitimately accepts; ``any_value`` lists arguments that take any
+    object at all.
+    """
+
+    arguments: Callable[..., dict]
+    instance: Callable[[], object] | None = None
+    accepts: dict[str, set[str]] = field(default_factory=dict)
+    any_value: frozenset[str] = frozenset()
+
+
+def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _ch(name: str):
+    return importlib.import_module(f"longctx.{name}")
+
+
+def _tiny_config():
+    return _ch("ch02").GPTConfig(vocab_size=16, context_length=8, d_model=8, layers=2, heads=2)
+
+
+def _tiny_model():
+    torch.manual_seed(0)
+    return _ch("ch02").TinyGPT(_tiny_config()).eval()
+
+
+BROADCASTS = {"0-d", "fewer-dims", "more-dims"}  # a mask or scale that broadcasts
+DATA = ("configs", "gemma-3-1b.json")
+
+VALID_CALLS: dict[str, Valid] = {
+    # ---------------------------------------------------------------- longctx.support
+    "support.check_bool": Valid(lambda: dict(name="flag", value=True), accepts={"name": {"unknown-name"}}),
+    "support.check_choice": Valid(
+        lambda: dict(name="method", value="rope", choices=("rope", "yarn")), accepts={"name": {"unknown-name"}}
+    ),
+    "support.check_device": Valid(lambda: dict(name="device", value="cpu"), accepts={"name": {"unknown-name"}}),
+    "support.check_int": Valid(
+        lambda: dict(name="heads", value=4, minimum=1, maximum=8),
+        accepts={"name": {"unknown-name"}, "minimum": {"negative", "zero"}},
+    ),
+    "support.check_number": Valid(
+        lambda: dict(name="rate", value=0.5, minimum=0.0, above=0.0, maximum=1.0, below=1.0, finite=True),
+        # A bound of any real size is well formed: out of range, it is the value that is refused.
+        accepts={"name": {"unknown-name"}} | {b: {"negative", "zero", "infinite"} for b in ("minimum", "above", "maximum", "below")},
+    ),
+    "support.check_tensor": Valid(
+        lambda: dict(name="x", value=_randn(2, 3), dims=2, min_dims=2, floating=True, dtype=torch.float32,
+                     nonempty=True, sizes={-1: 3}),
+        accepts={"name": {"unknown-name"}, "dims": {"zero"}, "min_dims": {"zero"}},
+    ),
+    "support.check_type": Valid(
+        lambda: dict(name="text", value="words", expected=str),
+        accepts={"name": {"unknown-name"}, "value": {"unknown-name"}},
+    ),
+    "support.check_int_sequence": Valid(
+        lambda: dict(name="ids", value=[1, 2], minimum=0, maximum=5, nonempty=True),
+        accepts={"name": {"unknown-name"}, "minimum": {"negative", "zero"}, "maximum": {"zero"}},
+    ),
+    "support.data_path": Valid(lambda: dict(parts=DATA)),
+    "support.describe": Valid(lambda: dict(value=3), any_value=frozenset({"value"})),
+    # ---------------------------------------------------------------- longctx.ch01
+    "ch01.softmax": Valid(lambda: dict(scores=_randn(3), dim=-1),
+                          accepts={"dim": {"zero"}, "scores": {"more-dims"}}),
+    "ch01.scaled_dot_product_attention": Valid(
+        lambda: dict(query=_randn(2, 4), key=_randn(3, 4, seed=1), value=_randn(3, 2, seed=2),
+                     mask=torch.ones(2, 3, dtype=torch.bool), scale=0.5),
+        accepts={"query": {"more-dims"}, "key": {"more-dims"},
+                 "value": {"more-dims"}, "mask": {"0-d", "fewer-dims"}},
+    ),
+    "ch01.causal_mask": Valid(lambda: dict(seq_len=4, device="cpu")),
+    "ch01.split_heads": Valid(lambda: dict(x=_randn(2, 3, 4), heads=2), accepts={"x": {"integer-dtype"}}),
+    "ch01.merge_heads": Valid(lambda: dict(x=_randn(2, 2, 3, 2)), accepts={"x": {"integer-dtype"}}),
+    "ch01.MultiHeadAttention": Valid(lambda: dict(d_model=8, heads=2, bias=True)),
+    "ch01.MultiHeadAttention.forward": Valid(
+        lambda layer: dict(x=_randn(2, 3, 8), mask=torch.ones(3, 3, dtype=torch.bool)),
+        instance=lambda: _ch("ch01").MultiHeadAttention(8, 2),
+        accepts={"mask": BROADCASTS},
+    ),
+    "ch01.attention_pairs": Valid(lambda: dict(seq_len=5, causal=True)),
+    "ch01.kv_cache_scalars": Valid(lambda: dict(seq_len=5, d_model=8, layers=2)),
+    # ---------------------------------------------------------------- longctx.ch02
+    "ch02.ByteTokenizer.encode": Valid(lambda tokenizer: dict(text="Hi"), instance=lambda: _ch("ch02").ByteTokenizer(),
+                                       accepts={"text": {"unknown-name"}}),
+    "ch02.ByteTokenizer.decode": Valid(lambda tokenizer: dict(ids=[72, 105]),
+                                       instance=lambda: _ch("ch02").ByteTokenizer(), accepts={"ids": {"empty"}}),
+    "ch02.GPTConfig": Valid(lambda: dict(vocab_size=16, context_length=8, d_model=8, layers=1, heads=2, dropout=0.1),
+                            accepts={"dropout": {"zero"}}),
+    "ch02.CausalSelfAttention": Valid(lambda: dict(d_model=8, heads=2, bias=True)),
+    "ch02.CausalSelfAttention.forward": Valid(
+        lambda layer: dict(x=_randn(2, 3, 8), cache=_ch("ch02").KVCache(2, 2, 2, 4), layer=1),
+        instance=lambda: _ch("ch02").CausalSelfAttention(8, 2),
+        accepts={"layer": {"zero"}},
+    ),
+    "ch02.FeedForward": Valid(lambda: dict(d_model=8, dropout=0.1), accepts={"dropout": {"zero"}}),
+    "ch02.FeedForward.forward": Valid(lambda mlp: dict(x=_randn(8)), instance=lambda: _ch("ch02").FeedForward(8),
+                                      accepts={"x": {"more-dims"}}),
+    "ch02.Block": Valid(lambda: dict(config=_tiny_config())),
+    "ch02.Block.forward": Valid(
+        lambda block: dict(x=_randn(2, 3, 8), cache=_ch("ch02").KVCache(2, 2, 2, 4), layer=1),
+        instance=lambda: _ch("ch02").Block(_tiny_config()),
+        accepts={"layer": {"zero"}},
+    ),
+    "ch02.TinyGPT": Valid(lambda: dict(config=_tiny_config())),
+    "ch02.TinyGPT.new_cache": Valid(lambda model: dict(batch=2), instance=_tiny_model),
+    "ch02.TinyGPT.forward": Valid(
+        lambda model: dict(tokens=torch.tensor([[1, 2, 3], [4, 5, 6]]), cache=model.new_cache(batch=2)),
+        instance=_tiny_model,
+    ),
+    "ch02.KVCache": Valid(lambda: dict(layers=2, batch=1, heads=2, head_dim=4, dtype=torch.float32, device="cpu")),
+    "ch02.KVCache.append": Valid(
+        lambda cache: dict(layer=1, key=_randn(1, 2, 3, 4), value=_randn(1, 2, 3, 4, seed=1)),
+        instance=lambda: _ch("ch02").KVCache(2, 1, 2, 4),
+        accepts={"layer": {"zero"}},
+    ),
+    "ch02.attend_with_cache": Valid(
+        lambda: dict(attention=_ch("ch02").CausalSelfAttention(8, 2), x=_randn(1, 3, 8),
+                     cache=_ch("ch02").KVCache(2, 1, 2, 4), layer=1),
+        accepts={"layer": {"zero"}},
+    ),
+    "ch02.unigram_entropy": Valid(lambda: dict(token_ids=[0, 1, 1], vocab_size=4)),
+    "ch02.sample_batch": Valid(
+        lambda: dict(data=torch.arange(10), batch_size=2, length=3, generator=torch.Generator().manual_seed(0))
+    ),
+    "ch02.train": Valid(
+        lambda: dict(model=_tiny_model(), token_ids=list(range(16)) * 2, steps=1, batch_size=1,
+                     learning_rate=1e-3, seed=0, progress=False, sequence_length=4),
+        accepts={"seed": {"zero"}},
+    ),
+    "ch02.evaluate_loss": Valid(
+        lambda: dict(model=_tiny_model(), token_ids=list(range(16)) * 2, batches=1, batch_size=1, seed=0),
+        accepts={"seed": {"zero"}},
+    ),
+    "ch02.next_token": Valid(
+        lambda: dict(logits=_randn(5), temperature=0.5, top_k=2, generator=torch.Generator().manual_seed(0)),
+        accepts={"temperature": {"zero"}},
+    ),
+    "ch02.generate": Valid(
+        lambda: dict(model=_tiny_model(), prompt_ids=[1, 2], max_new_tokens=2, temperature=0.5, top_k=2,
+                     seed=0, use_cache=True),
+        accepts={"max_new_tokens": {"zero"}, "temperature": {"zero"}, "seed": {"zero"}},
+    ),
+    "ch02.kv_cache_bytes": Valid(lambda: dict(config=_tiny_config(), tokens=5, batch=2, bytes_per_scalar=2),
+                                 accepts={"tokens": {"zero"}}),
+    "ch02.quantize": Valid(lambda: dict(x=_randn(4), bits=8, dim=-1),
+                           accepts={"dim": {"zero"}, "x": {"more-dims"}}),
+    "ch02.dequantize": Valid(
+        lambda: dict(codes=torch.tensor([3, -5, 127, 0], dtype=torch.int8), scale=torch.tensor([0.1])),
+        accepts={"codes": {"more-dims"}, "scale": {"0-d"}},
+    ),
+}
+
+
+# ------------------------------------------------------------------------------------------ probes
+
+
+def _probes(value: object) -> dict[str, object]:
+    """The bad values to try in place of ``value``, by the kind of argument it shows."""
+    if isinstance(value, bool):
+        return {"int": 1, "string": "yes", "None": None}
+    if isinstance(value, int):
+        return {"bool": True, "float": 2.5, "string": "2", "negative": -100, "zero": 0, "None": None}
+    if isinstance(value, float):
+        return {"bool": True, "string": "0.5", "nan": math.nan, "infinite": math.inf, "negative": -1.0,
+                "zero": 0.0, "None": None}
+    if isinstance(value, str):
+        return {"int": 3, "unknown-name": "no-such-name", "None": None}
+    if isinstance(value, torch.Tensor):
+        return _tensor_probes(value)
+    if isinstance(value, list | tuple) and value and all(isinstance(v, int) for v in value):
+        return {"int": 3, "floats": [0.5] * len(value), "nested": [list(value)], "strings": ["a"] * len(value),
+                "empty": [], "None": None}
+    if isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
+        return {"int": 3, "string": value[0], "empty": (), "numbers": (1, 2)}
+    return {"int": 3, "string": "no-such-name", "None": None}  # an object: a config, a model, a cache
+
+
+def _tensor_probes(value: torch.Tensor) -> dict[str, object]:
+    probes: dict[str, object] = {"list": value.tolist(), "None": None}
+    if value.dim() >= 1:
+        probes["0-d"] = value.reshape(-1)[0].clone()
+        probes["empty"] = value.narrow(-1, 0, 0).clone()  # the last dimension cut to 0
+    if value.dim() >= 2:
+        probes["fewer-dims"] = value[0].clone()
+    probes["more-dims"] = value[None].clone()
+    if value.is_floating_point():
+        probes["integer-dtype"] = value.round().long()
+    else:
+        probes["float-dtype"] = value.float()
+    return probes
+
+
+def _public_callables(module_name: str) -> dict[str, Callable]:
+    """Map ``"chNN.name"`` (and ``"chNN.Class.method"``) to each public callable of a module."""
+    module = _ch(module_name)
+    found = {}
+    for name in module.__all__:
+        obj = getattr(module, name)
+        defined_here = getattr(obj, "__module__", "").startswith("longctx")
+        if inspect.isclass(obj) and defined_here:
+            found[f"{module_name}.{name}"] = obj
+            for attribute, member in vars(obj).items():
+                if inspect.isfunction(member) and not attribute.startswith("_"):
+                    found[f"{module_name}.{name}.{attribute}"] = member
+        elif inspect.isfunction(obj) and defined_here:
+            found[f"{module_name}.{name}"] = obj
+    return found
+
+
+def _parameters(target: Callable) -> list[inspect.Parameter]:
+    """The parameters a caller supplies (not ``self``, not ``**kwargs``)."""
+    signature = inspect.signature(target)
+    names = list(signature.parameters.values())
+    if names and names[0].name == "self":
+        names = names[1:]
+    return [p for p in names if p.kind is not inspect.Parameter.VAR_KEYWORD]
+
+
+def _target(key: str, valid: Valid) -> tuple[Callable, dict, list[inspect.Parameter]]:
+    """Return the function to call (a bound method for a method), fresh valid arguments, and its parameters."""
+    module_name, *path = key.split(".")
+    obj = _ch(module_name)
+    for part in path:
+        obj = getattr(obj, part)
+    parameters = _parameters(obj)
+    if valid.instance is not None:
+        instance = valid.instance()
+        return getattr(instance, path[-1]), valid.arguments(instance), parameters
+    return obj, valid.arguments(), parameters
+
+
+def _call(function: Callable, arguments: dict, parameters: list[inspect.Parameter]):
+    positional = []
+    keywords = dict(arguments)
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            positional.extend(keywords.pop(parameter.name))
+    return function(*positional, **keywords)
+
+
+def _optional(parameter: inspect.Parameter) -> bool:
+    return parameter.default is None or "None" in str(parameter.annotation)
+
+
+def _cases() -> list[tuple[str, str, str]]:
+    cases = []
+    for key in sorted(k for k in VALID_CALLS if k.split(".")[0] in SWEPT_MODULES):
+        valid = VALID_CALLS[key]
+        _, arguments, parameters = _target(key, valid)
+        for parameter in parameters:
+            if parameter.name in valid.any_value:
+                continue
+            value = arguments[parameter.name]
+            if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+                value = value[0]
+            for label in _probes(value):
+                if label in valid.accepts.get(parameter.name, set()):
+                    continue
+                if label == "None" and _optional(parameter):
+                    continue
+                cases.append((key, parameter.name, label))
+    return cases
+
+
+# ------------------------------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize("module_name", SWEPT_MODULES)
+def test_every_public_callable_has_a_valid_call_in_the_table(module_name):
+    """A new public function fails here until the table says how to call it, so the sweep covers it."""
+    missing = [key for key, target in _public_callables(module_name).items()
+               if _parameters(target) and key not in VALID_CALLS]
+    assert not missing, f"add a valid call to VALID_CALLS for: {missing}"
+    stale = [key for key in VALID_CALLS if key.split(".")[0] == module_name
+             and key not in _public_callables(module_name)]
+    assert not stale, f"VALID_CALLS names callables that are not public: {stale}"
+
+
+@pytest.mark.parametrize("key", sorted(k for k in VALID_CALLS if k.split(".")[0] in SWEPT_MODULES))
+def test_the_valid_call_succeeds_and_names_every_parameter(key):
+    """Each bad call differs from a call that works in exactly one argument."""
+    valid = VALID_CALLS[key]
+    function, arguments, parameters = _target(key, valid)
+    assert sorted(arguments) == sorted(p.name for p in parameters), "give a valid value for every parameter"
+    _call(function, arguments, parameters)
+
+
+@pytest.mark.parametrize(("key", "parameter", "probe"), _cases())
+def test_a_bad_argument_raises_type_or_value_error_naming_it(key, parameter, probe):
+    valid = VALID_CALLS[key]
+    function, arguments, parameters = _target(key, valid)
+    kind = next(p for p in parameters if p.name == parameter).kind
+    if kind is inspect.Parameter.VAR_POSITIONAL:
+        bad = _probes(arguments[parameter][0])[probe]
+        arguments[parameter] = (bad, *arguments[parameter][1:])
+    else:
+        arguments[parameter] = _probes(arguments[parameter])[probe]
+    try:
+        result = _call(function, arguments, parameters)
+    except (TypeError, ValueError) as error:
+        # A check's `value` is named by the `name` it is given.
+        named = arguments["name"] if parameter == "value" and "name" in arguments else parameter
+        assert re.search(rf"\b{re.escape(named)}\b", str(error)), (
+            f"{key}({parameter}=<{probe}>) raised {type(error).__name__} without naming {named!r}: {error}"
+        )
+        return
+    except Exception as error:  # noqa: BLE001 - the point is to report any other kind
+        pytest.fail(f"{key}({parameter}=<{probe}>) raised {type(error).__name__}, not TypeError or ValueError: {error}")
+    pytest.fail(f"{key}({parameter}=<{probe}>) was accepted silently and returned {type(result).__name__}")
