@@ -7,7 +7,8 @@ float for a count, a string for a number, a list for a tensor, a number for a na
 an object) or a wrong value (negative, zero, NaN, infinite, an unknown name, a tensor
 that is empty, has one dimension too few or too many, or has the wrong dtype). Each
 call must raise TypeError or ValueError whose message names the argument: never silent
-acceptance, never a raw torch or math error.
+acceptance, never a raw torch or math error. A probe of the wrong type must raise TypeError and
+a probe of the wrong value ValueError, so the same mistake gets the same answer everywhere.
 
 The probes come from introspection: the kind of each argument is read off one valid
 value for it, and ``VALID_CALLS`` below, the one table written by hand, gives those
@@ -369,6 +370,12 @@ VALID_CALLS.update({
 
 # ------------------------------------------------------------------------------------------ probes
 
+# What each probe is: a value of the wrong type (TypeError) or a wrong value of the right type (ValueError).
+WRONG_TYPE = {"bool", "int", "float", "string", "None", "list", "floats", "strings", "numbers", "integer-dtype",
+              "float-dtype"}
+WRONG_VALUE = {"negative", "zero", "nan", "infinite", "unknown-name", "empty", "nested", "0-d", "fewer-dims",
+               "more-dims"}
+
 
 def _probes(value: object) -> dict[str, object]:
     """The bad values to try in place of ``value``, by the kind of argument it shows."""
@@ -515,9 +522,14 @@ def test_a_bad_argument_raises_type_or_value_error_naming_it(key, parameter, pro
         arguments[parameter] = (bad, *arguments[parameter][1:])
     else:
         arguments[parameter] = _probes(arguments[parameter])[probe]
+    expected = TypeError if probe in WRONG_TYPE else ValueError
     try:
         result = _call(function, arguments, parameters)
     except (TypeError, ValueError) as error:
+        assert isinstance(error, expected), (
+            f"{key}({parameter}=<{probe}>) raised {type(error).__name__}, but a "
+            f"{'wrong type' if expected is TypeError else 'wrong value'} calls for {expected.__name__}: {error}"
+        )
         # A check's `value` is named by the `name` it is given.
         named = arguments["name"] if parameter == "value" and "name" in arguments else parameter
         assert re.search(rf"\b{re.escape(named)}\b", str(error)), (
@@ -527,3 +539,9 @@ def test_a_bad_argument_raises_type_or_value_error_naming_it(key, parameter, pro
     except Exception as error:  # noqa: BLE001 - the point is to report any other kind
         pytest.fail(f"{key}({parameter}=<{probe}>) raised {type(error).__name__}, not TypeError or ValueError: {error}")
     pytest.fail(f"{key}({parameter}=<{probe}>) was accepted silently and returned {type(result).__name__}")
+
+
+def test_every_probe_is_either_a_wrong_type_or_a_wrong_value():
+    samples = [True, 3, 0.5, "name", torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), [1, 2], ("a", "b"), object()]
+    labels = {label for sample in samples for label in _probes(sample)}
+    assert labels <= WRONG_TYPE | WRONG_VALUE and not WRONG_TYPE & WRONG_VALUE, labels - WRONG_TYPE - WRONG_VALUE
