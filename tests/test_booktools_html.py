@@ -8,6 +8,7 @@ and the inline values that `execute` would record.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 import struct
 import zlib
@@ -490,7 +491,9 @@ REPO = Path(__file__).resolve().parents[1]
 REAL_PAGES = [(entry.path, f"{Path(entry.path).stem}.html") for entry in load_book(REPO).entries]
 
 
+@functools.cache
 def _page(edition: Path, name: str) -> BeautifulSoup:
+    """A page of the built edition, parsed once (the tests only read it)."""
     return BeautifulSoup((edition / name).read_text(encoding="utf-8"), "html.parser")
 
 

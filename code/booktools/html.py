@@ -601,8 +601,8 @@ def build_book(
     pages = plan_pages(book, executed)
     if not pages:
         raise BookError(f"no executed notebooks in {executed}: run `python -m longctx.booktools execute` first")
-    for problem in book.numbering.problems:
-        raise BookError(str(problem))
+    if book.numbering.problems:  # a chapter that does not parse
+        raise BookError("; ".join(str(problem) for problem in book.numbering.problems))
     project_options = book.config.get("execute") or {}
     sources = [page_markdown(page, book.numbering, project_options) for page in pages]
     if out.exists():
