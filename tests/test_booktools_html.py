@@ -492,6 +492,12 @@ REAL_PAGES = [(entry.path, f"{Path(entry.path).stem}.html") for entry in load_bo
 
 
 @functools.cache
+def _real_book():
+    """The real book, parsed once for these tests."""
+    return load_book(REPO)
+
+
+@functools.cache
 def _page(edition: Path, name: str) -> BeautifulSoup:
     """A page of the built edition, parsed once (the tests only read it)."""
     return BeautifulSoup((edition / name).read_text(encoding="utf-8"), "html.parser")
@@ -537,7 +543,7 @@ def test_real_chapter_cites_and_lists_references_as_citeproc_does(notebook_editi
 
     from longctx.booktools.bib import bibliography_keys
 
-    book = load_book(REPO)
+    book = _real_book()
     info = next(info for info in book.numbering.chapters if info.entry.path == source)
     citations = _source_citations(info, bibliography_keys(book.bibliography))
     page = _page(notebook_edition, name)
@@ -573,7 +579,7 @@ def test_real_book_many_authors_read_et_al_and_accents_stay(notebook_edition):
 @pytest.mark.parametrize(("source", "name"), REAL_PAGES)
 def test_real_chapter_shows_the_book_numbering(notebook_edition, source, name):
     """Every label of the chapter is an id on its page with its number; every heading has its number and id."""
-    book = load_book(REPO)
+    book = _real_book()
     info = next(info for info in book.numbering.chapters if info.entry.path == source)
     page = _page(notebook_edition, name)
     for target in book.numbering.targets.values():
