@@ -407,6 +407,34 @@ def test_citations_and_references_per_chapter(built):
         assert soups[name].select_one("#refs") is None and soups[name].find(id="references") is None
 
 
+CSL_ET_AL_FROM_THREE = """\
+<?xml version="1.0" encoding="utf-8"?>
+<style xmlns="http://purl.org/net/xbiblio/csl" class="in-text" version="1.0">
+  <info><title>Author-year, et al. from three</title><id>etal3</id><updated>2024-01-01T00:00:00+00:00</updated></info>
+  <citation et-al-min="3" et-al-use-first="1">
+    <layout prefix="(" suffix=")" delimiter="; ">
+      <group delimiter=" "><names variable="author"><name form="short" and="text"/></names>
+        <date variable="issued"><date-part name="year"/></date></group>
+    </layout>
+  </citation>
+  <bibliography><layout><names variable="author"/><text variable="title" prefix=". "/></layout></bibliography>
+</style>
+"""
+
+
+def test_a_style_named_in_quarto_yml_is_the_one_both_editions_use(tmp_path):
+    root, executed = make_fixture_book(tmp_path)
+    (root / "etal.csl").write_text(CSL_ET_AL_FROM_THREE)
+    (root / "_quarto.yml").write_text(QUARTO + "csl: etal.csl\n")
+    out = tmp_path / "_book"
+    book_html.build_book(root, executed, out, node_modules=fake_node_modules(tmp_path))
+    page = BeautifulSoup((out / "ch01-demo.html").read_text(), "html.parser")
+    assert [text_of(span) for span in page.select("span.citation")][:2] == ["(Vaswani et al. 2017)", "Gu et al. (2022)"]
+    paths, _ = export_book(load_book(root), tmp_path / "notebooks")
+    notebook = nbformat.read(paths[1], as_version=4)
+    assert "Intro cites (Vaswani et al. 2017) and Gu et al. (2022)." in notebook.cells[0].source
+
+
 def test_notebook_links_become_html(built):
     _, _, soups = built
     hrefs = [a["href"] for a in soups["ch02-more.html"].select("article a")]

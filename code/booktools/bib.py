@@ -48,15 +48,16 @@ def bibliography_keys(paths: list[Path], problems: list[str] | None = None) -> d
     return keys
 
 
-def citeproc_arguments(bibliography: list[Path]) -> list[str]:
-    """Pandoc's options for citations as the Quarto edition makes them (linked to the list)."""
-    arguments = ["--citeproc", "--metadata=link-citations:true"]
-    for path in bibliography:
-        arguments.append(f"--bibliography={path}")
-    return arguments
+def citeproc_arguments(bibliography: list[Path], csl: Path | None = None) -> list[str]:
+    """Pandoc's options for citeproc as Quarto passes them: the `.bib` files and the `csl:` style
+    `_quarto.yml` names (none: pandoc's default, Chicago author-date)."""
+    arguments = ["--citeproc", *(f"--bibliography={path}" for path in bibliography)]
+    return [*arguments, f"--csl={csl}"] if csl else arguments
 
 
-def render_citations(citations: list[str], bibliography: list[Path], *, what: str) -> list[str]:
+def render_citations(
+    citations: list[str], bibliography: list[Path], *, csl: Path | None = None, what: str
+) -> list[str]:
     """Each citation as written in markdown (`[@a; @b, p. 3]`, `@a`) as plain text, in one pandoc run.
 
     Example: `render_citations(["[@vaswani2017attention]"], [Path("references.bib")], what="ch01")`
@@ -67,11 +68,7 @@ def render_citations(citations: list[str], bibliography: list[Path], *, what: st
     separator = "\u2063"  # an invisible separator: a paragraph of its own between citations
     source = f"\n\n{separator}\n\n".join(citations)
     arguments = ["--from=markdown", "--to=plain", "--wrap=none", "--metadata=suppress-bibliography:true"]
-    text, _ = run_pandoc(
-        [*arguments, *[argument for argument in citeproc_arguments(bibliography) if "link-citations" not in argument]],
-        source,
-        what=what,
-    )
+    text, _ = run_pandoc([*arguments, *citeproc_arguments(bibliography, csl)], source, what=what)
     rendered = [part.strip() for part in text.strip().split(separator)]
     if len(rendered) != len(citations):
         raise ValueError(f"{what}: citeproc gave {len(rendered)} citations for {len(citations)}")

@@ -57,6 +57,12 @@ class Book:
         names = [value] if isinstance(value, str) else list(value)
         return [self.root / str(name) for name in names]
 
+    @property
+    def csl(self) -> Path | None:
+        """The citation style `_quarto.yml` names (`csl:`), or None for pandoc's default."""
+        value = self.config.get("csl")
+        return self.root / str(value) if value else None
+
     @cached_property
     def numbering(self) -> Numbering:
         """Every listed file parsed (once) and numbered as Quarto numbers the book."""

@@ -412,7 +412,8 @@ def _render(page: Page, markdown: str, book: Book, targets: Path) -> None:
         "--toc",
         "--toc-depth=2",
         f"--lua-filter={FILTER}",  # before citeproc: labels are not citations
-        *citeproc_arguments(book.bibliography),
+        *citeproc_arguments(book.bibliography, book.csl),
+        "--metadata=link-citations:true",  # as Quarto: each citation links to its entry
         f"--metadata=longctx-targets:{targets}",
         f"--metadata=longctx-page:{page.href}",
         f"--metadata=pagetitle:{page.slug}",

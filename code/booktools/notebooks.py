@@ -416,7 +416,7 @@ def export_book(
 
     for info in chapters:
         export_chapter(info, numbering, collect)
-    texts = render_citations(list(citations), book.bibliography, what="notebooks")
+    texts = render_citations(list(citations), book.bibliography, csl=book.csl, what="notebooks")
     citations.update(zip(citations, texts, strict=True))
     paths = []
     for info in chapters:
