@@ -6,7 +6,9 @@ expressions `` `{python} expr` `` are evaluated when the cell is reached, that i
 the code cells above it and before the next one runs, as Quarto does, and replaced by
 their value formatted as Quarto formats them: a `str` as its text (no quotes), an
 object with `_repr_markdown_` (e.g. `IPython.display.Markdown`) as that markdown,
-anything else as its `repr` (the `text/plain` form).
+anything else as its `repr` (the `text/plain` form). The cell also keeps each expression's
+raw result as Jupyter's `user_expressions` metadata (expression, mime bundle), from which
+Quarto renders the chapter exactly as it would have evaluated it (`booktools quarto`).
 
 A failing cell is reported as `chapters/FILE.qmd:LINE: ...` with the traceback's last
 lines; that chapter's executed notebook is not written (a stale one is removed).
@@ -89,9 +91,15 @@ def _qmd_line_of(root: Path, source: str, needle: str) -> int:
     return 0
 
 
-def _evaluate_inline(client, expressions: list[str], timeout: int) -> list[str]:
-    """Evaluate expressions in the running kernel; returns their formatted values."""
+def _evaluate_inline(client, expressions: list[str], timeout: int, raw: list | None = None) -> list[str]:
+    """Evaluate expressions in the running kernel; returns their formatted values.
+
+    When `raw` is a list, each expression's unformatted result (a Jupyter `user_expressions`
+    entry: expression, mime bundle) is appended to it, as Quarto records inline values.
+    """
     wanted = {f"e{index}": f"{_HELPER}(({expr}))" for index, expr in enumerate(expressions)}
+    if raw is not None:
+        wanted.update({f"r{index}": f"({expr})" for index, expr in enumerate(expressions)})
     msg_id = client.kc.execute("", silent=True, store_history=False, user_expressions=wanted)
     reply = client.wait_for_reply(msg_id)
     if reply is None:
@@ -109,6 +117,18 @@ def _evaluate_inline(client, expressions: list[str], timeout: int) -> list[str]:
             values.append(str(ast.literal_eval(plain)))
         except (ValueError, SyntaxError):
             values.append(plain)
+        if raw is not None:
+            bundle = results.get(f"r{index}", {})
+            raw.append(
+                {
+                    "expression": expr.strip(),
+                    "result": {
+                        "data": bundle.get("data", {}),
+                        "metadata": bundle.get("metadata", {}),
+                        "status": bundle.get("status", "ok"),
+                    },
+                }
+            )
     return values
 
 
@@ -160,13 +180,15 @@ def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1)
                 expressions = [match.group("expr") for match in INLINE.finditer(cell.source)]
                 if not expressions:
                     continue
+                raw: list[dict] = []
                 try:
-                    values = _evaluate_inline(client, expressions, timeout)
+                    values = _evaluate_inline(client, expressions, timeout, raw)
                 except InlineError as exc:
                     failing = str(exc).split("`")[1] if "`" in str(exc) else ""
                     line = _qmd_line_of(root, source, f"`{failing}`") if failing else 0
                     raise CellFailure(f"{source}:{line}: {exc}") from None
                 cell.source = _substitute(cell.source, values)
+                cell.metadata["user_expressions"] = raw
     return notebook
 
 
