@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -74,7 +75,7 @@ def _start_quarto_render(executed: Path, work: Path) -> None:
     """Render the Quarto edition in a background thread while the other tests run."""
     from longctx.booktools.quarto import build_quarto_book, find_quarto
 
-    if find_quarto() is None:
+    if find_quarto() is None or os.environ.get("LONGCTX_QUARTO_BOOK_DIR"):
         return
 
     def render() -> None:
@@ -92,15 +93,23 @@ def _start_quarto_render(executed: Path, work: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def quarto_book(book_execution: BookExecution) -> QuartoBook:
-    """The rendered Quarto edition; skips (saying why) where Quarto is not installed."""
+def quarto_book(request: pytest.FixtureRequest) -> QuartoBook:
+    """The rendered Quarto edition; skips (saying why) where Quarto is not installed.
+
+    Set LONGCTX_QUARTO_BOOK_DIR to a rendered `_book/` to check that folder instead.
+    """
     from longctx.booktools.quarto import find_quarto
+
+    override = os.environ.get("LONGCTX_QUARTO_BOOK_DIR")
+    if override:
+        return QuartoBook(Path(override), 0.0)
 
     if find_quarto() is None:
         pytest.skip(
             "Quarto edition skipped: `quarto` is not on PATH (install it from quarto.org; on our "
             "machines .ci/run gets it from ../shared/quarto-kit/setup.sh)"
         )
+    book_execution = request.getfixturevalue("book_execution")
     if "thread" not in _QUARTO:
         pytest.fail(f"the chapters did not execute, so Quarto had nothing to render: {book_execution.problems}")
     _QUARTO["thread"].join()

@@ -8,7 +8,6 @@ import pytest
 from longctx.booktools.book import load_book
 from longctx.booktools.check import check_book
 
-
 # The shared fixture's diagram has no label (its numbering is what the other tooling tests
 # expect); the clean book labels it, which moves every later line of ch01-alpha.qmd down by two.
 UNLABELLED = '%%| fig-cap: "A flow"\n'

@@ -450,9 +450,15 @@ def build_quarto_book(
         command.append("--quiet")
     done = subprocess.run(command, cwd=stage, env=env, capture_output=quiet, text=True)
     rendered = stage / "_book"
-    if done.returncode != 0 or not (rendered / "index.html").is_file():
+    outputs = {"html": "index.html", "epub": "*.epub", "pdf": "*.pdf"}
+    missing = [name for name in formats if name in outputs and not list(rendered.glob(outputs[name]))]
+    if done.returncode != 0 or missing:
         tail = ((done.stdout or "") + (done.stderr or ""))[-3000:] if quiet else ""
-        raise QuartoError(f"`quarto render` failed in {stage} (exit {done.returncode}); _book/ was left as it was\n{tail}")
+        raise QuartoError(
+            f"`quarto render` failed in {stage} (exit {done.returncode}"
+            + (f", no {', '.join(missing)} output" if missing else "")
+            + f"); _book/ was left as it was\n{tail}"
+        )
     finish_html(rendered, node_modules, repo_url=_repo_url(book))
     if out.exists():
         shutil.rmtree(out)
