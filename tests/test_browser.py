@@ -458,6 +458,12 @@ def test_quarto_page_reads_cleanly(name, quarto_book, quarto_server, browser, sc
             elif target.fragment and file.suffix == ".html" and urllib.parse.unquote(target.fragment) not in _ids_in(file):
                 problems.append(f"broken link: {link} (no id #{target.fragment} in {path})")
 
+        wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        if wide > 0:
+            problems.append(f"the page scrolls sideways by {wide} px at 1280 px: {_overflowing(page)}")
+        stem = name.replace("/", "-").removesuffix(".html")
+        _quarto_screenshot(page, shots / f"{stem}.png")
+
         # Code: a block whose lines are at most 80 characters is shown whole, without scrolling
         # (folded code and collapsed callouts opened first, as a reader would).
         page.evaluate(
@@ -473,12 +479,6 @@ def test_quarto_page_reads_cleanly(name, quarto_book, quarto_server, browser, sc
         for block in blocks:
             if block["longest"] <= CODE_LINE_LIMIT and block["scrolls"]:
                 problems.append(f"a code block of {block['longest']}-character lines scrolls at 1280 px: {block['first']!r}")
-
-        wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
-        if wide > 0:
-            problems.append(f"the page scrolls sideways by {wide} px at 1280 px: {_overflowing(page)}")
-        stem = name.replace("/", "-").removesuffix(".html")
-        _quarto_screenshot(page, shots / f"{stem}.png")
 
         page.set_viewport_size({"width": 390, "height": 844})
         page.evaluate("() => window.scrollTo(0, 0)")
