@@ -85,6 +85,9 @@ def _start_quarto_render(executed: Path, work: Path) -> None:
                 REPO, executed, work / "_book", formats=["html", "epub"], stage=work / "stage", quiet=True
             )
             _QUARTO["book"] = QuartoBook(work / "_book", time.perf_counter() - started)
+            artifacts = REPO / "tests" / "artifacts"
+            artifacts.mkdir(parents=True, exist_ok=True)
+            (artifacts / "quarto-render-seconds.txt").write_text(f"{_QUARTO['book'].seconds:.1f}\n")
         except Exception as exc:  # reported by the fixture, in the tests that need the book
             _QUARTO["error"] = f"{type(exc).__name__}: {exc}"
 
