@@ -10,16 +10,19 @@ ENV_STAMP := $(VENV)/.installed
 # Quarto: on PATH, or in the venv from `pip install quarto-cli`. A failed install is remembered here so
 # that it is tried once per environment, not on every build.
 QUARTO_FAILED := $(VENV)/.quarto-install-failed
-# MathJax and Mermaid for the notebook edition come from the npm registry (pinned in web/package-lock.json)
-# and are copied into _book/, so the book's pages load nothing from the network.
+# MathJax and Mermaid for the notebook edition, and MathJax and Source Sans Pro for the Quarto edition,
+# come from the npm registry (pinned in web/package-lock.json) and are copied into _book/, so the
+# book's pages load nothing from the network.
 WEB_STAMP := web/node_modules/.installed
+PORT ?= 8000
 
 .DEFAULT_GOAL := help
-.PHONY: help env tangle notebooks execute check book html preview test lint bench bench-quick clean distclean
+.PHONY: help env tangle notebooks execute check book html serve preview test lint bench bench-quick clean distclean
 
 help:
 	@echo "make test        run every check (first run creates .venv and installs the pins)"
 	@echo "make book        build the book into _book/ and print the page to open"
+	@echo "make serve       serve _book/ at http://127.0.0.1:8000/ (PORT=...)"
 	@echo "make tangle      regenerate code/chNN/ from the chapters' '# @save' cells"
 	@echo "make notebooks   export notebooks/chNN-*.ipynb"
 	@echo "make execute     run every chapter as a notebook into _build/executed/"
@@ -61,6 +64,8 @@ check: $(ENV_STAMP)
 html: $(ENV_STAMP) $(WEB_STAMP)
 	$(BOOK) html
 
+# The Quarto edition renders the chapters `execute` has just run (each chapter runs once; Quarto writes
+# nothing into the source tree: it works in _build/quarto/). Without Quarto: the notebook edition.
 book: execute $(WEB_STAMP)
 	@q=$$(command -v quarto || { test -x $(VENV)/bin/quarto && echo $(VENV)/bin/quarto; } || true); \
 	if [ -z "$$q" ] && [ ! -e $(QUARTO_FAILED) ]; then \
@@ -69,16 +74,26 @@ book: execute $(WEB_STAMP)
 	  then q=$(VENV)/bin/quarto; else touch $(QUARTO_FAILED); fi; \
 	fi; \
 	if [ -n "$$q" ]; then \
-	  PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $$q render; \
+	  PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(BOOK) quarto; \
 	else \
 	  echo "Quarto is not available here (install it from quarto.org or 'pip install quarto-cli' where its download works); building the notebook edition instead."; \
 	  $(BOOK) html; \
 	fi
-	@echo "The book: $(CURDIR)/_book/index.html"
+	@echo "The book: $(CURDIR)/_book/index.html (read it through 'make serve': search and page contents need http)"
 
-preview: execute
+# Serve _book/ on this machine only: the Quarto edition's search and page contents need http, not file://.
+serve:
+	@test -f _book/index.html || { echo "make serve: no _book/index.html yet; run 'make book' first"; exit 2; }
+	@echo "Serving _book/ at http://127.0.0.1:$(PORT)/ (Ctrl-C stops it)"
+	$(PY) -m http.server --directory _book --bind 127.0.0.1 $(PORT)
+
+# Quarto's live preview executes the chapters itself; Debian's Chromium draws the EPUB's diagrams.
+preview: $(ENV_STAMP)
 	@q=$$(command -v quarto || { test -x $(VENV)/bin/quarto && echo $(VENV)/bin/quarto; } || true); \
-	if [ -n "$$q" ]; then PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $$q preview; \
+	if [ -n "$$q" ]; then \
+	  c=$$(command -v google-chrome || command -v chromium-browser || command -v chromium || true); \
+	  PATH="$(CURDIR)/$(VENV)/bin:$$PATH" QUARTO_PYTHON="$(CURDIR)/$(PY)" TQDM_DISABLE=1 \
+	  QUARTO_CHROMIUM="$${QUARTO_CHROMIUM:-$$c}" $$q preview --to html; \
 	else echo "make preview needs Quarto (quarto.org, or 'pip install quarto-cli'); 'make book' builds the notebook edition without it."; exit 2; fi
 
 test: $(ENV_STAMP) $(WEB_STAMP)

@@ -8,11 +8,18 @@
   (`<stem>.ipynb`), for tests that build the notebook edition from it.
 - `notebook_edition` (session scope): the real book's notebook edition, built once from
   them into a temporary `_book/`.
+- `quarto_book` (session scope): the Quarto edition (HTML and EPUB) rendered by Quarto from
+  those same executed notebooks, so no chapter runs twice. The render starts in the background
+  as soon as the chapters have run, and the tests that need it wait for it; where `quarto` is
+  not on PATH they skip, saying so.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +57,70 @@ def book_execution(tmp_path_factory: pytest.TempPathFactory) -> BookExecution:
     directory = work / "executed"
     missing = [entry.path for entry in book.entries if not (book.root / entry.path).is_file()]
     runs, problems = execute_book(book, directory, jobs=2, timeout=600, notebooks_dir=work / "notebooks")
+    if not problems and all(run.error is None for run in runs):
+        _start_quarto_render(directory, work / "quarto")
     return BookExecution(directory, {run.source: run for run in runs}, problems, missing)
+
+
+@dataclass
+class QuartoBook:
+    """The Quarto edition, rendered once per test session from the executed chapters."""
+
+    directory: Path  # the rendered _book/ (index.html, chapters/*.html, the .epub, site_libs/)
+    seconds: float  # wall time of the render (run beside other tests)
+
+
+_QUARTO: dict = {}
+
+
+def _start_quarto_render(executed: Path, work: Path) -> None:
+    """Render the Quarto edition in a background thread while the other tests run."""
+    from longctx.booktools.quarto import build_quarto_book, find_quarto
+
+    if find_quarto() is None or os.environ.get("LONGCTX_QUARTO_BOOK_DIR"):
+        return
+
+    def render() -> None:
+        started = time.perf_counter()
+        try:
+            build_quarto_book(
+                REPO, executed, work / "_book", formats=["html", "epub"], stage=work / "stage", quiet=True
+            )
+            _QUARTO["book"] = QuartoBook(work / "_book", time.perf_counter() - started)
+            artifacts = REPO / "tests" / "artifacts"
+            artifacts.mkdir(parents=True, exist_ok=True)
+            (artifacts / "quarto-render-seconds.txt").write_text(f"{_QUARTO['book'].seconds:.1f}\n")
+        except Exception as exc:  # reported by the fixture, in the tests that need the book
+            _QUARTO["error"] = f"{type(exc).__name__}: {exc}"
+
+    _QUARTO["thread"] = threading.Thread(target=render, name="quarto-render", daemon=True)
+    _QUARTO["thread"].start()
+
+
+@pytest.fixture(scope="session")
+def quarto_book(request: pytest.FixtureRequest) -> QuartoBook:
+    """The rendered Quarto edition; skips (saying why) where Quarto is not installed.
+
+    Set LONGCTX_QUARTO_BOOK_DIR to a rendered `_book/` to check that folder instead.
+    """
+    from longctx.booktools.quarto import find_quarto
+
+    override = os.environ.get("LONGCTX_QUARTO_BOOK_DIR")
+    if override:
+        return QuartoBook(Path(override), 0.0)
+
+    if find_quarto() is None:
+        pytest.skip(
+            "Quarto edition skipped: `quarto` is not on PATH (install it from quarto.org; on our "
+            "machines .ci/run gets it from ../shared/quarto-kit/setup.sh)"
+        )
+    book_execution = request.getfixturevalue("book_execution")
+    if "thread" not in _QUARTO:
+        pytest.fail(f"the chapters did not execute, so Quarto had nothing to render: {book_execution.problems}")
+    _QUARTO["thread"].join()
+    if "error" in _QUARTO:
+        pytest.fail(f"the Quarto render failed: {_QUARTO['error']}")
+    return _QUARTO["book"]
 
 
 @pytest.fixture(scope="session")

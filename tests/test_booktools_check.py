@@ -8,9 +8,15 @@ import pytest
 from longctx.booktools.book import load_book
 from longctx.booktools.check import check_book
 
+# The shared fixture's diagram has no label (its numbering is what the other tooling tests
+# expect); the clean book labels it, which moves every later line of ch01-alpha.qmd down by two.
+UNLABELLED = '%%| fig-cap: "A flow"\n'
+LABELLED = '%%| label: fig-ch01-flow\n%%| fig-cap: "A flow"\n%%| fig-alt: "Box A, an arrow, box B."\n'
+
 
 @pytest.fixture
 def clean_book(fixture_book: Path, booktools) -> Path:
+    edit(fixture_book / "chapters" / "ch01-alpha.qmd", UNLABELLED, LABELLED)
     assert booktools(fixture_book, "tangle")[0] == 0
     return fixture_book
 
@@ -65,12 +71,12 @@ def chapter(root: Path, name: str = "ch01-alpha") -> Path:
         ),
         pytest.param(
             lambda root: edit(chapter(root), '#| fig-alt: "A rising curve."\n', ""),
-            "chapters/ch01-alpha.qmd:70: figure cell fig-ch01-curve has no `#| fig-alt:`",
+            "chapters/ch01-alpha.qmd:72: figure cell fig-ch01-curve has no `#| fig-alt:`",
             id="figure-without-alt",
         ),
         pytest.param(
             lambda root: edit(chapter(root), '#| fig-cap: "How do pairs grow with n?"\n', ""),
-            "chapters/ch01-alpha.qmd:70: figure cell fig-ch01-curve has no `#| fig-cap:`",
+            "chapters/ch01-alpha.qmd:72: figure cell fig-ch01-curve has no `#| fig-cap:`",
             id="figure-without-caption",
         ),
         pytest.param(
@@ -100,7 +106,7 @@ def chapter(root: Path, name: str = "ch01-alpha") -> Path:
         ),
         pytest.param(
             lambda root: edit(chapter(root), "Models grow; see @fig-ch01-curve.\n:::", "Models grow."),
-            "chapters/ch01-alpha.qmd:52: fenced div opened here (`:::`) is never closed",
+            "chapters/ch01-alpha.qmd:54: fenced div opened here (`:::`) is never closed",
             id="unclosed-callout",
         ),
         pytest.param(
@@ -123,3 +129,83 @@ def test_each_broken_book_is_caught(clean_book, booktools, breakage, expected):
     assert any(problem.startswith(expected) for problem in found), "\n".join(found)
     code, _, err = booktools(clean_book, "check")
     assert code == 1 and expected in err
+
+
+# --- what Quarto trips on although the notebook edition does not -------------------------------
+
+INLINE_CELL = '```{python}\nwords = ", ".join(f"*{w}*" for w in ["hate", "love"])\n```\n\nWords: `{python} words`.\n'
+
+
+@pytest.mark.parametrize(
+    ("breakage", "expected"),
+    [
+        pytest.param(
+            lambda root: chapter(root, "ch02-beta").write_text("---\n---\n" + chapter(root, "ch02-beta").read_text()),
+            "chapters/ch02-beta.qmd:1: empty front matter block (`---` then `---`)",
+            id="empty-front-matter",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), "Four tokens give", "Here $j_{\\text{low}} = $ 3 and $k$ = 2. Four tokens give"),
+            "chapters/ch01-alpha.qmd:34: maths span $j_{\\text{low}} = $ has a space before its closing `$`",
+            id="space-before-closing-dollar",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), "### A detail\n", INLINE_CELL + "\n### A detail\n"),
+            "chapters/ch01-alpha.qmd:40: inline value `{python} words` is a str carrying Markdown (`*…*` emphasis)",
+            id="markdown-in-an-inline-str",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), "### A detail\n", INLINE_CELL.replace('f"*{w}*"', 'f"`{w}`"') + "\n### A detail\n"),
+            "chapters/ch01-alpha.qmd:40: inline value `{python} words` is a str carrying Markdown (backticks)",
+            id="backticks-in-an-inline-str",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), LABELLED, UNLABELLED),
+            "chapters/ch01-alpha.qmd:44: mermaid diagram without `%%| label: fig-…`",
+            id="unlabelled-mermaid",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), "total = pairs(4)", "total = pairs(4)  # " + "x" * 70),
+            "chapters/ch01-alpha.qmd:30: code line is 90 characters; the book's code lines are at most 80",
+            id="code-line-over-80",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), "x = 1\n```", "x = '" + "y" * 80 + "'\n```"),
+            "chapters/ch01-alpha.qmd:82: code line is 86 characters",
+            id="long-line-in-a-shown-block",
+        ),
+    ],
+)
+def test_each_source_problem_quarto_trips_on_is_caught(clean_book, booktools, breakage, expected):
+    breakage(clean_book)
+    found = problems(clean_book)
+    assert any(problem.startswith(expected) for problem in found), "\n".join(found)
+    code, _, err = booktools(clean_book, "check")
+    assert code == 1 and expected in err
+
+
+@pytest.mark.parametrize(
+    "fine",
+    [
+        pytest.param('```{python}\nfrom IPython.display import Markdown\nwords = Markdown("*a*")\n```\n\n`{python} words`\n', id="markdown-object"),
+        pytest.param('```{python}\nwords = "a, b"\n```\n\n`{python} words` and `{python} 2 * 3`\n', id="plain-text-and-arithmetic"),
+        pytest.param("It costs \\$5; $x$, $$y = 1$$ and `$ ls` are fine.\n", id="maths-and-escaped-dollars"),
+        pytest.param("```{mermaid}\n%%| label: fig-ch01-ok\n%%| fig-cap: \"Ok?\"\n%%| fig-alt: \"A.\"\ngraph LR\n  A --> B\n```\n", id="labelled-mermaid"),
+        pytest.param("```{python}\n#| fig-alt: \"" + "long option text " * 10 + "\"\nx = 1\n```\n", id="long-option-lines-are-not-code"),
+    ],
+)
+def test_what_quarto_reads_correctly_passes(clean_book, fine):
+    edit(chapter(clean_book), "### A detail\n", fine + "\n### A detail\n")
+    assert problems(clean_book) == []
+
+
+def test_the_shared_fixture_has_exactly_one_problem_its_unlabelled_diagram(fixture_book, booktools):
+    assert booktools(fixture_book, "tangle")[0] == 0
+    found = problems(fixture_book)
+    assert len(found) == 1 and found[0].startswith("chapters/ch01-alpha.qmd:44: mermaid diagram without"), found
+
+
+def test_code_line_limit_is_what_the_page_fits():
+    from longctx.booktools.check import CODE_LINE_LIMIT
+
+    assert CODE_LINE_LIMIT == 80

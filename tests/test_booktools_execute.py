@@ -8,21 +8,29 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
-from longctx.booktools.execute import _HELPER, _HELPER_SOURCE, _substitute, kernel_env
+from longctx.booktools.execute import _substitute, inline_text, kernel_env
 from longctx.booktools.qmd import INLINE_EXPRESSION
 
 
 def test_inline_values_are_formatted_as_quarto_does():
+    from IPython.core.interactiveshell import InteractiveShell
     from IPython.display import Markdown
 
-    namespace: dict = {}
-    exec(_HELPER_SOURCE, namespace)
-    show = namespace[_HELPER]
+    shell = InteractiveShell.instance()
+
+    def show(value):
+        # the mime bundle a kernel returns for a `user_expressions` entry
+        data, metadata = shell.display_formatter.format(value)
+        return inline_text({"data": data, "metadata": metadata, "status": "ok"})
+
     assert show("64.0 GiB") == "64.0 GiB"  # a str renders without quotes
+    assert show("it's") == "it's"
     assert show(Markdown("**bold**")) == "**bold**"
     assert show(42) == "42"
     assert show(0.5) == "0.5"
     assert show([1, 2]) == "[1, 2]"
+    assert show(("a", 1)) == "('a', 1)"  # a literal that is not a str keeps its repr
+    assert inline_text({"data": {"text/plain": "<object at 0x1>"}}) == "<object at 0x1>"
 
 
 def test_inline_pattern_and_substitution_in_order():
@@ -52,8 +60,12 @@ def test_execute_substitutes_inline_expressions_at_their_position(fixture_book, 
     assert "Four tokens give 10 pairs." in prose
     assert "Now changed." in prose
     assert "{python}" not in prose
-    # every value in the order it was evaluated: the notebook edition reads them from here
-    assert notebook.metadata.longctx.inline == [["label", "10"], ["label", "changed"]]
+    # each markdown cell keeps its values as Jupyter's user_expressions, in order: Quarto and
+    # the notebook edition both read them from there
+    recorded = [entry for cell in notebook.cells for entry in cell.metadata.get("user_expressions", [])]
+    assert [entry["expression"] for entry in recorded] == ["label", "label"]
+    assert [inline_text(entry["result"]) for entry in recorded] == ["10", "changed"]
+    assert recorded[0]["result"]["data"]["text/plain"] == "'10'"
     figure = next(cell for cell in notebook.cells if cell.metadata.get("longctx", {}).get("label") == "fig-ch01-curve")
     assert figure.metadata.longctx.number == "1.1" and figure.metadata.longctx.alt == "A rising curve."
     assert all(cell.get("execution_count") for cell in notebook.cells if cell.cell_type == "code")

@@ -1,4 +1,10 @@
-"""The notebook edition of the book, read in headless Chromium (Debian's, driven by Playwright).
+"""Both editions of the book, read in headless Chromium (Debian's, driven by Playwright).
+
+The Quarto edition (`test_quarto_page_reads_cleanly`, below the notebook edition's test) is the
+one Quarto renders in the session from the same executed chapters (fixture `quarto_book`); it
+skips, saying so, where Quarto is not installed. Its pages get the same checks and more: no raw
+`$`, `*word*` or backticks in the prose, and every code block of at most 80 characters a line
+shown whole (no scrolling) in a 1280 px window.
 
 Builds `_book/` from the executed chapters (once per session, into a temporary folder), serves it
 on 127.0.0.1 and, for every page the book lists: no console errors, no failed requests and none to
@@ -303,4 +309,186 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
             problems.append("the Contents button does not open the chapter list")
     finally:
         page.close()
+    assert not problems, f"{name}:\n  " + "\n  ".join(problems)
+
+
+
+# --- the Quarto edition --------------------------------------------------------------------------
+
+CODE_LINE_LIMIT = 80
+
+
+def _quarto_pages() -> list[str]:
+    """The page Quarto writes for every file _quarto.yml lists (index.html, chapters/*.html)."""
+    book = load_book(ROOT)
+    return [
+        str(Path(entry.path).with_suffix(".html")) for entry in book.entries if (ROOT / entry.path).is_file()
+    ]
+
+
+QUARTO_PAGES = _quarto_pages()
+# Prose a reader sees on a Quarto page: not code, outputs, typeset maths, diagrams or scripts.
+_QUARTO_PROSE = """() => {
+  const skip = new Set(["SCRIPT", "STYLE", "NOSCRIPT", "MJX-CONTAINER", "svg", "SVG", "CODE", "PRE", "KBD",
+                        "SAMP", "NAV", "HEADER", "FOOTER"]);
+  const parts = [];
+  const walk = (node) => {
+    for (const child of node.childNodes) {
+      if (child.nodeType === Node.TEXT_NODE) { parts.push(child.textContent); }
+      else if (child.nodeType === Node.ELEMENT_NODE && !skip.has(child.tagName)
+               && !child.classList.contains("cell-output") && !child.classList.contains("sourceCode")
+               && !child.classList.contains("math")) { walk(child); }
+    }
+  };
+  walk(document.querySelector("main") || document.body);
+  return parts.join("");
+}"""
+# What Markdown looks like when it reached the reader as characters.
+_LEAKS = (
+    ("raw `$` (maths not typeset)", "maths span", re.compile(r"\$|\\\(|\\\)")),
+    ("raw `*word*` (emphasis printed as text)", "inline value", re.compile(r"(?<![\w*])\*[^\s*][^*\n]{0,80}?(?<=\S)\*(?![\w*])")),
+    ("raw backticks (code printed as text)", "inline value", re.compile(r"`")),
+)
+
+
+@pytest.fixture(scope="session")
+def quarto_server(quarto_book):
+    handler = functools.partial(_QuietHandler, directory=str(quarto_book.directory))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _quarto_screenshot(page, path: Path) -> None:
+    page.add_style_tag(
+        content="#quarto-header, #quarto-sidebar, #quarto-margin-sidebar, .sidebar, .headroom "
+        "{ position: static !important; transform: none !important; } html { scroll-behavior: auto !important; }"
+    )
+    _full_page_screenshot(page, path)
+
+
+@pytest.mark.parametrize("name", QUARTO_PAGES)
+def test_quarto_page_reads_cleanly(name, quarto_book, quarto_server, browser, screenshots):
+    from awaiting import awaiting_kind
+
+    book_dir = quarto_book.directory
+    assert (book_dir / name).is_file(), f"{name} was not rendered"
+    problems: list[str] = []
+    excused: list[str] = []
+    page = browser.new_page()
+    host = urllib.parse.urlsplit(quarto_server).hostname
+    source = str(Path(name).with_suffix(".qmd"))
+
+    def on_request(request):
+        requested = urllib.parse.urlsplit(request.url)
+        if requested.scheme in ("http", "https", "ws", "wss") and requested.hostname != host:
+            problems.append(f"request to another host: {request.url}")
+
+    page.on("console", lambda message: message.type == "error" and problems.append(f"console error: {message.text}"))
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    page.on("request", on_request)
+    page.on("requestfailed", lambda request: problems.append(f"request failed: {request.url} ({request.failure})"))
+    page.on("response", lambda response: response.status >= 400 and problems.append(f"HTTP {response.status}: {response.url}"))
+    shots = screenshots / "quarto"
+    shots.mkdir(exist_ok=True)
+    try:
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.goto(quarto_server + name, wait_until="load", timeout=120_000)
+        page.wait_for_function(
+            "() => Array.from(document.querySelectorAll('pre.mermaid-js')).every(d => d.querySelector('svg'))",
+            timeout=60_000,
+        )
+        page.evaluate(
+            "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) ? "
+            "MathJax.startup.promise.then(() => true) : true"
+        )
+        page.wait_for_load_state("networkidle", timeout=120_000)
+
+        images = page.evaluate(
+            "() => Array.from(document.images).map(i => ({src: i.getAttribute('src'), "
+            "ok: i.complete && i.naturalWidth > 0, alt: (i.getAttribute('alt') || '').trim(), "
+            "fits: i.getBoundingClientRect().width <= (i.closest('main') || document.body).clientWidth + 1}))"
+        )
+        for image in images:
+            if not image["ok"]:
+                problems.append(f"image did not load: {image['src']}")
+            if not image["alt"]:
+                problems.append(f"image without alt text: {image['src']}")
+            if not image["fits"]:
+                problems.append(f"image wider than the text column: {image['src']}")
+
+        html_source = (book_dir / name).read_text(encoding="utf-8")
+        if 'class="math' in html_source:
+            if page.evaluate("() => document.querySelectorAll('mjx-container').length") == 0:
+                problems.append("the page has maths but none was typeset")
+        errors = page.evaluate("() => Array.from(document.querySelectorAll('mjx-merror')).map(e => e.textContent)")
+        problems += [f"MathJax error: {error}" for error in errors]
+        diagrams = page.evaluate(
+            "() => Array.from(document.querySelectorAll('pre.mermaid-js')).map(d => ({svg: !!d.querySelector('svg'), "
+            "error: !!d.querySelector('svg[aria-roledescription=error]'), text: d.textContent.slice(0, 60)}))"
+        )
+        for diagram in diagrams:
+            if not diagram["svg"] or diagram["error"]:
+                problems.append(f"mermaid diagram not rendered: {diagram['text']!r}")
+
+        text = page.evaluate(_QUARTO_PROSE)
+        for match in RAW_QUARTO.finditer(text):
+            start = max(0, match.start() - 40)
+            problems.append(f"raw Quarto syntax {match.group(0)!r} in: ...{text[start : match.end() + 40]!r}")
+        for what, kind, pattern in _LEAKS:
+            for match in pattern.finditer(text):
+                start = max(0, match.start() - 40)
+                found = f"{what}: ...{text[start : match.end() + 40]!r}"
+                (excused if awaiting_kind(source, kind) else problems).append(found)
+
+        links = page.evaluate("() => Array.from(document.querySelectorAll('a[href]')).map(a => a.href)")
+        for link in sorted(set(links)):
+            target = urllib.parse.urlsplit(link)
+            if target.scheme in ("data", "mailto") or target.hostname != host:
+                continue
+            path = urllib.parse.unquote(target.path).lstrip("/") or "index.html"
+            file = book_dir / path
+            if file.is_dir():
+                file = file / "index.html"
+            if not file.is_file():
+                problems.append(f"broken link: {link} (no file {path})")
+            elif target.fragment and file.suffix == ".html" and urllib.parse.unquote(target.fragment) not in _ids_in(file):
+                problems.append(f"broken link: {link} (no id #{target.fragment} in {path})")
+
+        wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        if wide > 0:
+            problems.append(f"the page scrolls sideways by {wide} px at 1280 px: {_overflowing(page)}")
+        stem = name.replace("/", "-").removesuffix(".html")
+        _quarto_screenshot(page, shots / f"{stem}.png")
+
+        # Code: a block whose lines are at most 80 characters is shown whole, without scrolling
+        # (folded code and collapsed callouts opened first, as a reader would).
+        page.evaluate(
+            "() => { document.querySelectorAll('details').forEach(d => { d.open = true; });"
+            " document.querySelectorAll('.callout-collapse.collapse').forEach(c => c.classList.add('show')); }"
+        )
+        blocks = page.evaluate(
+            """() => Array.from(document.querySelectorAll('div.sourceCode pre, div.cell-output pre')).map(pre => ({
+                 longest: Math.max(0, ...pre.textContent.replace(/\\n$/, '').split('\\n').map(line => line.length)),
+                 scrolls: pre.scrollWidth > pre.clientWidth + 1,
+                 first: pre.innerText.slice(0, 60)}))"""
+        )
+        for block in blocks:
+            if block["longest"] <= CODE_LINE_LIMIT and block["scrolls"]:
+                problems.append(f"a code block of {block['longest']}-character lines scrolls at 1280 px: {block['first']!r}")
+
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.evaluate("() => window.scrollTo(0, 0)")
+        page.wait_for_timeout(300)
+        wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        if wide > 0:
+            problems.append(f"the page scrolls sideways by {wide} px on a 390 px screen: {_overflowing(page)}")
+        page.screenshot(path=str(shots / f"{stem}-narrow.png"))
+    finally:
+        page.close()
+    if excused:
+        print(f"{name}: {len(excused)} problem(s) awaiting other branches (tests/awaiting.py): {excused[:3]}")
     assert not problems, f"{name}:\n  " + "\n  ".join(problems)

@@ -91,3 +91,45 @@ def test_code_tests_and_benchmarks_are_lint_clean():
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "code", "tests", "benchmarks"], cwd=ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_publish_workflow_renders_with_quarto_and_deploys_the_book_to_pages():
+    """.github/workflows/publish.yml is a valid workflow: Quarto's setup action, `make book`, Pages."""
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "publish.yml").read_text())
+    triggers = workflow[True] if True in workflow else workflow["on"]  # YAML 1.1 reads `on:` as True
+    assert triggers["push"]["branches"] == ["main"] and "workflow_dispatch" in triggers
+    assert workflow["permissions"] == {"contents": "read", "pages": "write", "id-token": "write"}
+    jobs = workflow["jobs"]
+    for job in jobs.values():
+        assert job["runs-on"] == "ubuntu-latest" and job["steps"]
+        for step in job["steps"]:
+            assert set(step) <= {"name", "uses", "with", "run", "id", "env"}, step
+            assert ("uses" in step) != ("run" in step), step
+    steps = jobs["render"]["steps"]
+    uses = [step.get("uses", "") for step in steps]
+    setup = next(step for step in steps if step.get("uses", "").startswith("quarto-dev/quarto-actions/setup@"))
+    assert setup["with"]["version"] == "1.7.34"
+    assert uses.index(setup["uses"]) < next(i for i, step in enumerate(steps) if step.get("run") == "make book")
+    upload = next(step for step in steps if step.get("uses", "").startswith("actions/upload-pages-artifact@"))
+    assert upload["with"]["path"] == "_book"
+    publish = jobs["publish"]
+    assert publish["needs"] == "render" and publish["environment"]["name"] == "github-pages"
+    assert [step["uses"].split("@")[0] for step in publish["steps"]] == ["actions/deploy-pages"]
+
+
+def test_quarto_project_says_where_the_book_is_published_and_its_source():
+    config = yaml.safe_load((ROOT / "_quarto.yml").read_text())
+    book = config["book"]
+    assert book["site-url"].startswith("https://") and book["site-url"].endswith("/")
+    assert book["repo-url"].startswith("https://github.com/")
+    assert book["repo-actions"] == ["source", "issue"]
+    assert config["lang"] == "en"
+    assert (ROOT / book["favicon"]).is_file()
+    for asset in (config["format"]["html"]["theme"][1], config["format"]["epub"]["css"]):
+        assert (ROOT / asset).is_file(), asset
+
+
+def test_ci_installs_what_the_quarto_edition_tests_need():
+    script = (ROOT / ".ci/run").read_text()
+    assert "../shared/quarto-kit/setup.sh" in script and "PATH=" in script
+    assert "epubcheck" in script and "chromium" in script

@@ -7,6 +7,7 @@ Run as `python -m longctx.booktools <verb>`:
 - `execute [FILE...]`: run the notebooks in fresh kernels -> _build/executed/
 - `check`: cross-references, citations, labels, captions, chapter list, generated modules
 - `html`: the notebook edition of the book -> _book/
+- `quarto`: the Quarto edition (HTML, EPUB; PDF with TeX) rendered from the executed chapters -> _book/
 
 Submodules are imported lazily so that `tangle` starts fast.
 """

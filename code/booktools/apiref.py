@@ -6,8 +6,16 @@ the section of the chapter whose `# @save` cell defines it. The defining cell is
 from the `# chapters/FILE.qmd:LINE` comments the tangle step writes before each saved
 block in `code/chNN/_generated.py`; the section is the last heading above that line, and
 the link's fragment is the id Quarto gives that heading (its `sec-` label, else Pandoc's
-slug), which the notebook edition gives it too. Links are relative (`ch03-long-context.html#sec-ch03-rope`):
-the appendix page sits beside the chapter pages in both editions.
+slug), which the notebook edition gives it too. `ApiEntry.href` names the page
+(`ch03-long-context.html#sec-ch03-rope`); the Markdown links by fragment alone
+(`#sec-ch03-rope`), the one form every edition resolves to the right page: Quarto's HTML
+book and its post-render step, Pandoc's EPUB (where chapters are `chNNN.xhtml` files) and the
+notebook edition.
+
+Signatures longer than the book's code lines (80 characters) are broken one parameter per
+line, as a formatter would, inside a Python code block, so they fit the page.
+
+The book is read once per call: one `_quarto.yml`, each chapter parsed and walked once.
 
 The appendix's only cell is
 
@@ -29,7 +37,7 @@ from .book import find_root, load_book
 from .html import heading_ids
 from .numbering import Numbering, compute_numbering
 
-__all__ = ["ApiEntry", "api_entries", "api_reference", "api_reference_markdown", "defining_lines"]
+__all__ = ["ApiEntry", "api_entries", "api_reference", "api_reference_markdown", "defining_lines", "wrap_signature"]
 
 SOURCE_COMMENT = re.compile(r"^# (?P<file>\S+\.qmd):(?P<line>\d+)\s*$")
 REFERENCE = re.compile(r"\[?@(?P<label>(?:fig|tbl|eq|sec)-[A-Za-z0-9_-]*[A-Za-z0-9])\]?")
@@ -78,6 +86,53 @@ def defining_lines(generated: Path) -> dict[str, tuple[str, int]]:
     return found
 
 
+SIGNATURE_WIDTH = 80
+
+
+def _split_top_level(text: str) -> list[str]:
+    """`a: int, b: dict[str, int] = {}` -> ["a: int", "b: dict[str, int] = {}"] (commas inside brackets or quotes stay)."""
+    parts, depth, quote, current = [], 0, None, []
+    for char in text:
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        current.append(char)
+    if "".join(current).strip():
+        parts.append("".join(current).strip())
+    return parts
+
+
+def wrap_signature(signature: str, width: int = SIGNATURE_WIDTH) -> str:
+    """A signature on one line when it fits `width`, else one parameter per line.
+
+    `f(a, b) -> int` stays as it is; a longer one becomes
+    `f(\n    a,\n    b,\n) -> int`, the layout Python formatters use.
+    """
+    if len(signature) <= width or "(" not in signature:
+        return signature
+    name, _, rest = signature.partition("(")
+    depth, close = 1, None
+    for index, char in enumerate(rest):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            close = index
+            break
+    if close is None:
+        return signature
+    params, tail = _split_top_level(rest[:close]), rest[close + 1 :]
+    lines = [f"{name}("] + [f"    {param}," for param in params] + [f"){tail}"]
+    return "\n".join(lines)
+
+
 def _signature(name: str, obj) -> tuple[str, str]:
     if inspect.isclass(obj):
         try:
@@ -104,13 +159,18 @@ def _summary(obj, kind: str) -> str:
     return " ".join(line.strip() for line in paragraph.split("\n"))
 
 
-def _section_for(numbering: Numbering, file: str, line: int) -> tuple[str | None, str | None]:
+def _section_for(
+    numbering: Numbering, file: str, line: int, ids_cache: dict | None = None
+) -> tuple[str | None, str | None]:
     info = numbering.chapter(file)
     if info is None or info.document is None:
         return None, None
     page = f"{Path(file).stem}.html"
     chosen = None
-    for heading, ident in heading_ids(info.document):
+    cache = ids_cache if ids_cache is not None else {}
+    if file not in cache:
+        cache[file] = heading_ids(info.document)  # one walk per chapter, not one per name
+    for heading, ident in cache[file]:
         if heading.line < line:
             chosen = (heading, ident)
         else:
@@ -127,11 +187,20 @@ def _section_for(numbering: Numbering, file: str, line: int) -> tuple[str | None
     return text, f"{page}#{ident}"
 
 
-def api_entries(root: Path | str | None = None) -> list[ApiEntry]:
-    """Every public name of every chapter module that exists, in book order."""
+def api_entries(
+    root: Path | str | None = None, numbering: Numbering | None = None, ids_cache: dict | None = None
+) -> list[ApiEntry]:
+    """Every public name of every chapter module that exists, in book order.
+
+    Args:
+        root: the book's root (default: found from the working directory).
+        numbering: the book's numbering when the caller has computed it (the book is then
+            not read again).
+    """
     root = Path(root) if root is not None else find_root()
-    book = load_book(root)
-    numbering = compute_numbering(book)
+    book = load_book(root)  # the chapter list only; the chapters are parsed by compute_numbering
+    numbering = numbering or compute_numbering(book)
+    ids_cache = {} if ids_cache is None else ids_cache
     entries: list[ApiEntry] = []
     for chapter in book.module_entries:
         module_name = f"longctx.{chapter.module}"
@@ -144,7 +213,7 @@ def api_entries(root: Path | str | None = None) -> list[ApiEntry]:
             obj = getattr(module, name)
             kind, signature = _signature(name, obj)
             file, line = lines.get(name, (None, None))
-            section, href = _section_for(numbering, file, line) if file else (None, None)
+            section, href = _section_for(numbering, file, line, ids_cache) if file else (None, None)
             entries.append(
                 ApiEntry(module_name, name, kind, signature, _summary(obj, kind), file, line, section, href)
             )
@@ -158,8 +227,7 @@ def _references_to_links(text: str, numbering: Numbering) -> str:
         target = numbering.targets.get(match.group("label"))
         if target is None:
             return match.group("label")
-        page = f"{Path(target.file).stem}.html"
-        return f"[{target.text}]({page}#{target.label})"
+        return f"[{target.text}](#{target.label})"
 
     return REFERENCE.sub(replace, text)
 
@@ -175,10 +243,12 @@ def _plain_annotations(signature: str) -> str:
 
 
 def api_reference_markdown(root: Path | str | None = None) -> str:
-    """The API reference as Markdown: one list per chapter module, one item per public name."""
+    """The API reference as Markdown: per chapter module, each public name's signature (a Python
+    code block), the first paragraph of its docstring and a link to the section that defines it."""
     root = Path(root) if root is not None else find_root()
-    numbering = compute_numbering(load_book(root))
-    entries = api_entries(root)
+    numbering = compute_numbering(load_book(root))  # parses and walks every listed file once
+    _HEADING_IDS.clear()
+    entries = api_entries(root, numbering, _HEADING_IDS)
     if not entries:
         return "No chapter module exists yet: run `make tangle`."
     titles = {info.entry.module: info for info in numbering.chapters if info.entry.module}
@@ -190,20 +260,40 @@ def api_reference_markdown(root: Path | str | None = None) -> str:
             short = current.rsplit(".", 1)[-1]
             info = titles.get(short)
             chapter = f"Chapter {info.number}, {info.title}" if info is not None and info.number else short
-            page = f"{Path(info.entry.path).stem}.html" if info is not None else None
-            heading = f"[{chapter}]({page})" if page else chapter
+            anchor = _chapter_anchor(numbering, info)
+            heading = f"[{chapter}](#{anchor})" if anchor else chapter
             count = sum(1 for item in entries if item.module == current)
-            out.append(f"\n**`{current}`** — {heading} ({count} public names)\n")
-        parts = [f"- `{entry.signature}`" + ("\\" if entry.summary or entry.href else "")]
+            out.append(f"**`{current}`**: {heading} ({count} public names)")
+        parts = ["```python", wrap_signature(entry.signature), "```", ""]
+        words = []
         if entry.summary:
-            summary = _references_to_links(_escape_markdown(entry.summary), numbering)
-            parts.append(f"  {summary}" + ("\\" if entry.href else ""))
+            words.append(_references_to_links(_escape_markdown(entry.summary), numbering))
         elif entry.kind == "constant":
-            parts.append("  A constant." + ("\\" if entry.href else ""))
-        if entry.href:
-            parts.append(f"  Defined in [{entry.section}]({entry.href}).")
-        out.append("\n".join(parts))
-    return "\n".join(out).strip() + "\n"
+            words.append("A constant.")
+        fragment = entry.href.partition("#")[2] if entry.href else ""
+        if entry.href and not fragment:  # defined before the chapter's first section
+            fragment = _chapter_anchor(numbering, numbering.chapter(entry.file)) or ""
+        if fragment:
+            words.append(f"Defined in [{entry.section}](#{fragment}).")
+        if words:
+            parts.append(" ".join(words))
+        out.append("\n".join(parts).rstrip())
+    return "\n\n".join(out).strip() + "\n"
+
+
+_HEADING_IDS: dict = {}  # per api_reference_markdown call: file -> heading_ids (one walk per chapter)
+
+
+def _chapter_anchor(numbering: Numbering, info) -> str | None:
+    """The id of a chapter's title heading (its `sec-` label, else Pandoc's slug)."""
+    if info is None or info.document is None:
+        return None
+    if info.display not in _HEADING_IDS:
+        _HEADING_IDS[info.display] = heading_ids(info.document)
+    for heading, ident in _HEADING_IDS[info.display]:
+        if heading.level == 1:
+            return ident
+    return None
 
 
 def api_reference(root: Path | str | None = None):

@@ -7,7 +7,10 @@
 - every figure cell (label `fig-…`) has `fig-cap` and `fig-alt`; every table cell `tbl-cap`;
 - `_quarto.yml` lists exactly the chapter files in chapters/, and each listed file exists;
 - no chapter imports a later chapter (in any cell); `# @save` only in chNN-*.qmd files;
-- the generated modules are current (`tangle --check`) and tangle without errors.
+- the generated modules are current (`tangle --check`) and tangle without errors;
+- what Quarto trips on although the notebook edition does not (`source_problems`): an empty
+  front-matter block, a maths span with a space before its closing `$`, an inline value that
+  is a str carrying Markdown, an unlabelled mermaid diagram, a code line over 80 characters.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from .book import MODULE_FILE, Book, load_book
 from .numbering import LABEL_KINDS
 from .qmd import CODE_SPAN, EQUATION_LABEL, IMAGE_LABEL, PIPE_CAPTION, REFERENCE, CellItem, Line, walk
 
-__all__ = ["check_book", "main_check"]
+__all__ = ["CODE_LINE_LIMIT", "check_book", "main_check", "source_problems"]
 
 
 def _label_scope(path: str) -> str | None:
@@ -90,6 +93,8 @@ def check_book(book: Book) -> list[str]:
         items, walk_problems = walk(doc)
         for error in walk_problems:
             add(error.path, error.line, error.message)
+        for line, message in source_problems(doc):
+            add(display, line, message)
 
         def check_label(label: str, line: int, allowed: tuple[str, ...], display=display, scope=scope) -> None:
             prefix = label.split("-", 1)[0]
@@ -198,3 +203,201 @@ def main_check(root: Path, args) -> int:
         return 1
     print("check: the book is consistent")
     return 0
+
+
+# ---------------------------------------------------------------------------
+# Source problems that Quarto and Pandoc trip on, though the notebook edition hides them.
+# Each check is one self-contained function of a parsed document that returns
+# (line, message) pairs; `source_problems` runs them all. Their patterns are their own.
+
+CODE_LINE_LIMIT = 80
+"""The longest line a chapter's code may have: 80 characters fit the text column of both
+editions at 1280 px without scrolling (tests/test_quarto_edition.py measures it)."""
+
+_SRC_CODE_SPAN = re.compile(r"(`+)(?:[^`]|(?!\1)`)*?\1(?!`)", re.DOTALL)
+_SRC_DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.DOTALL)
+_SRC_INLINE = re.compile(r"`\{python\}[ \t]+(?P<expr>[^`]+?)[ \t]*`")
+# Markdown a plain str value would carry to the reader as raw characters.
+_SRC_MARKDOWN_IN_TEXT = (
+    ("backticks", re.compile(r"`")),
+    ("`*…*` emphasis", re.compile(r"(?<![*\\])(\*\*?)(?=[^\s*])[^\n]*?(?<=[^\s*\\])\1")),
+    ("`_…_` emphasis", re.compile(r"(?<![\w\\])(__?)(?=[^\s_])[^\n]*?(?<=[^\s_\\])\1(?!\w)")),
+    ("a `[…](…)` link", re.compile(r"\[[^\]\n]+\]\([^)\n]+\)")),
+    ("`$…$` maths", re.compile(r"(?<![\\$])\$(?=[^\s$])[^$\n]*?(?<=[^\s\\])\$(?!\$)")),
+)
+
+
+def source_problems(doc) -> list[tuple[int, str]]:
+    """Every source problem of one parsed document that Quarto trips on, as (line, message)."""
+    return sorted(
+        empty_front_matter(doc)
+        + maths_with_space_before_closing_dollar(doc)
+        + markdown_in_inline_values(doc)
+        + unlabelled_mermaid(doc)
+        + long_code_lines(doc)
+    )
+
+
+def empty_front_matter(doc) -> list[tuple[int, str]]:
+    """A `---` `---` block with nothing in it: Pandoc reads it as a rule and a dash paragraph."""
+    if doc.front_matter_lines and not doc.front_matter:
+        return [
+            (
+                1,
+                "empty front matter block (`---` then `---`): Pandoc reads it as a rule and a "
+                "paragraph holding a dash, which Quarto turns into a chapter of its own; delete both lines",
+            )
+        ]
+    return []
+
+
+def _blank_out(pattern: re.Pattern, text: str) -> str:
+    """`text` with every match of `pattern` replaced by spaces (newlines kept, so offsets stay)."""
+    return pattern.sub(lambda match: re.sub(r"[^\n]", " ", match.group(0)), text)
+
+
+def maths_with_space_before_closing_dollar(doc) -> list[tuple[int, str]]:
+    """`$j = $`: Pandoc's inline maths must end on a non-space, so it prints both `$` as text."""
+    found = []
+    for block in doc.markdown:
+        text = block.text.replace("\\$", "  ")
+        text = _blank_out(_SRC_DISPLAY_MATH, _blank_out(_SRC_CODE_SPAN, text))
+        offset = 0
+        for paragraph in re.split(r"(\n[ \t]*\n)", text):
+            dollars = [m.start() for m in re.finditer(r"\$", paragraph)]
+            for opening, closing in zip(dollars[0::2], dollars[1::2], strict=False):
+                if paragraph[closing - 1].isspace() and not paragraph[opening + 1].isspace():
+                    line = block.line + text.count("\n", 0, offset + closing)
+                    span = " ".join(paragraph[opening : closing + 1].split())
+                    found.append(
+                        (
+                            line,
+                            f"maths span {span} has a space before its closing `$`, so Pandoc prints it "
+                            "as text; end the span on a non-space character (`$x$ = …`)",
+                        )
+                    )
+            offset += len(paragraph)
+    return found
+
+
+def _string_templates(node: ast.AST) -> list[str]:
+    """The text every string literal inside `node` contributes; f-string values become `x`."""
+    found = []
+    for child in ast.walk(node):
+        if isinstance(child, ast.JoinedStr):
+            found.append(
+                "".join(
+                    part.value if isinstance(part, ast.Constant) and isinstance(part.value, str) else "x"
+                    for part in child.values
+                )
+            )
+        elif isinstance(child, ast.Constant) and isinstance(child.value, str):
+            found.append(child.value)
+    return found
+
+
+def _displayed_as_markdown(node: ast.AST) -> bool:
+    """Whether an expression is `Markdown(...)` (IPython.display.Markdown), which Quarto renders."""
+    if isinstance(node, ast.Call):
+        function = node.func
+        name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
+        return name == "Markdown"
+    return False
+
+
+def markdown_in_inline_values(doc) -> list[tuple[int, str]]:
+    """An inline value that is a plain str holding Markdown: Quarto escapes it, so the marks show.
+
+    Static: the expression itself, or the chapter's last assignment to the name before the
+    prose uses it, is searched for string literals carrying Markdown (f-string values count
+    as text). A value wrapped in `Markdown(...)` is rendered as Markdown and passes.
+    """
+    assignments: list[tuple[int, str, ast.AST]] = []
+    for cell in doc.python_cells:
+        try:
+            tree = ast.parse("\n".join(cell.code_lines))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                targets = [target.id for target in node.targets if isinstance(target, ast.Name)]
+            elif isinstance(node, ast.AnnAssign | ast.AugAssign) and isinstance(node.target, ast.Name):
+                targets = [node.target.id]
+            else:
+                continue
+            if node.value is not None:
+                for name in targets:
+                    assignments.append((cell.code_line + node.lineno - 1, name, node.value))
+    found = []
+    for block in doc.markdown:
+        for offset, text in enumerate(block.lines):
+            line = block.line + offset
+            for match in _SRC_INLINE.finditer(text):
+                expression = match.group("expr")
+                try:
+                    node = ast.parse(expression, mode="eval").body
+                except SyntaxError:
+                    continue
+                if _displayed_as_markdown(node):
+                    continue
+                values = [node]
+                if isinstance(node, ast.Name):
+                    before = [value for at, name, value in assignments if name == node.id and at < line]
+                    values = before[-1:] or [value for _, name, value in assignments if name == node.id][-1:]
+                for value in values:
+                    if _displayed_as_markdown(value):
+                        continue
+                    kinds = [
+                        kind
+                        for kind, pattern in _SRC_MARKDOWN_IN_TEXT
+                        if any(pattern.search(template) for template in _string_templates(value))
+                    ]
+                    if kinds:
+                        found.append(
+                            (
+                                line,
+                                f"inline value `{{python}} {expression}` is a str carrying Markdown "
+                                f"({', '.join(kinds)}); Quarto prints a str as plain text, so the reader "
+                                "sees the marks: make the value plain text, or wrap it in "
+                                "IPython.display.Markdown",
+                            )
+                        )
+    return found
+
+
+def unlabelled_mermaid(doc) -> list[tuple[int, str]]:
+    """A ```{mermaid} diagram without `%%| label: fig-…`: Quarto's EPUB writes it as malformed XHTML."""
+    found = []
+    for cell in doc.cells:
+        if cell.executable and cell.lang == "mermaid" and not str(cell.label or "").startswith("fig-"):
+            found.append(
+                (
+                    cell.line,
+                    "mermaid diagram without `%%| label: fig-…`: Quarto 1.7's EPUB wraps an unlabelled "
+                    "diagram in markup that is not valid XHTML; label it as a figure and give it "
+                    "`%%| fig-cap:` and `%%| fig-alt:`",
+                )
+            )
+    return found
+
+
+def long_code_lines(doc, limit: int = CODE_LINE_LIMIT) -> list[tuple[int, str]]:
+    """Lines of code a reader sees (every fenced block but diagrams) longer than `limit`."""
+    found = []
+    for cell in doc.cells:
+        if cell.executable and not cell.is_python:
+            continue  # {mermaid}, {dot}: drawn, not shown as code
+        first = cell.code_line if cell.executable else cell.line + 1
+        lines = cell.code_lines if cell.executable else cell.lines
+        for offset, text in enumerate(lines):
+            if text.startswith(cell.indent):
+                text = text[len(cell.indent) :]
+            if len(text) > limit:
+                found.append(
+                    (
+                        first + offset,
+                        f"code line is {len(text)} characters; the book's code lines are at most {limit} "
+                        "so that they fit the page",
+                    )
+                )
+    return found

@@ -85,6 +85,15 @@ def cmd_html(args: argparse.Namespace) -> int:
     return int(html.main(argv) or 0)
 
 
+def cmd_quarto(args: argparse.Namespace) -> int:
+    from .quarto import main
+
+    argv = list(args.html_args)
+    if args.root:
+        argv = ["--root", args.root, *argv]
+    return int(main(argv) or 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m longctx.booktools",
@@ -122,16 +131,22 @@ def build_parser() -> argparse.ArgumentParser:
     html = verbs.add_parser("html", help="build the notebook edition of the book into _book/", add_help=False)
     html.add_argument("html_args", nargs=argparse.REMAINDER, help="arguments for the html builder")
     html.set_defaults(run=cmd_html)
+
+    quarto = verbs.add_parser(
+        "quarto", help="render the Quarto edition into _book/ from the executed chapters", add_help=False
+    )
+    quarto.add_argument("html_args", nargs=argparse.REMAINDER, help="arguments for the Quarto renderer")
+    quarto.set_defaults(run=cmd_quarto)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    # `html` hands its options to the html builder's own parser; argparse's REMAINDER does not capture
+    # `html` and `quarto` hand their options to their builders' own parsers; argparse's REMAINDER does not capture
     # options that come straight after a subcommand (`html --out X`), so collect them explicitly.
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        if args.verb != "html":
+        if args.verb not in ("html", "quarto"):
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         args.html_args = [*unknown, *args.html_args]
     if getattr(args, "jobs", 1) is not None and getattr(args, "jobs", 1) < 1:

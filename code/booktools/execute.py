@@ -6,9 +6,11 @@ expressions `` `{python} expr` `` are evaluated when the cell is reached, that i
 the code cells above it and before the next one runs, as Quarto does, and replaced by
 their value formatted as Quarto formats them: a `str` as its text (no quotes), an
 object with `_repr_markdown_` (e.g. `IPython.display.Markdown`) as that markdown,
-anything else as its `repr` (the `text/plain` form). The notebook's metadata
-`longctx.inline` keeps every `[expression, value]` in the order they were evaluated:
-the notebook edition renders the chapter's own source and takes the values from there.
+anything else as its `repr` (the `text/plain` form). Each markdown cell keeps its
+expressions' raw results as Jupyter's `user_expressions` metadata (expression, mime bundle),
+in the order they were evaluated: it is the one record of inline values. Quarto renders the
+chapter from it (`booktools quarto`), and the notebook edition formats it with
+`inline_text`, the same function that fills in the executed notebook's markdown.
 
 A failing cell is reported as `chapters/FILE.qmd:LINE: ...` with the traceback's last
 lines; that chapter's executed notebook is not written (a stale one is removed).
@@ -29,24 +31,9 @@ from pathlib import Path
 from .book import Book, load_book
 from .qmd import INLINE_EXPRESSION
 
-__all__ = ["ChapterRun", "execute_notebook", "execute_book", "main_execute"]
+__all__ = ["ChapterRun", "inline_text", "execute_notebook", "execute_book", "main_execute"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_HELPER = "__longctx_inline__"
-_HELPER_SOURCE = f'''
-def {_HELPER}(value):
-    """Format an inline expression's value as Quarto does."""
-    if isinstance(value, str):
-        return value
-    markdown = getattr(value, "_repr_markdown_", None)
-    if callable(markdown):
-        shown = markdown()
-        if isinstance(shown, tuple):
-            shown = shown[0]
-        if shown is not None:
-            return str(shown)
-    return repr(value)
-'''
 
 
 class InlineError(Exception):
@@ -91,27 +78,49 @@ def _qmd_line_of(root: Path, source: str, needle: str) -> int:
     return 0
 
 
-def _evaluate_inline(client, expressions: list[str], timeout: int) -> list[str]:
-    """Evaluate expressions in the running kernel; returns their formatted values."""
-    wanted = {f"e{index}": f"{_HELPER}(({expr}))" for index, expr in enumerate(expressions)}
+def inline_text(result: dict) -> str:
+    """An inline expression's value as Quarto prints it, from its `user_expressions` result.
+
+    A `str` is its text (no quotes), an object with `_repr_markdown_` its markdown, anything
+    else its `text/plain` form (its `repr`).
+    """
+    data = result.get("data", {})
+    if "text/markdown" in data:
+        return str(data["text/markdown"])
+    plain = str(data.get("text/plain", ""))
+    try:
+        value = ast.literal_eval(plain)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return plain
+    return value if isinstance(value, str) else plain
+
+
+def _evaluate_inline(client, expressions: list[str]) -> list[dict]:
+    """Evaluate expressions in the running kernel; returns their `user_expressions` entries.
+
+    Each entry is `{"expression": ..., "result": {"data", "metadata", "status"}}`, the form
+    Jupyter and Quarto use; `inline_text` turns one into the text a reader sees.
+    """
+    wanted = {f"e{index}": f"({expr})" for index, expr in enumerate(expressions)}
     msg_id = client.kc.execute("", silent=True, store_history=False, user_expressions=wanted)
     reply = client.wait_for_reply(msg_id)
     if reply is None:
         raise InlineError("the kernel did not answer")
     results = reply["content"].get("user_expressions", {})
-    values = []
+    entries = []
     for index, expr in enumerate(expressions):
         result = results.get(f"e{index}", {})
         if result.get("status") != "ok":
             name = result.get("ename", "Error")
             value = result.get("evalue", "")
             raise InlineError(f"inline expression `{{python}} {expr}` failed: {name}: {_ANSI.sub('', value)}")
-        plain = result.get("data", {}).get("text/plain", "")
-        try:
-            values.append(str(ast.literal_eval(plain)))
-        except (ValueError, SyntaxError):
-            values.append(plain)
-    return values
+        entries.append(
+            {
+                "expression": expr.strip(),
+                "result": {"data": result.get("data", {}), "metadata": result.get("metadata", {}), "status": "ok"},
+            }
+        )
+    return entries
 
 
 def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1):
@@ -142,11 +151,8 @@ def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1)
         allow_errors=False,
     )
     current = {"line": 0}
-    recorded: list[list[str]] = []  # [expression, value] in the order they are evaluated
     # The kernel's own log (not cell output, which comes over the protocol) is noise here.
     with client.setup_kernel(env=kernel_env(jobs), stderr=subprocess.DEVNULL):
-        helper_id = client.kc.execute(_HELPER_SOURCE, silent=True, store_history=False)
-        client.wait_for_reply(helper_id)
         for index, cell in enumerate(notebook.cells):
             if cell.cell_type == "code":
                 line = cell.metadata.get("longctx", {}).get("line", 0)
@@ -164,14 +170,13 @@ def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1)
                 if not expressions:
                     continue
                 try:
-                    values = _evaluate_inline(client, expressions, timeout)
+                    raw = _evaluate_inline(client, expressions)
                 except InlineError as exc:
                     failing = str(exc).split("`")[1] if "`" in str(exc) else ""
                     line = _qmd_line_of(root, source, f"`{failing}`") if failing else 0
                     raise CellFailure(f"{source}:{line}: {exc}") from None
-                cell.source = _substitute(cell.source, values)
-                recorded += [[expression, value] for expression, value in zip(expressions, values, strict=True)]
-    notebook.metadata.setdefault("longctx", {})["inline"] = recorded
+                cell.source = _substitute(cell.source, [inline_text(entry["result"]) for entry in raw])
+                cell.metadata["user_expressions"] = raw
     return notebook
 
 

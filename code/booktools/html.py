@@ -53,6 +53,7 @@ from pygments.util import ClassNotFound
 from . import qmd
 from .bib import citeproc_arguments
 from .book import Book, BookError, find_root, load_book
+from .execute import inline_text
 from .numbering import ChapterInfo, Numbering, page_name
 from .pandoc import PandocError, run_pandoc
 
@@ -225,8 +226,8 @@ class _PageSource:
                 line = (cell.metadata.get("longctx") or {}).get("line")
                 if line is not None:
                     self.outputs[int(line)] = cell.get("outputs", [])
-        for expression, value in (notebook.metadata.get("longctx") or {}).get("inline", []):
-            self.values[expression].append(value)
+            for entry in cell.metadata.get("user_expressions", []):
+                self.values[entry["expression"]].append(inline_text(entry["result"]))
 
     def error(self, line: int, message: str) -> BookError:
         return BookError(f"{self.document.display}:{line}: {message}")
@@ -259,7 +260,7 @@ class _PageSource:
             return text
 
         def value(match: re.Match) -> str:
-            queue = self.values.get(match.group("expr"))
+            queue = self.values.get(match.group("expr").strip())
             if not queue:
                 raise self.error(
                     line,

@@ -1,0 +1,496 @@
+"""The Quarto edition: Quarto renders the chapters that the notebook executor has already run.
+
+`python -m longctx.booktools quarto` (what `make book` runs where Quarto exists):
+
+1. **Stage.** Every file `_quarto.yml` lists becomes a Quarto notebook in `_build/quarto/`:
+   its markdown exactly as written (Quarto's cross-references, callouts, diagrams, inline
+   expressions), its Python cells with their `#|` options, and the outputs and inline values
+   of the executed notebook in `_build/executed/` (`user_expressions`, which Quarto reads as
+   it reads its own execution). A copy of `_quarto.yml` lists the notebooks instead of the
+   `.qmd` files and turns execution off. So each chapter runs once for both editions, and
+   Quarto writes nothing into the source tree (no `index.html`, `.quarto/`, `*_files/`).
+2. **Render.** `quarto render` in that folder, whose `_quarto.yml` lists html and epub (and
+   pdf where a TeX installation exists; otherwise it says PDF was skipped). Quarto's EPUB draws each
+   mermaid diagram with Chrome: Debian's `/usr/bin/chromium` is handed to it through
+   `QUARTO_CHROMIUM`, since Quarto looks only for `google-chrome` and `chromium-browser`.
+3. **Finish.** MathJax and the Source Sans Pro font are copied into the book from
+   `web/node_modules/` (the npm registry, pinned in `web/package-lock.json`) and every page
+   loads them from there: no page asks another host for anything. Source links name the
+   chapter's `.qmd`, not the staged notebook.
+4. **Publish.** The new `_book/` replaces the old one only when the render succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from .book import Book, BookError, find_root, load_book, write_atomic
+from .qmd import Document, QmdError, parse_file
+
+__all__ = [
+    "QuartoError",
+    "build_quarto_book",
+    "find_chromium",
+    "find_quarto",
+    "find_tex",
+    "finish_html",
+    "quarto_notebook",
+    "stage_project",
+    "main",
+]
+
+INLINE = re.compile(r"(^|[^`])`\{python\}[ \t]([^`]+)`")
+STAGE_DIR = Path("_build") / "quarto"
+# What Quarto's HTML pages load from CDNs, and what the book serves instead (from web/node_modules).
+_POLYFILL = re.compile(r'[ \t]*<script src="https://cdnjs\.cloudflare\.com/polyfill/[^"]*"></script>\n?')
+_MATHJAX = re.compile(r'src="https://cdn\.jsdelivr\.net/npm/mathjax@3/es5/(?P<file>[\w.-]+\.js)"')
+_ID = re.compile(r'\sid="([^"]+)"')
+_FRAGMENT_LINK = re.compile(r'href="#(?P<id>[^"]+)"')
+MATHJAX_FILES = ("es5/tex-chtml-full.js", "es5/output/chtml/fonts/woff-v2")
+FONT_PACKAGE = "@fontsource/source-sans-pro"
+FONT_WEIGHTS = ("300", "400", "400-italic", "700", "700-italic")  # what Cosmo's styles use
+FONT_SUBSETS = ("latin", "latin-ext", "greek")  # the book's prose: English, names, Greek symbols
+_FONT_FACE = re.compile(r"/\* source-sans-pro-(?P<subset>[a-z-]+)-\d+-\w+ \*/\s*@font-face \{[^}]*\}")
+_FONT_URL = re.compile(r"src: url\(\./files/(?P<file>[\w.-]+\.woff2)\) format\('woff2'\)[^;]*;")
+# The book's own Quarto assets (theme, EPUB stylesheet, filters) live here and travel to the stage.
+ASSETS = Path("style")
+
+
+class QuartoError(RuntimeError):
+    """The Quarto edition could not be built (the message says why and what to do)."""
+
+
+# ---------------------------------------------------------------------------
+# the tools
+
+
+def find_quarto() -> str | None:
+    """The `quarto` command: on PATH, or in the virtual environment (`pip install quarto-cli`)."""
+    found = shutil.which("quarto")
+    if found:
+        return found
+    candidate = Path(sys.prefix) / "bin" / "quarto"
+    return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+
+
+def find_chromium(environ=None, which=shutil.which) -> str | None:
+    """A Chrome or Chromium for Quarto's diagrams: `QUARTO_CHROMIUM`, then the usual names.
+
+    Quarto 1.7 itself looks only for `google-chrome` and `chromium-browser`; Debian's package
+    installs `/usr/bin/chromium`, which Quarto is then given through `QUARTO_CHROMIUM`.
+    Nothing is ever downloaded: with no browser here, None.
+    """
+    environ = os.environ if environ is None else environ
+    given = environ.get("QUARTO_CHROMIUM")
+    if given and Path(given).is_file():
+        return given
+    for name in ("google-chrome", "google-chrome-stable", "chromium-browser", "chromium"):
+        found = which(name)
+        if found:
+            return found
+    return None
+
+
+def find_tex() -> str | None:
+    """A TeX engine Quarto can render PDF with (on PATH, or Quarto's TinyTeX), else None."""
+    for name in ("lualatex", "xelatex", "pdflatex"):
+        found = shutil.which(name)
+        if found:
+            return found
+    for pattern in ("~/.TinyTeX/bin/*/xelatex", "~/Library/TinyTeX/bin/*/xelatex"):
+        matches = sorted(glob.glob(os.path.expanduser(pattern)))
+        if matches:
+            return matches[0]
+    return None
+
+
+# ---------------------------------------------------------------------------
+# staging: one Quarto notebook per listed file
+
+
+def _markdown_cell(text: str) -> dict:
+    return {"cell_type": "markdown", "metadata": {}, "source": text}
+
+
+def quarto_notebook(doc: Document, executed: dict | None) -> dict:
+    """The notebook Quarto renders for one chapter (an nbformat-4 dict).
+
+    Args:
+        doc: the parsed `.qmd`.
+        executed: its executed notebook (nbformat dict) from `booktools execute`, or None for a
+            file without Python cells.
+
+    Raises:
+        QuartoError: the executed notebook does not match the chapter (it is stale).
+    """
+    lines = doc.path.read_text(encoding="utf-8").replace("\r\n", "\n").split("\n")
+    outputs: dict[int, dict] = {}
+    values: list[dict] = []
+    if executed is not None:
+        for cell in executed.get("cells", []):
+            if cell.get("cell_type") == "code":
+                line = cell.get("metadata", {}).get("longctx", {}).get("line")
+                if line is not None:
+                    outputs[int(line)] = cell
+            elif cell.get("cell_type") == "markdown":
+                values.extend(cell.get("metadata", {}).get("user_expressions", []))
+    cells: list[dict] = []
+    start = 0  # 0-based index of the first line not yet placed
+    if doc.front_matter:
+        # Quarto reads a notebook's front matter from a raw cell at the top. An empty block stays
+        # in the markdown, where Pandoc reads it as it reads the .qmd (`check` reports it).
+        cells.append({"cell_type": "raw", "metadata": {}, "source": "\n".join(lines[: doc.front_matter_lines])})
+        start = doc.front_matter_lines
+    pending = list(values)
+
+    def add_markdown(end: int) -> None:
+        text = "\n".join(lines[start:end]).strip("\n")
+        if not text.strip():
+            return
+        cell = _markdown_cell(text)
+        found = [match.group(2).strip() for match in INLINE.finditer(text)]
+        if found:
+            given: dict[str, dict] = {}
+            for expression in found:
+                if not pending or pending[0]["expression"] != expression:
+                    raise QuartoError(
+                        f"{doc.display}: the executed notebook has no value for `{{python}} {expression}` "
+                        "here; execute the chapter again (`make execute`)"
+                    )
+                given.setdefault(expression, pending.pop(0)["result"])
+            cell["metadata"]["user_expressions"] = [
+                {"expression": expression, "result": result} for expression, result in given.items()
+            ]
+        cells.append(cell)
+
+    for cell in doc.python_cells:
+        add_markdown(cell.line - 1)
+        body = [text[len(cell.indent) :] if text.startswith(cell.indent) else text for text in cell.lines]
+        code = {
+            "cell_type": "code",
+            "execution_count": None,
+            "metadata": {},
+            "outputs": [],
+            "source": "\n".join(body),
+        }
+        if executed is not None:
+            ran = outputs.get(cell.line)
+            if ran is None:
+                raise QuartoError(
+                    f"{doc.display}:{cell.line}: this cell is not in the executed notebook; execute the "
+                    "chapter again (`make execute`)"
+                )
+            code["outputs"] = copy.deepcopy(ran.get("outputs", []))
+            code["execution_count"] = ran.get("execution_count")
+        cells.append(code)
+        start = cell.end_line
+    add_markdown(len(lines))
+    if pending:
+        raise QuartoError(
+            f"{doc.display}: the executed notebook has inline values the chapter no longer uses; "
+            "execute the chapter again (`make execute`)"
+        )
+    for index, cell in enumerate(cells):
+        cell["id"] = f"cell-{index}"
+    metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                "language_info": {"name": "python"}}
+    return {"cells": cells, "metadata": metadata, "nbformat": 4, "nbformat_minor": 5}
+
+
+def _replace_paths(items, renamed: dict[str, str]):
+    """`book.chapters` with each renamed file replaced (parts and nested lists kept)."""
+    if isinstance(items, str):
+        return renamed.get(items, items)
+    if isinstance(items, list):
+        return [_replace_paths(item, renamed) for item in items]
+    if isinstance(items, dict):
+        return {key: _replace_paths(value, renamed) for key, value in items.items()}
+    return items
+
+
+def stage_project(book: Book, executed: Path, stage: Path, *, formats: list[str]) -> list[str]:
+    """Write the Quarto project that renders the executed chapters into `stage` (emptied first).
+
+    Returns:
+        The staged files, as `_quarto.yml` lists them.
+    """
+    import json
+
+    import nbformat
+
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    renamed: dict[str, str] = {}
+    for entry in book.entries:
+        source = book.root / entry.path
+        if not source.is_file():
+            continue
+        try:
+            doc = parse_file(source, book.root)
+        except QmdError as exc:
+            raise QuartoError(str(exc)) from None
+        notebook_path = executed / f"{Path(entry.path).stem}.ipynb"
+        ran = None
+        if not doc.python_cells:
+            # Nothing to execute: Quarto renders the file itself (as a notebook, a preface's
+            # `{.unnumbered}` heading would become the title of a numbered chapter).
+            target = stage / entry.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+            renamed[entry.path] = entry.path
+            continue
+        if doc.python_cells:
+            if not notebook_path.is_file():
+                raise QuartoError(
+                    f"{entry.path} has not been executed ({book.display(notebook_path)} is missing): "
+                    "run `make execute` first"
+                )
+            ran = json.loads(notebook_path.read_text(encoding="utf-8"))
+        staged = str(Path(entry.path).with_suffix(".ipynb"))
+        target = stage / staged
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # nbformat writes each source as a list of lines, as Quarto expects (a single string loses its newlines)
+        target.write_text(nbformat.writes(nbformat.from_dict(quarto_notebook(doc, ran))) + "\n", encoding="utf-8")
+        renamed[entry.path] = staged
+    config = copy.deepcopy(book.config)
+    config["book"] = _replace_paths(config.get("book") or {}, renamed)
+    config["execute"] = {"enabled": False}
+    # Quarto renders every format the project lists (its `--to a,b` does not work for books).
+    given = config.get("format") or {}
+    config["format"] = {name: (given.get(name) if isinstance(given, dict) else None) or {} for name in formats}
+    downloads = [name for name in ("pdf", "epub") if name in formats]
+    if downloads:
+        config["book"]["downloads"] = downloads
+    else:
+        config["book"].pop("downloads", None)
+    config.setdefault("project", {})["output-dir"] = "_book"
+    write_atomic(stage / "_quarto.yml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=100))
+    for path in book.bibliography:
+        if path.is_file():
+            shutil.copyfile(path, stage / path.relative_to(book.root))
+    if (book.root / ASSETS).is_dir():
+        shutil.copytree(book.root / ASSETS, stage / ASSETS)
+    return [renamed[entry.path] for entry in book.entries if entry.path in renamed]
+
+
+# ---------------------------------------------------------------------------
+# finishing: everything the pages load comes from the book itself
+
+
+def _relative(page: Path, target: Path) -> str:
+    return os.path.relpath(target, page.parent).replace(os.sep, "/")
+
+
+def _copy_fonts(package: Path, fonts: Path) -> Path:
+    """Copy Source Sans Pro's woff2 files (FONT_WEIGHTS x FONT_SUBSETS) and write their @font-face CSS."""
+    fonts.mkdir(parents=True, exist_ok=True)
+    rules = []
+    for weight in FONT_WEIGHTS:
+        css = (package / f"{weight}.css").read_text(encoding="utf-8")
+        for match in _FONT_FACE.finditer(css):
+            if match.group("subset") not in FONT_SUBSETS:
+                continue
+            rule = match.group(0)
+            url = _FONT_URL.search(rule)
+            if url is None:
+                raise QuartoError(f"{package / (weight + '.css')}: no woff2 source in {rule[:80]!r}")
+            shutil.copyfile(package / "files" / url.group("file"), fonts / url.group("file"))
+            rules.append(_FONT_URL.sub(lambda found: f"src: url({found.group('file')}) format('woff2');", rule))
+    if len(rules) != len(FONT_WEIGHTS) * len(FONT_SUBSETS):
+        raise QuartoError(f"{package}: expected {len(FONT_WEIGHTS) * len(FONT_SUBSETS)} font faces, found {len(rules)}")
+    if (package / "LICENSE").is_file():
+        shutil.copyfile(package / "LICENSE", fonts / "LICENSE")
+    target = fonts / "source-sans-pro.css"
+    target.write_text("\n".join(rules) + "\n", encoding="utf-8")
+    return target
+
+
+def finish_html(out: Path, node_modules: Path, *, repo_url: str | None = None) -> list[Path]:
+    """Make the rendered HTML pages self-contained; returns the pages changed.
+
+    MathJax (and its fonts) and Source Sans Pro are copied into `out/site_libs/`; each page loads
+    MathJax from there instead of a CDN and drops the CDN polyfill (a Promise polyfill for
+    browsers older than every one MathJax 3 supports). Links to the source on `repo_url` name
+    the chapter's `.qmd` rather than the staged notebook.
+    """
+    mathjax = out / "site_libs" / "mathjax"
+    for item in MATHJAX_FILES:
+        source = node_modules / "mathjax" / item
+        target = mathjax / Path(item).relative_to("es5")
+        if source.is_dir():
+            shutil.copytree(source, target, dirs_exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+    shutil.copyfile(node_modules / "mathjax" / "LICENSE", mathjax / "LICENSE")
+    fonts_css = _copy_fonts(node_modules / FONT_PACKAGE, out / "site_libs" / "fonts")
+    source_link = None
+    if repo_url:
+        source_link = re.compile(
+            r'(href="' + re.escape(repo_url.rstrip("/")) + r'/(?:blob|edit)/[^"#?]*?)\.ipynb(?=["#?])'
+        )
+    pages = sorted(out.rglob("*.html"))
+    ids = {page: set(_ID.findall(page.read_text(encoding="utf-8"))) for page in pages}
+    owners: dict[str, list[Path]] = {}
+    for page, found in ids.items():
+        for ident in found:
+            owners.setdefault(ident, []).append(page)
+    changed = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        new = _POLYFILL.sub("", text)
+
+        def other_page(match: re.Match, page=page) -> str:
+            ident = match.group("id")
+            where = owners.get(ident, [])
+            if ident in ids[page] or len(where) != 1:
+                return match.group(0)
+            return f'href="{_relative(page, where[0])}#{ident}"'
+
+        # A link by fragment alone (`#eq-ch03-kvbytes`, as the API appendix writes them) to an id
+        # on another page: Quarto fixes those to headings, this the rest.
+        new = _FRAGMENT_LINK.sub(other_page, new)
+
+        def local_mathjax(match: re.Match, page=page) -> str:
+            file = mathjax / match.group("file")
+            if not file.is_file():
+                raise QuartoError(
+                    f"{page.name} loads MathJax's {match.group('file')}, which the book does not ship "
+                    f"(it has {', '.join(MATHJAX_FILES)}); add it to MATHJAX_FILES"
+                )
+            return f'src="{_relative(page, file)}"'
+
+        new = _MATHJAX.sub(local_mathjax, new)
+        if "</head>" in new and "source-sans-pro.css" not in new:
+            link = f'<link href="{_relative(page, fonts_css)}" rel="stylesheet">\n'
+            new = new.replace("</head>", link + "</head>", 1)
+        if source_link is not None:
+            new = source_link.sub(r"\1.qmd", new)
+        if new != text:
+            page.write_text(new, encoding="utf-8")
+            changed.append(page)
+    return changed
+
+
+# ---------------------------------------------------------------------------
+# the whole edition
+
+
+def _repo_url(book: Book) -> str | None:
+    value = (book.config.get("book") or {}).get("repo-url")
+    return str(value) if value else None
+
+
+def build_quarto_book(
+    root: Path,
+    executed: Path,
+    out: Path,
+    *,
+    formats: list[str] | None = None,
+    stage: Path | None = None,
+    quarto: str | None = None,
+    node_modules: Path | None = None,
+    quiet: bool = False,
+) -> dict:
+    """Render the Quarto edition of the book from its executed notebooks into `out`.
+
+    Args:
+        root: the book's root.
+        executed: the folder of executed notebooks (`booktools execute`).
+        out: where the rendered book goes (replaced only when the render succeeds).
+        formats: Quarto formats; default html and epub, and pdf where TeX exists.
+        stage: the staging project (default `_build/quarto/` under `root`).
+
+    Returns:
+        {"formats": rendered, "skipped": {format: reason}, "seconds": wall time}.
+
+    Raises:
+        QuartoError: Quarto, MathJax or an executed chapter is missing, or the render failed.
+    """
+    from .html import ensure_node_modules
+
+    started = time.perf_counter()
+    book = load_book(root)
+    quarto = quarto or find_quarto()
+    if quarto is None:
+        raise QuartoError("Quarto is not installed (quarto.org, or `pip install quarto-cli`)")
+    skipped: dict[str, str] = {}
+    if formats is None:
+        formats = ["html", "epub"]
+        if find_tex():
+            formats.append("pdf")
+        else:
+            skipped["pdf"] = "no TeX installation (install one with `quarto install tinytex`)"
+    node_modules = node_modules or ensure_node_modules(root)
+    for item in ("mathjax/" + MATHJAX_FILES[0], f"{FONT_PACKAGE}/400.css"):
+        if not (node_modules / item).exists():
+            raise QuartoError(f"{node_modules / item} is missing: run `npm ci --prefix web`")
+    stage = stage or root / STAGE_DIR
+    stage_project(book, executed, stage, formats=formats)
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("QUARTO_PYTHON", sys.executable)
+    chromium = find_chromium()
+    if chromium:
+        env["QUARTO_CHROMIUM"] = chromium
+    command = [quarto, "render"]
+    if quiet:
+        command.append("--quiet")
+    done = subprocess.run(command, cwd=stage, env=env, capture_output=quiet, text=True)
+    rendered = stage / "_book"
+    outputs = {"html": "index.html", "epub": "*.epub", "pdf": "*.pdf"}
+    missing = [name for name in formats if name in outputs and not list(rendered.glob(outputs[name]))]
+    if done.returncode != 0 or missing:
+        tail = ((done.stdout or "") + (done.stderr or ""))[-3000:] if quiet else ""
+        raise QuartoError(
+            f"`quarto render` failed in {stage} (exit {done.returncode}"
+            + (f", no {', '.join(missing)} output" if missing else "")
+            + f"); _book/ was left as it was\n{tail}"
+        )
+    finish_html(rendered, node_modules, repo_url=_repo_url(book))
+    if out.exists():
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(rendered), str(out))
+    return {"formats": formats, "skipped": skipped, "seconds": time.perf_counter() - started}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m longctx.booktools quarto",
+        description="Render the Quarto edition from the executed chapters (run `execute` first).",
+    )
+    parser.add_argument("--root", default=None, help="the book's root (default: found from the cwd)")
+    parser.add_argument("--executed", default=None, help="executed notebooks (default: _build/executed)")
+    parser.add_argument("--out", default=None, help="output folder (default: _book)")
+    parser.add_argument("--to", default=None, help="formats, comma-separated (default: html,epub and pdf with TeX)")
+    args = parser.parse_args(argv)
+    try:
+        root = Path(args.root).resolve() if args.root else find_root()
+        executed = Path(args.executed).resolve() if args.executed else root / "_build" / "executed"
+        out = Path(args.out).resolve() if args.out else root / "_book"
+        formats = [name.strip() for name in args.to.split(",") if name.strip()] if args.to else None
+        result = build_quarto_book(root, executed, out, formats=formats)
+    except (QuartoError, BookError) as exc:
+        print(f"quarto: {exc}", file=sys.stderr)
+        return 1
+    for name, reason in result["skipped"].items():
+        print(f"quarto: {name.upper()} skipped: {reason}")
+    print(f"quarto: rendered {', '.join(result['formats'])} in {result['seconds']:.0f} s -> {out}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
