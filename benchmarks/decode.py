@@ -319,6 +319,31 @@ def profile_step(design: str, tokens: int, *, device: torch.device, threads: int
         torch.set_num_threads(previous)
     averages = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
     total = sum(e.self_cpu_time_total for e in averages) / 3 / 1e6
-    rows = [{"name": e.key, "self_seconds": e.self_cpu_time_total / 3 / 1e6, "calls": e.count // 3,
+    rows = [{"name": operator_name(e.key), "kind": operator_kind(e.key),
+             "self_seconds": e.self_cpu_time_total / 3 / 1e6, "calls": e.count // 3,
              "share": e.self_cpu_time_total / 3 / 1e6 / total if total else math.nan} for e in averages[:top]]
-    return {"design": design, "tokens": tokens, "threads": threads, "total_seconds": total, "operators": rows}
+    kinds = {}
+    for e in averages:
+        kinds[operator_kind(e.key)] = kinds.get(operator_kind(e.key), 0.0) + e.self_cpu_time_total / 3 / 1e6
+    return {"design": design, "tokens": tokens, "threads": threads, "total_seconds": total, "operators": rows,
+            "kinds": {kind: seconds / total for kind, seconds in kinds.items()} if total else {}}
+
+
+MATRIX_PRODUCTS = ("aten::bmm", "aten::mm", "aten::matmul", "aten::baddbmm", "aten::addmm")
+
+
+def operator_name(key: str) -> str:
+    """Return a profiler key as a reader should see it (an inductor graph's hash becomes a phrase)."""
+    return "compiled tile update (inductor C++ kernel)" if "CompiledFxGraph" in key else key
+
+
+def operator_kind(key: str) -> str:
+    """Return which kind of work a profiler key is: matrix products, the compiled kernel, elementwise
+    passes and reductions (every other aten operator), or Python-side overhead (the rest)."""
+    if "CompiledFxGraph" in key:
+        return "compiled kernel"
+    if key in MATRIX_PRODUCTS:
+        return "matrix products"
+    if key.startswith("aten::"):
+        return "elementwise and reductions"
+    return "overhead"

@@ -162,6 +162,16 @@ def test_profile_step_lists_operators_by_time():
     assert profile["total_seconds"] > 0 and 1 <= len(profile["operators"]) <= 3
     times = [op["self_seconds"] for op in profile["operators"]]
     assert times == sorted(times, reverse=True) and all(0 <= op["share"] <= 1 for op in profile["operators"])
+    assert math.isclose(sum(profile["kinds"].values()), 1.0) and profile["kinds"]["matrix products"] > 0
+
+
+def test_profiler_operators_are_named_and_sorted_by_kind():
+    compiled = "## Call CompiledFxGraph fabc123 ##"
+    assert decode.operator_name(compiled) == "compiled tile update (inductor C++ kernel)"
+    assert decode.operator_kind(compiled) == "compiled kernel"
+    assert decode.operator_kind("aten::bmm") == "matrix products"
+    assert decode.operator_kind("aten::exp") == "elementwise and reductions"
+    assert decode.operator_kind("TorchDynamo Cache Lookup") == "overhead"
 
 
 def test_compile_summary_reports_the_first_call_of_each_compiled_design():
@@ -287,6 +297,7 @@ def test_results_files_hold_every_figure():
         assert results["targets"] and set(results["compile"]) == set(decode.COMPILED), path.name
         for profile in results["profiles"]:
             assert profile["operators"] and profile["total_seconds"] > 0, path.name
+            assert math.isclose(sum(profile["kinds"].values()), 1.0), path.name
 
 
 def test_quick_sizes_cover_every_part():

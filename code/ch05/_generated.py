@@ -4,7 +4,7 @@
 """Code saved from chapters/ch05-measured.qmd ("What long context costs, measured")."""
 
 
-# chapters/ch05-measured.qmd:77
+# chapters/ch05-measured.qmd:90
 from torch.utils import benchmark as torch_benchmark
 
 from longctx.support import check_int, check_number, describe
@@ -36,7 +36,7 @@ def median_seconds(function, *, threads: int = 1,
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
-# chapters/ch05-measured.qmd:284
+# chapters/ch05-measured.qmd:302
 import math
 
 import torch
@@ -113,7 +113,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-measured.qmd:372
+# chapters/ch05-measured.qmd:390
 from longctx.support import check_int
 
 
@@ -150,7 +150,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:438
+# chapters/ch05-measured.qmd:456
 import dataclasses
 
 import torch
@@ -310,7 +310,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out
 
 
-# chapters/ch05-measured.qmd:606
+# chapters/ch05-measured.qmd:624
 import math
 
 from torch import Tensor
@@ -414,7 +414,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:771
+# chapters/ch05-measured.qmd:790
 import math
 import warnings
 
@@ -533,7 +533,8 @@ def fused_flash_decode(query: Tensor, key: Tensor | QuantizedKV,
     state = online_softmax_start(rows.shape[:-1], value_width, rows)
     for start, stop in spans:
         if quantized:
-            key_scale = key.scale_at(start, stop) if key.per == "token" else None
+            key_scale = (key.scale_at(start, stop) if key.per == "token"
+                         else None)
             value_scale = (value.scale_at(start, stop) if value.per == "token"
                            else None)
             state = tile_update(state, rows, key.codes[..., start:stop, :],
@@ -548,7 +549,7 @@ def fused_flash_decode(query: Tensor, key: Tensor | QuantizedKV,
     return out.reshape(batch, query_heads, 1, value_width)
 
 
-# chapters/ch05-measured.qmd:940
+# chapters/ch05-measured.qmd:960
 import math
 
 from torch import Tensor
@@ -593,7 +594,7 @@ def flash_decode_latent(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1663
+# chapters/ch05-measured.qmd:1976
 from longctx.support import check_int
 
 
@@ -629,7 +630,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:1712
+# chapters/ch05-measured.qmd:2025
 import math
 
 import torch
@@ -688,7 +689,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:1801
+# chapters/ch05-measured.qmd:2120
 import math
 import os
 
@@ -759,7 +760,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:1880
+# chapters/ch05-measured.qmd:2199
 import dataclasses
 import importlib
 import socket
@@ -802,7 +803,7 @@ class RingResult:
 
 def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                    timeout_s: float = 120.0) -> RingResult:
-    """Return causal attention from P gloo processes passing blocks round a ring.
+    """Return causal attention from P gloo processes passing blocks on.
 
     Args:
         query, key: (..., T, d) CPU tensors; value (..., T, d_v); T >= P.
