@@ -46,6 +46,20 @@ def cpu_model() -> str:
     return platform.processor() or "unknown cpu"
 
 
+def last_level_cache_bytes() -> int | None:
+    """Return the size of the CPU's largest cache level in bytes (Linux sysfs), or None where unreadable."""
+    sizes = {}
+    try:
+        for index in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip().upper()
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            sizes[level] = int(text.rstrip("KMG")) * scale
+    except (OSError, ValueError):
+        return None
+    return sizes[max(sizes)] if sizes else None
+
+
 def device_label(device: torch.device) -> str:
     """Return a human name for the device: the CPU model or the GPU name."""
     if device.type == "cuda":

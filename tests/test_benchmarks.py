@@ -92,6 +92,15 @@ def test_ssm_decode_step_matches_ch04_sequential_scan():
 # --------------------------------------------------------------------------- smoke: every record has every field
 
 
+def test_the_bandwidth_buffer_outgrows_the_last_level_cache():
+    cache = common.last_level_cache_bytes()
+    assert cache is None or cache > 0
+    full = floors.buffer_megabytes(CPU, quick=False)
+    assert floors.buffer_megabytes(CPU, quick=True) == 64 and 256 <= full <= 2048
+    if cache:
+        assert full == min(2048, max(256, 4 * cache // 2**20))
+
+
 def test_floors_records_have_every_field():
     progress = common.Progress(enabled=False)
     record = floors.measure_floors(device=CPU, threads=1, quick=True, progress=progress)

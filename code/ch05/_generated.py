@@ -36,7 +36,7 @@ def median_seconds(function, *, threads: int = 1,
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
-# chapters/ch05-measured.qmd:302
+# chapters/ch05-measured.qmd:303
 import math
 
 import torch
@@ -113,7 +113,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-measured.qmd:390
+# chapters/ch05-measured.qmd:391
 from longctx.support import check_int
 
 
@@ -150,7 +150,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:456
+# chapters/ch05-measured.qmd:457
 import dataclasses
 
 import torch
@@ -310,7 +310,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out
 
 
-# chapters/ch05-measured.qmd:624
+# chapters/ch05-measured.qmd:625
 import math
 
 from torch import Tensor
@@ -414,7 +414,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:790
+# chapters/ch05-measured.qmd:791
 import math
 import warnings
 
@@ -549,7 +549,7 @@ def fused_flash_decode(query: Tensor, key: Tensor | QuantizedKV,
     return out.reshape(batch, query_heads, 1, value_width)
 
 
-# chapters/ch05-measured.qmd:960
+# chapters/ch05-measured.qmd:961
 import math
 
 from torch import Tensor
@@ -594,7 +594,7 @@ def flash_decode_latent(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1976
+# chapters/ch05-measured.qmd:1977
 from longctx.support import check_int
 
 
@@ -630,7 +630,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2025
+# chapters/ch05-measured.qmd:2026
 import math
 
 import torch
@@ -689,7 +689,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2120
+# chapters/ch05-measured.qmd:2121
 import math
 import os
 
@@ -760,7 +760,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2199
+# chapters/ch05-measured.qmd:2200
 import dataclasses
 import importlib
 import socket
