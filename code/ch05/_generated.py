@@ -594,7 +594,7 @@ def flash_decode_latent(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1977
+# chapters/ch05-measured.qmd:1978
 from longctx.support import check_int
 
 
@@ -630,7 +630,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2026
+# chapters/ch05-measured.qmd:2027
 import math
 
 import torch
@@ -689,7 +689,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2121
+# chapters/ch05-measured.qmd:2122
 import math
 import os
 
@@ -760,7 +760,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2200
+# chapters/ch05-measured.qmd:2201
 import dataclasses
 import importlib
 import socket
