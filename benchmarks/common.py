@@ -162,8 +162,11 @@ def peak_extra_bytes(fn: Callable[[], object]) -> int | None:
 
 
 def release_memory(device: torch.device) -> None:
-    """Drop unreferenced tensors so the next measurement starts from a settled heap."""
+    """Drop unreferenced tensors and hand freed heap pages back, so the next measurement starts settled."""
     gc.collect()
+    trim = _libc_malloc_trim()
+    if trim is not None:
+        trim()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 

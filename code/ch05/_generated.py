@@ -290,29 +290,29 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     """Return positions [start, stop) of a cache as floats, (B, H, n, d).
 
     A float cache returns a view of itself. A QuantizedKV is dequantised
-    into ``buffer``, a float tensor (B, H, >= n, d) that the caller
-    allocates once and reuses for every tile; the result is a view of it.
+    into ``buffer``, a float32 tensor (B, H, >= n, d) that the caller
+    allocates once and reuses for every tile; the result, a view of it,
+    equals ch02.dequantize's for those positions.
     """
     if isinstance(cache, Tensor):
         return cache[..., start:stop, :]
     out = buffer[..., : stop - start, :]
-    codes, scale = cache.codes[..., start:stop, :], cache.scale_at(start, stop)
+    codes = cache.codes[..., start:stop, :]
     if cache.bits == 8:
-        return torch.mul(codes, scale, out=out)  # codes * scale, no new tile
-    half = out.shape[-1] // 2
-    low, high = int4_halves(codes)  # (B, H, n, d/2) each
-    if cache.per == "channel":
-        torch.mul(low, scale[..., :half], out=out[..., :half])
-        torch.mul(high, scale[..., half:], out=out[..., half:])
+        out.copy_(codes)  # int8 -> float, straight into the buffer
     else:
-        torch.mul(low, scale, out=out[..., :half])
-        torch.mul(high, scale, out=out[..., half:])
+        half = out.shape[-1] // 2
+        low, high = int4_halves(codes)  # (B, H, n, d/2) each
+        out[..., :half].copy_(low)
+        out[..., half:].copy_(high)
+    out.mul_(cache.scale_at(start, stop))  # codes * scale, in place
     return out
 
 
-# chapters/ch05-measured.qmd:625
+# chapters/ch05-measured.qmd:624
 import math
 
+import torch
 from torch import Tensor
 
 from longctx import ch03
@@ -378,15 +378,17 @@ def flash_decode(query: Tensor, key: Tensor | QuantizedKV,
              else check_number("scale", scale, above=0))
     spans = tile_ranges(visible_ranges(tokens, window, sinks), tile)
     longest = max(stop - start for start, stop in spans)
-    key_buffer, value_buffer = (
+    key_buffer, value_buffer = (  # one reused float32 tile per quantised side
         None if isinstance(cache, Tensor)
-        else query.new_empty(batch, kv_heads, longest, cache.shape[-1])
-        for cache in (key, value))  # one reused float tile per quantised side
+        else query.new_empty(batch, kv_heads, longest, cache.shape[-1],
+                             dtype=torch.float32)
+        for cache in (key, value))
     rows = query.reshape(batch, kv_heads, groups, width) * scale  # (B,Hkv,G,d)
     state = online_softmax_start(rows.shape[:-1], value_width, rows)
     for start, stop in spans:
         keys = read_tile(key, start, stop, key_buffer)  # (B, H_kv, n, d)
         values = read_tile(value, start, stop, value_buffer)  # (.., n, d_v)
+        keys, values = keys.to(rows.dtype), values.to(rows.dtype)  # (no-op)
         scores = rows @ keys.transpose(-2, -1)  # (B, H_kv, G, n)
         state = online_softmax_update(state, scores, values)
     out = finish_online_softmax(state)  # (B, H_kv, G, d_v)
@@ -414,7 +416,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:791
+# chapters/ch05-measured.qmd:793
 import math
 import warnings
 
@@ -549,7 +551,7 @@ def fused_flash_decode(query: Tensor, key: Tensor | QuantizedKV,
     return out.reshape(batch, query_heads, 1, value_width)
 
 
-# chapters/ch05-measured.qmd:961
+# chapters/ch05-measured.qmd:963
 import math
 
 from torch import Tensor
@@ -594,7 +596,7 @@ def flash_decode_latent(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1978
+# chapters/ch05-measured.qmd:1980
 from longctx.support import check_int
 
 
@@ -630,7 +632,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2027
+# chapters/ch05-measured.qmd:2029
 import math
 
 import torch
@@ -689,7 +691,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2122
+# chapters/ch05-measured.qmd:2124
 import math
 import os
 
@@ -760,7 +762,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2201
+# chapters/ch05-measured.qmd:2203
 import dataclasses
 import importlib
 import socket
