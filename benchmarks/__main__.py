@@ -14,6 +14,7 @@ from .common import (
     DEVICE_CHOICES,
     Progress,
     default_results_path,
+    load_average,
     machine_record,
     resolve_device,
     write_results,
@@ -150,6 +151,7 @@ def main(argv=None) -> int:
             results["profiles"].append(decode.profile_step(design, max(targets), device=device, threads=threads))
             progress(f"profiled {design} at T={max(targets)}")
     results["machine"]["wall_seconds"] = time.monotonic() - started
+    results["machine"]["load_average_end"] = load_average()
     out = args.out or default_results_path(device, args.quick)
     write_results(results, out)
     print(summary_table(results), flush=True)

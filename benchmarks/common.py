@@ -171,6 +171,14 @@ def release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def load_average() -> float | None:
+    """Return the system's one-minute load average (runnable processes), or None where unavailable."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
 def machine_record(device: torch.device, threads: int, mode: str) -> dict:
     """Return the description of the run that every results file begins with."""
     return {
@@ -185,6 +193,7 @@ def machine_record(device: torch.device, threads: int, mode: str) -> dict:
         "platform": platform.platform(),
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "mode": mode,
+        "load_average_start": load_average(),
     }
 
 
