@@ -4,7 +4,7 @@
 """Code saved from chapters/ch05-measured.qmd ("What long context costs, measured")."""
 
 
-# chapters/ch05-measured.qmd:90
+# chapters/ch05-measured.qmd:99
 from torch.utils import benchmark as torch_benchmark
 
 from longctx.support import check_int, check_number, describe
@@ -36,7 +36,7 @@ def median_seconds(function, *, threads: int = 1,
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
-# chapters/ch05-measured.qmd:303
+# chapters/ch05-measured.qmd:312
 import math
 
 import torch
@@ -113,7 +113,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-measured.qmd:391
+# chapters/ch05-measured.qmd:400
 from longctx.support import check_int
 
 
@@ -150,7 +150,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:457
+# chapters/ch05-measured.qmd:466
 import dataclasses
 
 import torch
@@ -309,7 +309,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out
 
 
-# chapters/ch05-measured.qmd:624
+# chapters/ch05-measured.qmd:633
 import math
 
 import torch
@@ -416,7 +416,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:793
+# chapters/ch05-measured.qmd:802
 import math
 import warnings
 
@@ -551,7 +551,7 @@ def fused_flash_decode(query: Tensor, key: Tensor | QuantizedKV,
     return out.reshape(batch, query_heads, 1, value_width)
 
 
-# chapters/ch05-measured.qmd:963
+# chapters/ch05-measured.qmd:972
 import math
 
 from torch import Tensor
@@ -596,7 +596,7 @@ def flash_decode_latent(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1980
+# chapters/ch05-measured.qmd:1989
 from longctx.support import check_int
 
 
@@ -632,7 +632,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2029
+# chapters/ch05-measured.qmd:2038
 import math
 
 import torch
@@ -691,7 +691,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2124
+# chapters/ch05-measured.qmd:2133
 import math
 import os
 
@@ -762,7 +762,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2203
+# chapters/ch05-measured.qmd:2212
 import dataclasses
 import importlib
 import socket
