@@ -14,6 +14,7 @@ from .common import (
     DEVICE_CHOICES,
     Progress,
     default_results_path,
+    load_average,
     machine_record,
     resolve_device,
     write_results,
@@ -59,12 +60,19 @@ def summary_table(results: dict) -> str:
     lines.append(f"floor: {floor['bytes_per_s'] / 1e9:.1f} GB/s, {floor['flop_per_s'] / 1e9:.1f} GFLOP/s")
     if results.get("decode"):
         largest = max(r["tokens"] for r in results["decode"])
+        reference = decode.best_time(results["decode"], decode.REFERENCE, largest)
         lines.append(f"decode step at T={largest}:")
-        lines.append(f"  {'design':22s} {'ms':>9s} {'MiB read':>9s} {'GB/s':>7s} {'% floor':>8s}")
+        lines.append(f"  {'design':20s} {'ms':>9s} {'MiB read':>9s} {'% roofline':>10s} {'x gqa8':>7s}")
         for r in results["decode"]:
             if r["tokens"] == largest:
-                lines.append(f"  {r['design']:22s} {r['seconds'] * 1e3:9.2f} {r['cache_bytes'] / 2**20:9.1f} "
-                             f"{r['bytes_per_s'] / 1e9:7.2f} {r['percent_of_floor']:8.1f}")
+                share = r["percent_of_roofline"]
+                ratio = r["seconds"] / reference["seconds"] if reference else float("nan")
+                lines.append(f"  {r['design']:20s} {r['seconds'] * 1e3:9.2f} {r['cache_bytes'] / 2**20:9.1f} "
+                             + (f"{share:10.1f}" if share is not None else f"{'':10s}") + f" {ratio:7.2f}")
+    for line in results.get("targets", []):
+        verdict = "met" if line["met"] else "MISSED"
+        lines.append(f"target {line['target']:8s} {line['design']:16s} T={line['tokens']}: "
+                     f"{line['value']:.2f} (goal {line['goal']}) {verdict}")
     if results.get("prefill"):
         for slow, fast_design in (("full-sdpa", "window-banded"), ("full-sdpa", "window-blocksparse"),
                                   ("full-sdpa", "linear-chunked")):
@@ -78,6 +86,19 @@ def summary_table(results: dict) -> str:
             lines.append(f"ring P={r['parts']}: max diff {r['max_abs_diff']:.1e}, "
                          f"cache per rank {r['cache_bytes_per_rank']}")
     return "\n".join(lines)
+
+
+def compile_summary(records: list[dict]) -> dict:
+    """Return, per compiled design, whether it compiled and how long its first call took beyond a step."""
+    summary = {}
+    for design in decode.COMPILED:
+        rows = sorted((r for r in records if r["design"] == design), key=lambda r: r["tokens"])
+        if rows:
+            first = rows[0]
+            summary[design] = {"compiled": first["compiled"], "fallback_reason": first["fallback_reason"],
+                               "tokens": first["tokens"],
+                               "compile_seconds": first["warmup_seconds"] - first["seconds"]}
+    return summary
 
 
 def main(argv=None) -> int:
@@ -103,7 +124,6 @@ def main(argv=None) -> int:
     mrt = sizes["min_run_time"]
     if "decode" not in args.skip:
         results["decode"] = decode.run_decode(sizes["decode_tokens"], device=device, threads=threads,
-                                              floor_bytes_per_s=results["floors"]["bytes_per_s"],
                                               progress=progress, min_run_time=mrt)
     if "prefill" not in args.skip:
         results["prefill"] = prefill.run_prefill(sizes["prefill_tokens"], device=device, threads=threads,
@@ -117,9 +137,21 @@ def main(argv=None) -> int:
         results["ring"] = ring.run_ring(sizes["ring_parts"], sizes["ring_tokens"], progress=progress)
     final = floors.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)
     results["floors"] = floors.best_floors(results["floors"], final)
-    for record in results.get("decode", []):  # percentages against the better floor
-        record["percent_of_floor"] = 100.0 * record["bytes_per_s"] / results["floors"]["bytes_per_s"]
+    if results.get("decode"):
+        for record in results["decode"]:  # shares of the floor and the roofline, against the better floors
+            decode.add_roofline(record, results["floors"])
+        results["compile"] = compile_summary(results["decode"])
+        measured = sorted({r["tokens"] for r in results["decode"]})
+        targets = [t for t in decode.TARGET_TOKENS if t in measured] or measured[-1:]
+        results["targets"] = decode.target_report(results["decode"], targets)
+        missed = sorted({line["design"] for line in results["targets"]
+                         if not line["met"] and line["target"] != "memory"})
+        results["profiles"] = []
+        for design in missed:  # where the time goes, at the longest length measured
+            results["profiles"].append(decode.profile_step(design, max(targets), device=device, threads=threads))
+            progress(f"profiled {design} at T={max(targets)}")
     results["machine"]["wall_seconds"] = time.monotonic() - started
+    results["machine"]["load_average_end"] = load_average()
     out = args.out or default_results_path(device, args.quick)
     write_results(results, out)
     print(summary_table(results), flush=True)

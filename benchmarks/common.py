@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import datetime as _dt
 import gc
 import json
@@ -45,6 +46,20 @@ def cpu_model() -> str:
     return platform.processor() or "unknown cpu"
 
 
+def last_level_cache_bytes() -> int | None:
+    """Return the size of the CPU's largest cache level in bytes (Linux sysfs), or None where unreadable."""
+    sizes = {}
+    try:
+        for index in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip().upper()
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            sizes[level] = int(text.rstrip("KMG")) * scale
+    except (OSError, ValueError):
+        return None
+    return sizes[max(sizes)] if sizes else None
+
+
 def device_label(device: torch.device) -> str:
     """Return a human name for the device: the CPU model or the GPU name."""
     if device.type == "cuda":
@@ -75,7 +90,8 @@ def time_median(fn: Callable[[], object], *, device: torch.device, threads: int,
     block, and the median of those is kept. On CUDA the Timer synchronises.
 
     Returns:
-        {"seconds": median, "runs": number of blocks, "iqr_seconds": interquartile range}
+        {"seconds": median, "runs": number of blocks, "iqr_seconds": interquartile range,
+         "warmup_seconds": the first call (which pays for compiling, page faults, allocator growth)}
     """
     started = time.perf_counter()
     fn()  # warm-up: first-touch pages, kernel selection, allocator
@@ -87,7 +103,7 @@ def time_median(fn: Callable[[], object], *, device: torch.device, threads: int,
     else:
         measurement = timer.blocked_autorange(min_run_time=min_run_time)
     return {"seconds": float(measurement.median), "runs": len(measurement.times),
-            "iqr_seconds": float(measurement.iqr)}
+            "iqr_seconds": float(measurement.iqr), "warmup_seconds": warm_up}
 
 
 def rss_bytes() -> int | None:
@@ -101,11 +117,66 @@ def rss_bytes() -> int | None:
     return None
 
 
+def _libc_malloc_trim() -> Callable[[], object] | None:
+    """Return glibc's malloc_trim(0), which hands freed heap pages back to the system, or None elsewhere."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return lambda: trim(0)
+
+
+def _status_bytes(*fields: str) -> dict[str, int]:
+    """Return the named fields of /proc/self/status in bytes (VmRSS, VmHWM, ...)."""
+    values = {}
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        name = line.split(":", 1)[0]
+        if name in fields:
+            values[name] = int(line.split()[1]) * 1024
+    return values
+
+
+def peak_extra_bytes(fn: Callable[[], object]) -> int | None:
+    """Return how far one call of `fn` raised the process's resident memory above where it started.
+
+    After a warm-up call, freed memory is handed back to the system (malloc_trim) and the
+    kernel's record of the peak resident size is reset (writing 5 to /proc/self/clear_refs);
+    the call then runs, and the result is its peak (VmHWM) minus the resident size before it.
+    Memory the call allocates and frees again still counts, because the peak remembers it.
+    Returns None where /proc or glibc is not available (the measurement is Linux-only).
+    """
+    trim = _libc_malloc_trim()
+    clear_refs = pathlib.Path("/proc/self/clear_refs")
+    if trim is None or not clear_refs.exists():
+        return None
+    try:
+        fn()
+        gc.collect()
+        trim()
+        clear_refs.write_text("5")  # reset VmHWM to the current resident size
+        before = _status_bytes("VmRSS")["VmRSS"]
+        fn()
+        return max(0, _status_bytes("VmHWM")["VmHWM"] - before)
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def release_memory(device: torch.device) -> None:
-    """Drop unreferenced tensors so the next measurement starts from a settled heap."""
+    """Drop unreferenced tensors and hand freed heap pages back, so the next measurement starts settled."""
     gc.collect()
+    trim = _libc_malloc_trim()
+    if trim is not None:
+        trim()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def load_average() -> float | None:
+    """Return the system's one-minute load average (runnable processes), or None where unavailable."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
 
 
 def machine_record(device: torch.device, threads: int, mode: str) -> dict:
@@ -122,6 +193,7 @@ def machine_record(device: torch.device, threads: int, mode: str) -> dict:
         "platform": platform.platform(),
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "mode": mode,
+        "load_average_start": load_average(),
     }
 
 

@@ -1,12 +1,12 @@
-"""Benchmark-only fast kernels, each tested equal to the chapters' teaching versions (tests/test_benchmarks.py).
+"""Benchmark-only kernels, each tested equal to the chapters' teaching versions (tests/test_benchmarks.py).
 
-The teaching versions in Chapters 1-4 favour clarity; a benchmark needs the step without
-Python loops or needless copies, so that the time reflects the bytes the design must read.
+The decode designs time Chapter 5's own flash-decoding; the kernels here are the baselines it is
+compared with (torch's fused SDPA for a grouped cache, a latent cache rebuilt every step) and the
+prefill and state-space steps of the other benchmarks, written without Python loops or needless
+copies so that their times reflect the work the design must do.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -40,55 +40,6 @@ def latent_decode_expanded(query, latent, key_up_weight, value_up_weight):
     keys = (latent @ key_up_weight.T).view(batch, tokens, heads, width).transpose(1, 2)  # (B, H, T, d_h)
     values = (latent @ value_up_weight.T).view(batch, tokens, heads, width).transpose(1, 2)
     return F.scaled_dot_product_attention(query, keys, values)
-
-
-def latent_decode_absorbed(query, latent, key_up_weight, value_up_weight):
-    """Return the same step as latent_decode_expanded with the up-projections folded into query and output.
-
-    Scores q_h . (W_k,h c_t) equal (W_k,h^T q_h) . c_t, so the query moves into latent space once and
-    the cache is read as it is stored; values are combined in latent space and lifted by W_v,h at the end.
-    """
-    batch, heads, _, width = query.shape
-    rank = latent.shape[-1]
-    key_up = key_up_weight.view(heads, width, rank)  # (H, d_h, r)
-    value_up = value_up_weight.view(heads, width, rank)
-    latent_query = torch.einsum("bhqd,hdr->bhqr", query, key_up)  # (B, H, 1, r)
-    scores = (latent_query.squeeze(2) @ latent.transpose(1, 2)) * (1.0 / math.sqrt(width))  # (B, H, T)
-    weights = torch.softmax(scores, dim=-1)
-    latent_out = weights @ latent  # (B, H, r)
-    return torch.einsum("bhr,hdr->bhd", latent_out, value_up).unsqueeze(2)  # (B, H, 1, d_h)
-
-
-def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """Return int4 codes in [-8, 7] (an int8 tensor, last dim even) packed two per byte as uint8.
-
-    The first half of the last dimension goes into the low nibbles and the second half into the
-    high nibbles, so unpacking writes two contiguous halves instead of interleaving.
-    """
-    if codes.shape[-1] % 2:
-        raise ValueError(f"the last dimension must be even to pack two codes per byte (got {codes.shape[-1]})")
-    half = codes.shape[-1] // 2
-    low = codes[..., :half].to(torch.uint8) & 0xF  # two's-complement low nibble
-    high = codes[..., half:].to(torch.uint8) & 0xF
-    return low | (high << 4)
-
-
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """Return the int8 codes packed by pack_int4 (last dim doubled)."""
-    signed = packed.view(torch.int8)
-    low = torch.bitwise_right_shift(torch.bitwise_left_shift(signed, 4), 4)  # arithmetic shift keeps the sign
-    high = torch.bitwise_right_shift(signed, 4)
-    return torch.cat((low, high), dim=-1)
-
-
-def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Return float32 values codes * scale from a packed int4 tensor and its per-row scales."""
-    half = packed.shape[-1]
-    out = torch.empty(*packed.shape[:-1], 2 * half, dtype=torch.float32, device=packed.device)
-    signed = packed.view(torch.int8)
-    torch.mul(torch.bitwise_right_shift(torch.bitwise_left_shift(signed, 4), 4), scale, out=out[..., :half])
-    torch.mul(torch.bitwise_right_shift(signed, 4), scale, out=out[..., half:])
-    return out
 
 
 def banded_causal_attention(query, key, value, window: int, block_size: int) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import time_median
+from .common import last_level_cache_bytes, time_median
 
 
 def bandwidth_floor(*, device: torch.device, threads: int, megabytes: int = 256, min_run_time: float = 0.3) -> dict:
@@ -51,9 +51,18 @@ def matmul_floor(*, device: torch.device, threads: int, size: int = 2048, dtype=
             "flop_per_s": 2 * size**3 / timing["seconds"], "runs": timing["runs"]}
 
 
+def buffer_megabytes(device: torch.device, quick: bool) -> int:
+    """Return the bandwidth buffer's size: 64 MiB for a quick run; else 256 MiB, or four times the CPU's
+    last-level cache where that is larger (capped at 2 GiB), so that main memory rather than cache is timed."""
+    if quick:
+        return 64
+    cache = last_level_cache_bytes() if device.type == "cpu" else None
+    return min(2048, max(256, 4 * cache // 2**20)) if cache else 256
+
+
 def measure_floors(*, device: torch.device, threads: int, quick: bool, progress) -> dict:
     """Return the floors record: bandwidth (copy, read) and matmul throughput; 'bytes_per_s' is the read floor."""
-    bandwidth = bandwidth_floor(device=device, threads=threads, megabytes=64 if quick else 256)
+    bandwidth = bandwidth_floor(device=device, threads=threads, megabytes=buffer_megabytes(device, quick))
     progress(f"floors: copy {bandwidth['copy_bytes_per_s'] / 1e9:.1f} GB/s, read {bandwidth['read_bytes_per_s'] / 1e9:.1f} GB/s")
     sizes = (512, 1024) if quick else (1024, 2048, 3072)
     tries = [matmul_floor(device=device, threads=threads, size=size) for size in sizes]

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from longctx import ch01, ch02, ch03, ch04
+from longctx import ch01, ch03, ch04, ch05
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks import common, decode, fast, floors, memory, prefill, ring, scan  # noqa: E402
-from benchmarks.__main__ import QUICK, summary_table  # noqa: E402
+from benchmarks.__main__ import QUICK, compile_summary, summary_table  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -59,36 +59,6 @@ def test_latent_decode_expanded_matches_ch03_latent_layer_last_token():
     assert torch.allclose(output, full[:, -1:], atol=1e-10)
 
 
-def test_latent_decode_absorbed_matches_expanded_and_ch04_absorbed_layer():
-    layer = _latent_layer(9)
-    x = _randn(1, 10, 32, seed=10)
-    with torch.no_grad():
-        _, cache = layer(x[:, :-1])
-        absorbed_out, latent = layer.forward_absorbed(x[:, -1:], cache)
-        query = ch01.split_heads(layer.query(x[:, -1:]), 4)
-        expanded = fast.latent_decode_expanded(query, latent, layer.key_up.weight, layer.value_up.weight)
-        absorbed = fast.latent_decode_absorbed(query, latent, layer.key_up.weight, layer.value_up.weight)
-        output = layer.output(ch01.merge_heads(absorbed))
-    assert torch.allclose(absorbed, expanded, atol=1e-10)
-    assert torch.allclose(output, absorbed_out, atol=1e-10)
-
-
-def test_int4_packing_round_trips_and_dequantises_like_ch02():
-    x = _randn(2, 3, 5, 16, seed=11, dtype=torch.float32)
-    codes, scale = ch02.quantize(x, 4)
-    packed = fast.pack_int4(codes)
-    assert packed.dtype == torch.uint8 and packed.shape[-1] == 8  # two codes a byte
-    assert torch.equal(fast.unpack_int4(packed), codes)
-    every_code = torch.arange(-8, 8, dtype=torch.int8).reshape(1, 16)
-    assert torch.equal(fast.unpack_int4(fast.pack_int4(every_code)), every_code)
-    assert torch.equal(fast.dequantize_int4(packed, scale), ch02.dequantize(codes, scale))
-
-
-def test_int4_packing_rejects_odd_width():
-    with pytest.raises(ValueError, match="even"):
-        fast.pack_int4(torch.zeros(2, 3, dtype=torch.int8))
-
-
 @pytest.mark.parametrize(("tokens", "window", "block"), [(37, 8, 4), (64, 16, 16), (50, 5, 7)])
 def test_banded_attention_matches_ch04_block_sparse_with_the_exact_window(tokens, window, block):
     query, key, value = (_randn(1, 2, tokens, 8, seed=s) for s in (12, 13, 14))
@@ -122,6 +92,15 @@ def test_ssm_decode_step_matches_ch04_sequential_scan():
 # --------------------------------------------------------------------------- smoke: every record has every field
 
 
+def test_the_bandwidth_buffer_outgrows_the_last_level_cache():
+    cache = common.last_level_cache_bytes()
+    assert cache is None or cache > 0
+    full = floors.buffer_megabytes(CPU, quick=False)
+    assert floors.buffer_megabytes(CPU, quick=True) == 64 and 256 <= full <= 2048
+    if cache:
+        assert full == min(2048, max(256, 4 * cache // 2**20))
+
+
 def test_floors_records_have_every_field():
     progress = common.Progress(enabled=False)
     record = floors.measure_floors(device=CPU, threads=1, quick=True, progress=progress)
@@ -134,38 +113,122 @@ def test_floors_records_have_every_field():
 
 @pytest.mark.parametrize("design", decode.DESIGNS)
 def test_each_decode_design_runs_once_with_every_field(design):
-    record = decode.measure_decode(design, 40, device=CPU, threads=1, floor_bytes_per_s=1e10, min_run_time=0.001)
+    record = decode.measure_decode(design, 40, device=CPU, threads=1, min_run_time=0.001, compile_updates=False)
     assert set(decode.RECORD_FIELDS) <= set(record)
     assert record["seconds"] > 0 and record["cache_bytes"] > 0 and record["bytes_moved"] >= record["cache_bytes"]
+    assert record["kind"] == ("flash" if design in decode.FLASH_DESIGNS else "baseline")
+    assert (record["tile"] is None) == (design in decode.BASELINES)
+    assert record["compiled"] is (False if design in decode.COMPILED else None)
+    decode.add_roofline(record, {"bytes_per_s": 1e10, "flop_per_s": 1e11})
+    assert record["percent_of_roofline"] > 0 and record["bound"] in ("memory", "arithmetic")
+
+
+def test_roofline_is_the_slower_of_reading_and_computing():
+    record = {"cache_bytes": 2e9, "flops": 3e11, "seconds": 0.5}
+    decode.add_roofline(record, {"bytes_per_s": 1e10, "flop_per_s": 1e12})  # 0.2 s to read, 0.3 s to compute
+    assert record["bound"] == "arithmetic" and math.isclose(record["roofline_seconds"], 0.3)
+    assert math.isclose(record["percent_of_roofline"], 60.0) and math.isclose(record["percent_of_floor"], 40.0)
+    record = {"cache_bytes": 4e9, "flops": 1e11, "seconds": 0.8}
+    decode.add_roofline(record, {"bytes_per_s": 1e10, "flop_per_s": 1e12})
+    assert record["bound"] == "memory" and math.isclose(record["percent_of_roofline"], 50.0)
+
+
+def _record(design, tokens, seconds, roof=None, extra=None, tile_bytes=100):
+    return {"design": design, "tokens": tokens, "seconds": seconds, "percent_of_roofline": roof,
+            "kind": "flash" if design in decode.FLASH_DESIGNS else "baseline", "extra_bytes": extra,
+            "tile_bytes": tile_bytes}
+
+
+def test_target_report_judges_each_target_against_the_right_reference():
+    records = [_record("gqa8", 8, 1.0, 70, extra=150), _record("gqa8-compiled", 8, 0.8, 80),
+               _record("int8", 8, 0.7, 20), _record("int8-compiled", 8, 0.3, 40),
+               _record("int4", 8, 0.9, 20), _record("int4-compiled", 8, 0.85, 30),
+               _record("mqa", 8, 0.2, 45, extra=400)]
+    lines = {(line["target"], line["design"]): line for line in decode.target_report(records, (8,))}
+    assert lines[("roofline", "gqa8")]["met"] and not lines[("roofline", "mqa")]["met"]
+    assert math.isclose(lines[("roofline", "mqa")]["gap"], 60 / 45)
+    int8 = lines[("ratio", "int8-compiled")]  # the faster int8 path against the faster float32 GQA-8 path
+    assert int8["reference"] == "gqa8-compiled" and math.isclose(int8["value"], 0.3 / 0.8) and int8["met"]
+    assert int8["aim_met"] and not lines[("ratio", "int4-compiled")]["met"]
+    assert lines[("memory", "gqa8")]["met"] and not lines[("memory", "mqa")]["met"]
+    assert ("roofline", "window-4k") not in lines  # not measured: no line, no verdict
+
+
+def test_peak_extra_bytes_sees_a_temporary_allocation():
+    def allocates():
+        scratch = torch.ones(16 * 2**20 // 4)  # 16 MiB, touched, then freed
+        return scratch.sum()
+
+    extra = common.peak_extra_bytes(allocates)
+    if extra is None:
+        pytest.skip("no /proc/self/clear_refs or glibc here: the measurement is Linux-only")
+    assert 15 * 2**20 <= extra <= 24 * 2**20
+    assert common.peak_extra_bytes(lambda: None) < 2**20
+
+
+def test_profile_step_lists_operators_by_time():
+    profile = decode.profile_step("int8", 256, device=CPU, threads=1, top=3)
+    assert profile["total_seconds"] > 0 and 1 <= len(profile["operators"]) <= 3
+    times = [op["self_seconds"] for op in profile["operators"]]
+    assert times == sorted(times, reverse=True) and all(0 <= op["share"] <= 1 for op in profile["operators"])
+    assert math.isclose(sum(profile["kinds"].values()), 1.0) and profile["kinds"]["matrix products"] > 0
+
+
+def test_profiler_operators_are_named_and_sorted_by_kind():
+    compiled = "## Call CompiledFxGraph fabc123 ##"
+    assert decode.operator_name(compiled) == "compiled tile update (inductor C++ kernel)"
+    assert decode.operator_kind(compiled) == "compiled kernel"
+    assert decode.operator_kind("aten::bmm") == "matrix products"
+    assert decode.operator_kind("aten::exp") == "elementwise and reductions"
+    assert decode.operator_kind("TorchDynamo Cache Lookup") == "overhead"
+
+
+def test_compile_summary_reports_the_first_call_of_each_compiled_design():
+    records = [{"design": "int8-compiled", "tokens": t, "seconds": 0.1, "warmup_seconds": w, "compiled": True,
+                "fallback_reason": None} for t, w in ((4096, 0.2), (1024, 12.1))]
+    summary = compile_summary(records)["int8-compiled"]
+    assert summary["tokens"] == 1024 and math.isclose(summary["compile_seconds"], 12.0)
+    assert "gqa8-compiled" not in compile_summary(records)
 
 
 def test_decode_cache_bytes_follow_the_design():
-    bytes_of = {d: decode.decode_case(d, 64, device=CPU).cache_bytes for d in ("mha", "gqa8-grouped", "mqa", "int8", "int4")}
-    assert bytes_of["mha"] == 4 * bytes_of["gqa8-grouped"] == 32 * bytes_of["mqa"]
-    assert bytes_of["int8"] == bytes_of["gqa8-grouped"] // 4 + 2 * 8 * 64 * 4  # codes + float32 scales
-    assert bytes_of["int4"] == bytes_of["gqa8-grouped"] // 8 + 2 * 8 * 64 * 4
+    bytes_of = {d: decode.decode_case(d, 64, device=CPU).cache_bytes for d in ("mha", "gqa8", "mqa", "int8", "int4")}
+    assert bytes_of["mha"] == 4 * bytes_of["gqa8"] == 32 * bytes_of["mqa"]
+    assert bytes_of["int8"] == bytes_of["gqa8"] // 4 + 2 * 8 * 64 * 4  # codes + float32 scales
+    assert bytes_of["int4"] == bytes_of["gqa8"] // 8 + 2 * 8 * 64 * 4
     window = decode.decode_case("window-4k", decode.WINDOW + 100, device=CPU, query_heads=4, head_dim=8)
     assert window.cache_bytes == 2 * decode.GQA_KV_HEADS * decode.WINDOW * 8 * 4
 
 
-def test_only_the_explicit_repeat_counts_extra_bytes_moved():
-    # repeat_kv writes and rereads each KV head once per query head; the grouped paths read the cache once
+def test_only_whole_cache_copies_count_extra_bytes_moved():
+    # repeat_kv writes and rereads each KV head once per query head; a dequantised step writes a float copy
     moved = {d: decode.decode_case(d, 64, device=CPU).bytes_moved
-             for d in ("gqa8-grouped", "gqa8-materialised", "gqa8-grouped-teaching")}
+             for d in ("gqa8", "gqa8-materialised", "gqa8-dense-teaching", "int8", "int8-dequantised")}
     groups = decode.QUERY_HEADS // decode.GQA_KV_HEADS
-    assert moved["gqa8-grouped-teaching"] == moved["gqa8-grouped"]
-    assert moved["gqa8-materialised"] == (1 + 2 * groups) * moved["gqa8-grouped"]
+    assert moved["gqa8-dense-teaching"] == moved["gqa8"]
+    assert moved["gqa8-materialised"] == (1 + 2 * groups) * moved["gqa8"]
+    assert moved["int8-dequantised"] == moved["int8"] + 2 * moved["gqa8"]
 
 
 def test_decode_designs_compute_the_same_attention_as_their_reference():
-    # every GQA-8 variant (materialised, grouped, SDPA enable_gqa, teaching) gives the same output
-    outputs = [decode.decode_case(d, 50, device=CPU, seed=3).step()
-               for d in ("gqa8-materialised", "gqa8-grouped", "gqa8-grouped-teaching", "gqa8-sdpa-gqa")]
-    for other in outputs[1:]:
-        assert torch.allclose(other, outputs[0], atol=1e-5)
-    expanded = decode.decode_case("latent-expanded", 30, device=CPU, seed=4).step()
-    absorbed = decode.decode_case("latent-absorbed", 30, device=CPU, seed=4).step()
-    assert torch.allclose(expanded, absorbed, atol=1e-4)
+    def step(design, seed, tokens=50):
+        return decode.decode_case(design, tokens, device=CPU, seed=seed, compile_updates=False).step()
+
+    gqa = [step(d, 3) for d in ("gqa8", "gqa8-compiled", "gqa8-sdpa", "gqa8-sdpa-gqa", "gqa8-materialised",
+                                "gqa8-dense-teaching")]
+    for other in gqa[1:]:
+        assert torch.allclose(other, gqa[0], atol=1e-5)
+    for cache in ("int8", "int4"):
+        quantised = [step(d, 4) for d in (cache, f"{cache}-compiled", f"{cache}-dequantised")]
+        assert all(torch.allclose(other, quantised[0], atol=1e-5) for other in quantised[1:])
+    assert torch.allclose(step("latent-expanded", 5, 30), step("latent-absorbed", 5, 30), atol=1e-4)
+
+
+def test_a_window_step_reads_only_its_window():
+    small = decode.decode_case("window-4k", 64, device=CPU, query_heads=4, head_dim=8, window=16)
+    large = decode.decode_case("window-4k", 6400, device=CPU, query_heads=4, head_dim=8, window=16)
+    assert small.cache_bytes == large.cache_bytes == 2 * decode.GQA_KV_HEADS * 16 * 8 * 4
+    assert small.flops == large.flops
 
 
 @pytest.mark.parametrize("design", prefill.DESIGNS)
@@ -213,8 +276,9 @@ def test_summary_table_names_machine_floor_and_crossovers():
     progress = common.Progress(False)
     results = {"machine": common.machine_record(CPU, 1, "quick"),
                "floors": {"bytes_per_s": 1e10, "flop_per_s": 1e11},
-               "decode": [decode.measure_decode("mha", 16, device=CPU, threads=1, floor_bytes_per_s=1e10,
-                                                min_run_time=0.001)],
+               "decode": [decode.add_roofline(decode.measure_decode("mha", 16, device=CPU, threads=1,
+                                                                    min_run_time=0.001),
+                                              {"bytes_per_s": 1e10, "flop_per_s": 1e11})],
                "prefill": prefill.run_prefill([16], ("full-sdpa", "linear-chunked"), device=CPU, threads=1,
                                               progress=progress, min_run_time=0.001)}
     table = summary_table(results)
@@ -238,6 +302,11 @@ def test_results_files_hold_every_figure():
             for record in results[part]:
                 assert set(fields) <= set(record), (path.name, part)
         assert {r["design"] for r in results["decode"]} == set(decode.DESIGNS)
+        assert all(r["percent_of_roofline"] > 0 for r in results["decode"]), path.name
+        assert results["targets"] and set(results["compile"]) == set(decode.COMPILED), path.name
+        for profile in results["profiles"]:
+            assert profile["operators"] and profile["total_seconds"] > 0, path.name
+            assert math.isclose(sum(profile["kinds"].values()), 1.0), path.name
 
 
 def test_quick_sizes_cover_every_part():
@@ -314,6 +383,7 @@ def test_command_line_quick_run_writes_a_complete_results_file(tmp_path, monkeyp
             "ring_parts": [2], "ring_tokens": 9, "min_run_time": 0.001}
     for key, value in tiny.items():
         monkeypatch.setitem(cli.QUICK, key, value)
+    monkeypatch.setattr(decode, "compiled_update", lambda design: ch05.fused_tile_update)  # no compiling here
     out = tmp_path / "tiny.json"
     threads_before = torch.get_num_threads()
     try:
@@ -326,6 +396,8 @@ def test_command_line_quick_run_writes_a_complete_results_file(tmp_path, monkeyp
     assert len(results["prefill"]) == len(prefill.DESIGNS) and results["ring"][0]["parts"] == 2
     printed = capsys.readouterr().out
     assert "decode step at T=64" in printed and f"wrote {out}" in printed
+    assert results["targets"] and isinstance(results["profiles"], list)
+    assert {r["design"] for r in results["decode"] if r["percent_of_roofline"] > 0} == set(decode.DESIGNS)
 
 
 def test_command_line_rejects_threads_below_one(capsys):
