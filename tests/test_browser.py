@@ -345,9 +345,9 @@ _QUARTO_PROSE = """() => {
 }"""
 # What Markdown looks like when it reached the reader as characters.
 _LEAKS = (
-    ("raw `$` (maths not typeset)", "maths span", re.compile(r"\$|\\\(|\\\)")),
-    ("raw `*word*` (emphasis printed as text)", "inline value", re.compile(r"(?<![\w*])\*[^\s*][^*\n]{0,80}?(?<=\S)\*(?![\w*])")),
-    ("raw backticks (code printed as text)", "inline value", re.compile(r"`")),
+    ("raw `$` (maths not typeset)", re.compile(r"\$|\\\(|\\\)")),
+    ("raw `*word*` (emphasis printed as text)", re.compile(r"(?<![\w*])\*[^\s*][^*\n]{0,80}?(?<=\S)\*(?![\w*])")),
+    ("raw backticks (code printed as text)", re.compile(r"`")),
 )
 
 
@@ -372,15 +372,11 @@ def _quarto_screenshot(page, path: Path) -> None:
 
 @pytest.mark.parametrize("name", QUARTO_PAGES)
 def test_quarto_page_reads_cleanly(name, quarto_book, quarto_server, browser, screenshots):
-    from awaiting import awaiting_kind
-
     book_dir = quarto_book.directory
     assert (book_dir / name).is_file(), f"{name} was not rendered"
     problems: list[str] = []
-    excused: list[str] = []
     page = browser.new_page()
     host = urllib.parse.urlsplit(quarto_server).hostname
-    source = str(Path(name).with_suffix(".qmd"))
 
     def on_request(request):
         requested = urllib.parse.urlsplit(request.url)
@@ -438,11 +434,10 @@ def test_quarto_page_reads_cleanly(name, quarto_book, quarto_server, browser, sc
         for match in RAW_QUARTO.finditer(text):
             start = max(0, match.start() - 40)
             problems.append(f"raw Quarto syntax {match.group(0)!r} in: ...{text[start : match.end() + 40]!r}")
-        for what, kind, pattern in _LEAKS:
+        for what, pattern in _LEAKS:
             for match in pattern.finditer(text):
                 start = max(0, match.start() - 40)
-                found = f"{what}: ...{text[start : match.end() + 40]!r}"
-                (excused if awaiting_kind(source, kind) else problems).append(found)
+                problems.append(f"{what}: ...{text[start : match.end() + 40]!r}")
 
         links = page.evaluate("() => Array.from(document.querySelectorAll('a[href]')).map(a => a.href)")
         for link in sorted(set(links)):
@@ -489,6 +484,4 @@ def test_quarto_page_reads_cleanly(name, quarto_book, quarto_server, browser, sc
         page.screenshot(path=str(shots / f"{stem}-narrow.png"))
     finally:
         page.close()
-    if excused:
-        print(f"{name}: {len(excused)} problem(s) awaiting other branches (tests/awaiting.py): {excused[:3]}")
     assert not problems, f"{name}:\n  " + "\n  ".join(problems)

@@ -45,7 +45,5 @@ def test_generated_modules_are_current(booktools):
 
 
 def test_book_integrity():
-    from awaiting import awaiting  # problems in chapters that other branches are fixing
-
-    problems = [problem for problem in check_book(load_book(REPO)) if not awaiting(problem)]
+    problems = check_book(load_book(REPO))
     assert problems == [], "\n".join(problems)

@@ -19,12 +19,10 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
-from awaiting import AWAITING_OTHER_BRANCHES, awaiting, awaiting_kind
 from bs4 import BeautifulSoup
 from longctx.booktools import quarto
 from longctx.booktools.apiref import api_reference_markdown, wrap_signature
 from longctx.booktools.book import load_book
-from longctx.booktools.check import check_book
 from longctx.booktools.numbering import compute_numbering
 from longctx.booktools.qmd import parse_file
 
@@ -323,10 +321,6 @@ def test_every_listed_file_is_a_page_and_the_sidebar_numbers_the_chapters(quarto
         if item.find_parent(class_="sidebar-item-section") is None or item.find_parent("ul", class_="collapse")
     ]
     shown = [text for text in shown if text != "Appendices"]
-    # An awaiting chapter's empty front matter makes Pandoc title it "—" (tests/awaiting.py).
-    for index, info in enumerate(numbering.chapters):
-        if awaiting_kind(info.display, "empty front matter") and f"{info.number} —" in shown:
-            expected[index] = f"{info.number} —"
     assert shown == expected
 
 
@@ -355,30 +349,9 @@ def _epubcheck(epub: Path) -> list[dict]:
     return messages
 
 
-def _xhtml_sources(epub: Path) -> dict[str, str]:
-    """EPUB/text/chNNN.xhtml -> the chapter file it holds (from its level-1 heading's label)."""
-    book = load_book(ROOT)
-    labels = {}
-    for info in compute_numbering(book).chapters:
-        if info.document is not None:
-            for heading in info.document.headings():
-                if heading.level == 1 and heading.label:
-                    labels[heading.label] = info.display
-                    break
-    found = {}
-    with zipfile.ZipFile(epub) as archive:
-        for name in archive.namelist():
-            if name.endswith(".xhtml") and "/text/" in name:
-                text = archive.read(name).decode("utf-8", "replace")
-                for label, source in labels.items():
-                    if f'id="{label}"' in text:
-                        found[name] = source
-    return found
-
-
 @pytest.mark.slow
 def test_the_epub_passes_epubcheck(quarto_book):
-    """No fatal error and no error in the EPUB, but those the awaiting chapters still cause.
+    """No fatal error and no error in the EPUB.
 
     Warnings are Quarto's and Pandoc's own and allowed: NAV-011 (the nav lists a chapter's sections
     before the chapter's own later anchors, as Pandoc's EPUB writer orders them).
@@ -386,42 +359,14 @@ def test_the_epub_passes_epubcheck(quarto_book):
     epub = next(quarto_book.directory.glob("*.epub"))
     assert epub.is_file()
     messages = _epubcheck(epub)
-    sources = _xhtml_sources(epub)
-    broken = {
-        message["path"]
+    problems = [
+        f"{message['severity']} {message['ID']} {message['path']}:{message['line']}: {message['message']}"
         for message in messages
-        if message["severity"] == "FATAL" and awaiting_kind(sources.get(message["path"], ""), "mermaid diagram without")
-    }
-    problems = []
-    with zipfile.ZipFile(epub) as archive:
-        for message in messages:
-            if message["severity"] not in ("FATAL", "ERROR"):
-                continue
-            if message["path"] in broken:
-                continue  # the unlabelled diagrams of an awaiting chapter (and what follows from them)
-            if message["ID"] == "RSC-012" and _links_into(archive, message, broken):
-                continue  # a link into a file EPUBCheck could not parse, for the reason above
-            problems.append(f"{message['severity']} {message['ID']} {message['path']}:{message['line']}: {message['message']}")
+        if message["severity"] in ("FATAL", "ERROR")
+    ]
     assert not problems, "\n".join(problems[:30])
 
 
-def _links_into(archive: zipfile.ZipFile, location: dict, broken: set[str]) -> bool:
-    """Whether the link EPUBCheck points at (the last one starting before its column) goes into `broken`."""
-    try:
-        text = archive.read(location["path"]).decode("utf-8", "replace").splitlines()[location["line"] - 1]
-    except (KeyError, IndexError):
-        return False
-    before = text[: location["column"]] if location["column"] > 0 else text
-    targets = re.findall(r'(?:href|src)="([^"#]*)#', before)
-    if not targets:
-        return False
-    target = targets[-1]
-    resolved = (Path(location["path"]).parent / target).as_posix() if target else location["path"]
-    resolved = re.sub(r"[^/]+/\.\./", "", resolved)
-    return resolved in broken
-
-
-@pytest.mark.slow
 def test_the_epub_has_a_language_and_no_links_to_web_pages_of_the_book(quarto_book):
     epub = next(quarto_book.directory.glob("*.epub"))
     with zipfile.ZipFile(epub) as archive:
@@ -431,18 +376,3 @@ def test_the_epub_has_a_language_and_no_links_to_web_pages_of_the_book(quarto_bo
             if name.endswith(".xhtml"):
                 text = archive.read(name).decode("utf-8", "replace")
                 assert not re.search(r'href="(?:\.\./)*(?:chapters/)?(?:ch\d\d|appendix|index)[\w-]*\.html', text), name
-
-
-# --- the lists of what other branches will fix ------------------------------------------------------
-
-
-def test_awaiting_entries_still_occur():
-    """Every entry of tests/awaiting.py still names a problem `check` finds: remove the ones fixed."""
-    found = check_book(load_book(ROOT))
-    stale = [
-        f"{file}: {start}"
-        for file, starts in AWAITING_OTHER_BRANCHES.items()
-        for start in starts
-        if not any(problem.startswith(file + ":") and awaiting(problem) and start in problem for problem in found)
-    ]
-    assert not stale, "fixed on the chapter's branch: remove from AWAITING_OTHER_BRANCHES:\n" + "\n".join(stale)

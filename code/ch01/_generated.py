@@ -4,7 +4,7 @@
 """Code saved from chapters/ch01-attention.qmd ("Attention from first principles")."""
 
 
-# chapters/ch01-attention.qmd:181
+# chapters/ch01-attention.qmd:184
 import math
 
 import torch
@@ -53,7 +53,7 @@ def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     return exps / torch.where(total > 0, total, ones)  # empty slice: 0 / 1
 
 
-# chapters/ch01-attention.qmd:293
+# chapters/ch01-attention.qmd:296
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -140,7 +140,7 @@ def scaled_dot_product_attention(
     return weights @ value, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
 
-# chapters/ch01-attention.qmd:521
+# chapters/ch01-attention.qmd:524
 def causal_mask(
     seq_len: int, *, device: torch.device | str | None = None
 ) -> Tensor:
@@ -166,7 +166,7 @@ def causal_mask(
     return full.tril()  # keep j <= i
 
 
-# chapters/ch01-attention.qmd:642
+# chapters/ch01-attention.qmd:645
 def split_heads(x: Tensor, heads: int) -> Tensor:
     """Return ``x`` reshaped from (B, T, H*d_h) to (B, H, T, d_h).
 
@@ -206,7 +206,7 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(batch, tokens, heads * head_dim)
 
 
-# chapters/ch01-attention.qmd:688
+# chapters/ch01-attention.qmd:691
 class MultiHeadAttention(nn.Module):
     """Multi-head self-attention: H heads of Equation 1.2 side by side.
 
@@ -267,7 +267,7 @@ class MultiHeadAttention(nn.Module):
         return self.output(merge_heads(attended))  # (B, T, d)
 
 
-# chapters/ch01-attention.qmd:837
+# chapters/ch01-attention.qmd:840
 def attention_pairs(seq_len: int, *, causal: bool = True) -> int:
     """Return how many (query, key) pairs attention scores, per head and layer.
 

@@ -596,7 +596,7 @@ def flash_decode_latent(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1989
+# chapters/ch05-measured.qmd:1992
 from longctx.support import check_int
 
 
@@ -632,7 +632,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2038
+# chapters/ch05-measured.qmd:2041
 import math
 
 import torch
@@ -691,7 +691,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2133
+# chapters/ch05-measured.qmd:2136
 import math
 import os
 
@@ -762,7 +762,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2212
+# chapters/ch05-measured.qmd:2215
 import dataclasses
 import importlib
 import socket
