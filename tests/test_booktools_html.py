@@ -198,9 +198,25 @@ def make_fixture_book(tmp_path: Path) -> tuple[Path, Path]:
                 code = cell.source.split("\n")[-1]
                 cell.outputs = OUTPUTS.get(code, [])
         if path.stem == "ch01-demo":
-            notebook.metadata.longctx.inline = [["value", "1"], ["value", "2"]]
+            record_values(notebook, ["1", "2"])
         nbformat.write(notebook, path)
     return root, executed
+
+
+def record_values(notebook, values: list[str]) -> None:
+    """Record inline values as `execute` does: `user_expressions` on each markdown cell, in order."""
+    from longctx.booktools.qmd import INLINE_EXPRESSION
+
+    pending = list(values)
+    for cell in notebook.cells:
+        if cell.cell_type != "markdown":
+            continue
+        found = [match.group("expr").strip() for match in INLINE_EXPRESSION.finditer(cell.source)]
+        taken, pending = pending[: len(found)], pending[len(found) :]
+        cell.metadata["user_expressions"] = [
+            {"expression": expression, "result": {"data": {"text/plain": repr(value)}, "metadata": {}, "status": "ok"}}
+            for expression, value in zip(found, taken, strict=False)
+        ]
 
 
 def fake_node_modules(tmp_path: Path) -> Path:
@@ -492,7 +508,7 @@ def test_an_inline_expression_without_a_recorded_value_is_named(tmp_path):
     root, executed = make_fixture_book(tmp_path)
     path = executed / "ch01-demo.ipynb"
     notebook = nbformat.read(path, as_version=4)
-    notebook.metadata.longctx.inline = [["value", "1"]]
+    record_values(notebook, ["1"])
     nbformat.write(notebook, path)
     with pytest.raises(BookError, match=r"^chapters/ch01-demo\.qmd:21: no value was recorded for `\{python\} value`"):
         book_html.build_book(root, executed, tmp_path / "_book", node_modules=fake_node_modules(tmp_path))

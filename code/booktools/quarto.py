@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import glob
+import json
 import os
 import re
 import shutil
@@ -176,7 +177,10 @@ def quarto_notebook(doc: Document, executed: dict | None) -> dict:
 
     for cell in doc.python_cells:
         add_markdown(cell.line - 1)
-        body = [text[len(cell.indent) :] if text.startswith(cell.indent) else text for text in cell.lines]
+        body = [text[len(cell.indent) :] if text.startswith(cell.indent) else text for text in cell.code_lines]
+        # Options go to Quarto one per line, whatever YAML spelling the chapter uses (a caption
+        # folded over several lines to fit 80 columns reaches Quarto's notebook reader mangled).
+        body = [f"#| {key}: {json.dumps(value, ensure_ascii=False)}" for key, value in cell.options.items()] + body
         code = {
             "cell_type": "code",
             "execution_count": None,
