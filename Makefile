@@ -5,7 +5,7 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-BOOK   := $(PY) -m longctx.booktools
+BOOK   := $(PY) -m booktools
 ENV_STAMP := $(VENV)/.installed
 # Quarto: on PATH, or in the venv from `pip install quarto-cli`. A failed install is remembered here so
 # that it is tried once per environment, not on every build.
@@ -27,7 +27,7 @@ help:
 	@echo "make notebooks   export notebooks/chNN-*.ipynb"
 	@echo "make execute     run every chapter as a notebook into _build/executed/"
 	@echo "make check       book integrity: references, labels, captions, generated code current"
-	@echo "make lint        ruff on code/, tests/ and benchmarks/"
+	@echo "make lint        ruff on code/, tools/, tests/ and benchmarks/"
 	@echo "make bench       the measured benchmarks (about 15 minutes on 2 cores)"
 	@echo "make bench-quick a two-minute smoke run of the benchmarks"
 	@echo "make preview     Quarto's live preview, where Quarto is installed"
@@ -37,11 +37,12 @@ help:
 # The package goes in as setuptools' strict editable install: a tree of links in build/ named by a plain
 # .pth path, which editors and type checkers (pyright) follow; code/ and data/ stay where they are.
 env: $(ENV_STAMP)
-$(ENV_STAMP): requirements.txt pyproject.toml
+$(ENV_STAMP): requirements.txt pyproject.toml tools/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the pinned packages into $(VENV) (first time: a few minutes)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e . --config-settings editable_mode=strict
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e tools
 	@touch $@
 
 $(WEB_STAMP): web/package.json web/package-lock.json
@@ -100,7 +101,7 @@ test: $(ENV_STAMP) $(WEB_STAMP)
 	$(PY) -m pytest
 
 lint: $(ENV_STAMP)
-	$(PY) -m ruff check code tests benchmarks
+	$(PY) -m ruff check code tools tests benchmarks
 
 bench: $(ENV_STAMP)
 	$(PY) -m benchmarks

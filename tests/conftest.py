@@ -49,8 +49,8 @@ class BookExecution:
 
 @pytest.fixture(scope="session")
 def book_execution(tmp_path_factory: pytest.TempPathFactory) -> BookExecution:
-    from longctx.booktools.book import load_book
-    from longctx.booktools.execute import execute_book
+    from booktools.book import load_book
+    from booktools.execute import execute_book
 
     book = load_book(REPO)
     work = tmp_path_factory.mktemp("real-book")
@@ -75,7 +75,7 @@ _QUARTO: dict = {}
 
 def _start_quarto_render(executed: Path, work: Path) -> None:
     """Render the Quarto edition in a background thread while the other tests run."""
-    from longctx.booktools.quarto import build_quarto_book, find_quarto
+    from booktools.quarto import build_quarto_book, find_quarto
 
     if find_quarto() is None or os.environ.get("LONGCTX_QUARTO_BOOK_DIR"):
         return
@@ -103,7 +103,7 @@ def quarto_book(request: pytest.FixtureRequest) -> QuartoBook:
 
     Set LONGCTX_QUARTO_BOOK_DIR to a rendered `_book/` to check that folder instead.
     """
-    from longctx.booktools.quarto import find_quarto
+    from booktools.quarto import find_quarto
 
     override = os.environ.get("LONGCTX_QUARTO_BOOK_DIR")
     if override:
@@ -132,7 +132,7 @@ def executed_book(book_execution: BookExecution) -> Path:
 @pytest.fixture(scope="session")
 def notebook_edition(executed_book: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real book's notebook edition (`_book/`), built once per session."""
-    from longctx.booktools.html import build_book
+    from booktools.html import build_book
 
     out = tmp_path_factory.mktemp("notebook-edition") / "_book"
     build_book(REPO, executed_book, out)
@@ -141,8 +141,8 @@ def notebook_edition(executed_book: Path, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture
 def booktools(capsys: pytest.CaptureFixture):
-    """Run `python -m longctx.booktools --root ROOT ARGS...` in-process: (exit code, stdout, stderr)."""
-    from longctx.booktools.cli import main
+    """Run `python -m booktools --root ROOT ARGS...` in-process: (exit code, stdout, stderr)."""
+    from booktools.cli import main
 
     def run(root: Path, *args: str) -> tuple[int, str, str]:
         capsys.readouterr()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from longctx.booktools.book import load_book
-from longctx.booktools.check import check_book
+from booktools.book import load_book
+from booktools.check import check_book
 
 # The shared fixture's diagram has no label (its numbering is what the other tooling tests
 # expect); the clean book labels it, which moves every later line of ch01-alpha.qmd down by two.
@@ -206,6 +206,6 @@ def test_the_shared_fixture_has_exactly_one_problem_its_unlabelled_diagram(fixtu
 
 
 def test_code_line_limit_is_what_the_page_fits():
-    from longctx.booktools.check import CODE_LINE_LIMIT
+    from booktools.check import CODE_LINE_LIMIT
 
     assert CODE_LINE_LIMIT == 80

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
-from longctx.booktools.execute import _substitute, inline_text, kernel_env
-from longctx.booktools.qmd import INLINE_EXPRESSION
+from booktools.execute import _substitute, inline_text, kernel_env
+from booktools.qmd import INLINE_EXPRESSION
 
 
 def test_inline_values_are_formatted_as_quarto_does():

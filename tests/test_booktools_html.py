@@ -16,10 +16,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from booktools import html as book_html
+from booktools.book import BookError, load_book
+from booktools.notebooks import export_book
 from bs4 import BeautifulSoup
-from longctx.booktools import html as book_html
-from longctx.booktools.book import BookError, load_book
-from longctx.booktools.notebooks import export_book
 
 
 def tiny_png(width: int = 4, height: int = 3) -> str:
@@ -205,7 +205,7 @@ def make_fixture_book(tmp_path: Path) -> tuple[Path, Path]:
 
 def record_values(notebook, values: list[str]) -> None:
     """Record inline values as `execute` does: `user_expressions` on each markdown cell, in order."""
-    from longctx.booktools.qmd import INLINE_EXPRESSION
+    from booktools.qmd import INLINE_EXPRESSION
 
     pending = list(values)
     for cell in notebook.cells:
@@ -549,7 +549,7 @@ def _page(edition: Path, name: str) -> BeautifulSoup:
 
 def _source_citations(info, keys) -> list[str]:
     """Every citation a chapter's source makes, as written (`[@a; @b, p. 3]`, `@a`), outside code."""
-    from longctx.booktools import qmd
+    from booktools import qmd
 
     texts = [block.text for block in info.document.markdown]
     texts += [str(cell.options.get(name)) for cell in info.document.python_cells for name in ("fig-cap", "tbl-cap")
@@ -571,7 +571,7 @@ def _citeproc(citations: list[str]) -> BeautifulSoup:
     """Pandoc's citeproc on its own (default style, no filter) for these citations."""
     import subprocess
 
-    from longctx.booktools.pandoc import pandoc_path
+    from booktools.pandoc import pandoc_path
 
     done = subprocess.run(
         [pandoc_path(), "--from=markdown", "--to=html", "--citeproc", f"--bibliography={REPO / 'references.bib'}"],
@@ -585,7 +585,7 @@ def _citeproc(citations: list[str]) -> BeautifulSoup:
 def test_real_chapter_cites_and_lists_references_as_citeproc_does(notebook_edition, source, name):
     from collections import Counter
 
-    from longctx.booktools.bib import bibliography_keys
+    from booktools.bib import bibliography_keys
 
     book = _real_book()
     info = next(info for info in book.numbering.chapters if info.entry.path == source)
@@ -660,7 +660,7 @@ def test_real_chapter_shows_the_book_numbering(notebook_edition, source, name):
 
 
 def test_defining_lines_follow_source_comments(tmp_path):
-    from longctx.booktools.apiref import defining_lines
+    from booktools.apiref import defining_lines
 
     generated = tmp_path / "_generated.py"
     generated.write_text(
@@ -675,9 +675,9 @@ def test_defining_lines_follow_source_comments(tmp_path):
 
 
 def test_api_reference_lists_every_public_name_with_a_section_link():
+    from booktools import qmd
+    from booktools.apiref import api_entries, api_reference_markdown
     from longctx import ch01
-    from longctx.booktools import qmd
-    from longctx.booktools.apiref import api_entries, api_reference_markdown
 
     entries = [entry for entry in api_entries(REPO) if entry.module == "longctx.ch01"]
     assert [entry.name for entry in entries] == list(ch01.__all__)
@@ -697,8 +697,8 @@ def test_api_reference_lists_every_public_name_with_a_section_link():
 
 
 def test_cli_passes_options_after_the_html_verb_to_the_builder(monkeypatch):
-    """`python -m longctx.booktools html --out X` reaches the builder with its options intact."""
-    from longctx.booktools import cli
+    """`python -m booktools html --out X` reaches the builder with its options intact."""
+    from booktools import cli
 
     seen = {}
     monkeypatch.setattr(book_html, "main", lambda argv: seen.setdefault("argv", argv) and 0)
@@ -707,7 +707,7 @@ def test_cli_passes_options_after_the_html_verb_to_the_builder(monkeypatch):
 
 
 def test_cli_rejects_unknown_options_for_other_verbs(capsys):
-    from longctx.booktools import cli
+    from booktools import cli
 
     with pytest.raises(SystemExit) as stop:
         cli.main(["tangle", "--bogus"])

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from longctx.booktools.book import load_book
-from longctx.booktools.notebooks import export_book, translate_inline
-from longctx.booktools.numbering import book_numbering, compute_numbering
+from booktools.book import load_book
+from booktools.notebooks import export_book, translate_inline
+from booktools.numbering import book_numbering, compute_numbering
 
 
 @pytest.fixture

@@ -5,9 +5,9 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from longctx.booktools.bib import bibliography_keys, render_citations
-from longctx.booktools.book import load_book
-from longctx.booktools.qmd import Cell, Markdown, QmdError, pandoc_slug, parse, parse_heading, walk
+from booktools.bib import bibliography_keys, render_citations
+from booktools.book import load_book
+from booktools.qmd import Cell, Markdown, QmdError, pandoc_slug, parse, parse_heading, walk
 
 
 def qmd(text: str) -> str:

@@ -10,8 +10,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from longctx.booktools.book import load_book
-from longctx.booktools.tangle import tangle_book
+from booktools.book import load_book
+from booktools.tangle import tangle_book
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,7 +114,7 @@ def test_saved_cells_in_order_with_header_and_source_lines(book, booktools):
     code, out, err = booktools(book, "tangle")
     assert (code, err) == (0, "")
     generated = (book / "code" / "ch01" / "_generated.py").read_text()
-    assert generated.startswith("# Generated from chapters/ch01-alpha.qmd by `python -m longctx.booktools tangle`.\n")
+    assert generated.startswith("# Generated from chapters/ch01-alpha.qmd by `python -m booktools tangle`.\n")
     assert "Do not edit" in generated.splitlines()[1]
     assert "scratch" not in generated
     assert "# @save" not in generated.splitlines() and "#| echo: false" not in generated
@@ -373,7 +373,7 @@ def test_cli_usage_errors_exit_2(book, booktools):
 
 def test_module_entry_point_runs_and_has_help():
     result = subprocess.run(
-        [sys.executable, "-m", "longctx.booktools", "--help"], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "booktools", "--help"], capture_output=True, text=True, cwd=REPO
     )
     assert result.returncode == 0
     for verb in ("tangle", "notebooks", "execute", "check", "html"):
@@ -395,6 +395,6 @@ def test_no_code_package_shadows_the_standard_library():
 
 
 def test_html_verb_without_its_module_says_so_and_exits_2(book, booktools, monkeypatch):
-    monkeypatch.setitem(sys.modules, "longctx.booktools.html", None)
+    monkeypatch.setitem(sys.modules, "booktools.html", None)
     code, _, err = booktools(book, "html")
-    assert code == 2 and "longctx.booktools.html" in err
+    assert code == 2 and "booktools.html" in err

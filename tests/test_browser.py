@@ -28,9 +28,9 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+from booktools import html as book_html
+from booktools.book import load_book
 from bs4 import BeautifulSoup
-from longctx.booktools import html as book_html
-from longctx.booktools.book import load_book
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from booktools.numbering import book_numbering
 from longctx import ch01, ch02, ch03, ch04
-from longctx.booktools.numbering import book_numbering
 from torch.utils._python_dispatch import TorchDispatchMode
 
 SEEDS = range(5)

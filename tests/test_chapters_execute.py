@@ -9,8 +9,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from longctx.booktools.book import load_book
-from longctx.booktools.check import check_book
+from booktools.book import load_book
+from booktools.check import check_book
 
 REPO = Path(__file__).resolve().parents[1]
 LISTED = [entry.path for entry in load_book(REPO).entries]

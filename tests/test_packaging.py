@@ -113,13 +113,15 @@ def _run_outside(python: Path, source: str, folder: Path) -> str:
 def test_wheel_is_what_runs_and_its_data_is_inside_it(wheel_python, tmp_path):
     script = textwrap.dedent(
         f"""
-        import json, sys
+        import importlib.util, json, sys
         import longctx
         from longctx import support, {", ".join(_chapter_modules())}
         print(json.dumps({{
             "package": list(longctx.__path__),
             "data": str(support.data_path()),
             "prefix": sys.prefix,
+            "tools": [name for name in ("booktools", "longctx.booktools")
+                      if importlib.util.find_spec(name) is not None],
         }}))
         """
     )
@@ -128,6 +130,9 @@ def test_wheel_is_what_runs_and_its_data_is_inside_it(wheel_python, tmp_path):
     assert prefix == wheel_python.parent.parent
     assert [Path(p).is_relative_to(prefix) for p in where["package"]] == [True], where["package"]
     assert Path(where["data"]).is_relative_to(prefix) and not Path(where["data"]).is_relative_to(ROOT)
+    # the build tools are not part of the readers' package (the project's editable install of them
+    # is a .pth file in the pinned packages' folder, which a path line does not run)
+    assert where["tools"] == [], where["tools"]
 
 
 @pytest.mark.slow

@@ -19,12 +19,12 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
+from booktools import quarto
+from booktools.apiref import api_reference_markdown, wrap_signature
+from booktools.book import load_book
+from booktools.numbering import compute_numbering
+from booktools.qmd import parse_file
 from bs4 import BeautifulSoup
-from longctx.booktools import quarto
-from longctx.booktools.apiref import api_reference_markdown, wrap_signature
-from longctx.booktools.book import load_book
-from longctx.booktools.numbering import compute_numbering
-from longctx.booktools.qmd import parse_file
 
 ROOT = Path(__file__).resolve().parents[1]
 EPUBCHECK = Path("/usr/share/java/epubcheck.jar")
@@ -260,7 +260,7 @@ def test_the_api_appendix_fits_the_page_and_links_by_fragment():
     assert len(blocks) > 50
     assert max(len(line) for block in blocks for line in block.splitlines()) <= 80
     numbering = compute_numbering(load_book(ROOT))
-    from longctx.booktools.html import heading_ids
+    from booktools.html import heading_ids
 
     ids = {label for label in numbering.targets}
     for info in numbering.chapters:
@@ -272,7 +272,7 @@ def test_the_api_appendix_fits_the_page_and_links_by_fragment():
 
 
 def test_the_api_appendix_reads_each_chapter_once(monkeypatch):
-    from longctx.booktools import numbering, qmd
+    from booktools import numbering, qmd
 
     parsed: dict[str, int] = {}
     original = qmd.parse_file

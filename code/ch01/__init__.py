@@ -1,4 +1,4 @@
-# Generated from chapters/ch01-attention.qmd by `python -m longctx.booktools tangle`.
+# Generated from chapters/ch01-attention.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
 """Attention from first principles: the code saved from chapters/ch01-attention.qmd."""
 

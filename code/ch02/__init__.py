@@ -1,4 +1,4 @@
-# Generated from chapters/ch02-tinygpt.qmd by `python -m longctx.booktools tangle`.
+# Generated from chapters/ch02-tinygpt.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
 """TinyGPT: a small language model and its KV cache: the code saved from chapters/ch02-tinygpt.qmd."""
 

@@ -1,4 +1,4 @@
-# Generated from chapters/ch03-long-context.qmd by `python -m longctx.booktools tangle`.
+# Generated from chapters/ch03-long-context.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
 """Attention, Position, and Long Context: the code saved from chapters/ch03-long-context.qmd."""
 

@@ -1,4 +1,4 @@
-# Generated from chapters/ch04-efficient-architectures.qmd by `python -m longctx.booktools tangle`.
+# Generated from chapters/ch04-efficient-architectures.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
 # ruff: noqa: E402, F811, I001
 """Code saved from chapters/ch04-efficient-architectures.qmd ("Efficient architectures: windows, sums, states and compressed caches")."""

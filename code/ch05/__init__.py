@@ -1,4 +1,4 @@
-# Generated from chapters/ch05-measured.qmd by `python -m longctx.booktools tangle`.
+# Generated from chapters/ch05-measured.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
 """What long context costs, measured: the code saved from chapters/ch05-measured.qmd."""
 

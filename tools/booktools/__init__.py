@@ -1,6 +1,6 @@
 """The book's own tooling: one `.qmd` parser and the steps built on it.
 
-Run as `python -m longctx.booktools <verb>`:
+Run as `python -m booktools <verb>`:
 
 - `tangle [--check] [FILE...]`: `# @save` cells -> code/chNN/_generated.py and __init__.py
 - `notebooks [FILE...]`: chapters -> notebooks/chNN-*.ipynb, Quarto syntax translated

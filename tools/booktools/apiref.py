@@ -19,7 +19,7 @@ The book is read once per call: one `_quarto.yml`, each chapter parsed and walke
 
 The appendix's only cell is
 
-    from longctx.booktools.apiref import api_reference
+    from booktools.apiref import api_reference
     api_reference()
 """
 

@@ -1,4 +1,4 @@
-"""Argument parsing and dispatch for `python -m longctx.booktools`."""
+"""Argument parsing and dispatch for `python -m booktools`."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def cmd_tangle(args: argparse.Namespace) -> int:
         stale = stale_outputs(result)
         for path in stale:
             print(f"{book.display(path)}: stale: it differs from what its chapter's `# @save` cells give "
-                  "(run `python -m longctx.booktools tangle`)", file=sys.stderr)
+                  "(run `python -m booktools tangle`)", file=sys.stderr)
         if stale:
             return EXIT_PROBLEMS
         if not args.quiet:
@@ -69,12 +69,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_html(args: argparse.Namespace) -> int:
     try:
-        html = importlib.import_module("longctx.booktools.html")
+        html = importlib.import_module("booktools.html")
     except ModuleNotFoundError as exc:
-        if exc.name not in ("longctx.booktools.html", "longctx.booktools"):
+        if exc.name not in ("booktools.html", "booktools"):
             raise
         print(
-            "html: the notebook-edition builder (longctx.booktools.html) is not installed yet; "
+            "html: the notebook-edition builder (booktools.html) is not installed yet; "
             "run `tangle`, `notebooks` and `execute` for the executed notebooks in _build/executed/",
             file=sys.stderr,
         )
@@ -96,7 +96,7 @@ def cmd_quarto(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m longctx.booktools",
+        prog="python -m booktools",
         description="Tools for the executable book: tangle chapters into modules, export and execute "
         "notebooks, check the book's integrity, build the notebook edition.",
         epilog="Exit status: 0 success, 1 the book has problems (printed as FILE:LINE: message), 2 usage error.",

@@ -1,6 +1,6 @@
 """The notebook edition of the book: the source rendered by pandoc, the outputs from the executed notebooks.
 
-`python -m longctx.booktools html` writes one page per file that `_quarto.yml` lists
+`python -m booktools html` writes one page per file that `_quarto.yml` lists
 into `_book/`, in book order:
 
 - the prose is the chapter's own source (`.qmd`), parsed once for the whole book and
@@ -23,7 +23,7 @@ into `_book/`, in book order:
   They are npm packages pinned in `web/package-lock.json`; when they are missing the
   build runs `npm ci --prefix web` once (Node.js and npm needed), else says what to run.
 
-Usage: `python -m longctx.booktools html [--executed DIR] [--out DIR]`.
+Usage: `python -m booktools html [--executed DIR] [--out DIR]`.
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ class _PageSource:
                 raise self.error(
                     line,
                     f"no value was recorded for `{{python}} {match.group('expr')}` in the executed notebook: "
-                    "run `python -m longctx.booktools execute` again",
+                    "run `python -m booktools execute` again",
                 )
             return queue.popleft()
 
@@ -301,7 +301,7 @@ class _PageSource:
                 raise self.error(
                     cell.line,
                     "this cell is not in the executed notebook (the chapter changed since it was executed): "
-                    "run `python -m longctx.booktools execute` again",
+                    "run `python -m booktools execute` again",
                 )
             outputs = self.cell_outputs(cell, self.outputs[cell.line])
             if outputs:
@@ -602,7 +602,7 @@ def build_book(
     node_modules = node_modules or ensure_node_modules(book.root)
     pages = plan_pages(book, executed)
     if not pages:
-        raise BookError(f"no executed notebooks in {executed}: run `python -m longctx.booktools execute` first")
+        raise BookError(f"no executed notebooks in {executed}: run `python -m booktools execute` first")
     if book.numbering.problems:  # a chapter that does not parse
         raise BookError("; ".join(str(problem) for problem in book.numbering.problems))
     project_options = book.config.get("execute") or {}
@@ -634,7 +634,7 @@ def build_book(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m longctx.booktools html",
+        prog="python -m booktools html",
         description="Build the notebook edition of the book (HTML) from its source and the executed notebooks.",
     )
     parser.add_argument("--executed", default=None, help="folder of executed notebooks (default: _build/executed)")
@@ -642,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default=None, help="the book's root (default: the folder holding _quarto.yml)")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:
-        argv = argv[1:]  # `python -m longctx.booktools html -- --out DIR`
+        argv = argv[1:]  # `python -m booktools html -- --out DIR`
     args = parser.parse_args(argv)
     try:
         root = Path(args.root).resolve() if args.root else find_root()

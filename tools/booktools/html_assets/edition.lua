@@ -1,6 +1,6 @@
 -- The notebook edition's pandoc filter: the book's own numbering, applied to the parsed source.
 --
--- longctx.booktools.html numbers the whole book once (numbering.py) and names, in the
+-- booktools.html numbers the whole book once (numbering.py) and names, in the
 -- metadata field `longctx-targets`, a JSON file holding every label's reference text,
 -- number and page, and the book's pages; `longctx-page` is the page being rendered.
 -- The filter runs before citeproc, so a label never reaches citeproc as a citation. It

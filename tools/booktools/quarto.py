@@ -1,6 +1,6 @@
 """The Quarto edition: Quarto renders the chapters that the notebook executor has already run.
 
-`python -m longctx.booktools quarto` (what `make book` runs where Quarto exists):
+`python -m booktools quarto` (what `make book` runs where Quarto exists):
 
 1. **Stage.** Every file `_quarto.yml` lists becomes a Quarto notebook in `_build/quarto/`:
    its markdown exactly as written (Quarto's cross-references, callouts, diagrams, inline
@@ -473,7 +473,7 @@ def build_quarto_book(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m longctx.booktools quarto",
+        prog="python -m booktools quarto",
         description="Render the Quarto edition from the executed chapters (run `execute` first).",
     )
     parser.add_argument("--root", default=None, help="the book's root (default: found from the cwd)")

@@ -399,7 +399,7 @@ def tangle_document(
     title = _chapter_title(doc)
     described = f'{doc.display} ("{title}")' if title else doc.display
     header = [
-        f"# Generated from {doc.display} by `python -m longctx.booktools tangle`.",
+        f"# Generated from {doc.display} by `python -m booktools tangle`.",
         "# Do not edit: change the chapter's `# @save` cells, then tangle again.",
         "# ruff: noqa: E402, F811, I001",
         f'"""Code saved from {_escape_docstring(described)}."""',
@@ -436,7 +436,7 @@ def tangle_document(
 
     public.sort(key=_member_key)
     init = [
-        f"# Generated from {doc.display} by `python -m longctx.booktools tangle`.",
+        f"# Generated from {doc.display} by `python -m booktools tangle`.",
         "# Do not edit: change the chapter's `# @save` cells, then tangle again.",
         f'"""{_escape_docstring(title or module)}: the code saved from {doc.display}."""',
         "",

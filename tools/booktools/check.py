@@ -168,7 +168,7 @@ def check_book(book: Book) -> list[str]:
     for problem in result.problems:
         add(problem.path, problem.line, problem.message)
     for path in stale_outputs(result):
-        add(book.display(path), 1, "generated module is stale: run `python -m longctx.booktools tangle`")
+        add(book.display(path), 1, "generated module is stale: run `python -m booktools tangle`")
 
     unique = sorted(set(problems), key=lambda item: (item[0], item[1], item[2]))
     return [f"{path}:{line}: {message}" for path, line, message in unique]
