@@ -31,12 +31,14 @@ help:
 	@echo "make clean       remove built output (keeps .venv); make distclean also removes .venv"
 
 # The environment: created on first use, reinstalled only when the pins or the package metadata change.
+# The package goes in as setuptools' strict editable install: a tree of links in build/ named by a plain
+# .pth path, which editors and type checkers (pyright) follow; code/ and data/ stay where they are.
 env: $(ENV_STAMP)
 $(ENV_STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the pinned packages into $(VENV) (first time: a few minutes)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e . --config-settings editable_mode=strict
 	@touch $@
 
 $(WEB_STAMP): web/package.json web/package-lock.json
@@ -97,4 +99,4 @@ clean:
 	find . -name "*.quarto_ipynb" -not -path "./$(VENV)/*" -delete
 
 distclean: clean
-	rm -rf $(VENV) web/node_modules
+	rm -rf $(VENV) web/node_modules build

@@ -6,6 +6,8 @@
   executed once, `--jobs 2`, into a temporary folder; gives the folder and each run.
 - `executed_book` (session scope): just that folder of executed notebooks
   (`<stem>.ipynb`), for tests that build the notebook edition from it.
+- `notebook_edition` (session scope): the real book's notebook edition, built once from
+  them into a temporary `_book/`.
 """
 
 from __future__ import annotations
@@ -55,6 +57,16 @@ def book_execution(tmp_path_factory: pytest.TempPathFactory) -> BookExecution:
 def executed_book(book_execution: BookExecution) -> Path:
     """The folder of the real book's executed notebooks (one `<stem>.ipynb` per listed file)."""
     return book_execution.directory
+
+
+@pytest.fixture(scope="session")
+def notebook_edition(executed_book: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real book's notebook edition (`_book/`), built once per session."""
+    from longctx.booktools.html import build_book
+
+    out = tmp_path_factory.mktemp("notebook-edition") / "_book"
+    build_book(REPO, executed_book, out)
+    return out
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
-from longctx.booktools.execute import _HELPER, _HELPER_SOURCE, INLINE, _substitute, kernel_env
+from longctx.booktools.execute import _HELPER, _HELPER_SOURCE, _substitute, kernel_env
+from longctx.booktools.qmd import INLINE_EXPRESSION
 
 
 def test_inline_values_are_formatted_as_quarto_does():
@@ -26,7 +27,7 @@ def test_inline_values_are_formatted_as_quarto_does():
 
 def test_inline_pattern_and_substitution_in_order():
     text = "A `{python} a` and `{python} f\"{b:.1f}\"` but not `python a` or ```{python}```."
-    assert [match.group("expr") for match in INLINE.finditer(text)] == ["a", 'f"{b:.1f}"']
+    assert [match.group("expr") for match in INLINE_EXPRESSION.finditer(text)] == ["a", 'f"{b:.1f}"']
     assert _substitute(text, ["1", "2.0"]) == "A 1 and 2.0 but not `python a` or ```{python}```."
 
 
@@ -51,6 +52,8 @@ def test_execute_substitutes_inline_expressions_at_their_position(fixture_book, 
     assert "Four tokens give 10 pairs." in prose
     assert "Now changed." in prose
     assert "{python}" not in prose
+    # every value in the order it was evaluated: the notebook edition reads them from here
+    assert notebook.metadata.longctx.inline == [["label", "10"], ["label", "changed"]]
     figure = next(cell for cell in notebook.cells if cell.metadata.get("longctx", {}).get("label") == "fig-ch01-curve")
     assert figure.metadata.longctx.number == "1.1" and figure.metadata.longctx.alt == "A rising curve."
     assert all(cell.get("execution_count") for cell in notebook.cells if cell.cell_type == "code")

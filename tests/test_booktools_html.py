@@ -1,8 +1,14 @@
-"""The `html` verb: executed notebooks -> the notebook edition's pages (fast, no browser)."""
+"""The `html` verb: the source and the executed notebooks -> the notebook edition's pages (fast, no browser).
+
+A small book with every construct the edition renders, "executed" by hand: the real export
+writes its notebooks (so cells carry their source lines) and the tests fill in the outputs
+and the inline values that `execute` would record.
+"""
 
 from __future__ import annotations
 
 import base64
+import functools
 import re
 import struct
 import zlib
@@ -12,6 +18,8 @@ import nbformat
 import pytest
 from bs4 import BeautifulSoup
 from longctx.booktools import html as book_html
+from longctx.booktools.book import BookError, load_book
+from longctx.booktools.notebooks import export_book
 
 
 def tiny_png(width: int = 4, height: int = 3) -> str:
@@ -42,6 +50,21 @@ book:
     - chapters/ch02-more.qmd
   appendices:
     - chapters/appendix-extra.qmd
+bibliography: references.bib
+"""
+
+REFERENCES = r"""
+@string{neurips = "Advances in Neural Information Processing Systems"}
+@inproceedings{vaswani2017attention,
+  author = {Vaswani, Ashish and Shazeer, Noam and Parmar, Niki and Uszkoreit, Jakob},
+  title = {Attention Is All You Need}, booktitle = neurips, year = {2017}}
+@inproceedings{gu2021s4,
+  author = {Gu, Albert and Goel, Karan and R{\'e}, Christopher},
+  title = {Efficiently Modeling Long Sequences with Structured State Spaces}, year = {2022}}
+@article{grattafiori2024llama3, author = {Grattafiori, Aaron and others}, title = {The Llama 3 Herd of Models},
+  journal = {arXiv preprint arXiv:2407.21783}, year = {2024}}
+@misc{su2021roformer, author = {Su, Jianlin and Lu, Yu}, title = {{RoFormer}}, year = {2021}}
+@misc{never2020cited, author = {Nobody, Anne}, title = {Never Cited}, year = {2020}}
 """
 
 INDEX = """\
@@ -53,7 +76,7 @@ Welcome. The book has maths like $x^2$.
 CH01 = """\
 # Demo chapter {#sec-ch01-demo}
 
-Intro.
+Intro cites [@vaswani2017attention] and @gu2021s4.
 
 ## Softmax {#sec-ch01-softmax}
 
@@ -61,21 +84,23 @@ $$
 y = e^x
 $$ {#eq-ch01-exp}
 
-See @fig-ch01-plot.
+See @fig-ch01-plot. The value was `{python} value` here.
 
 ```{python}
 #| label: fig-ch01-plot
-#| fig-cap: "How does it grow?"
+#| fig-cap: "How does it *grow*? [@grattafiori2024llama3]"
 #| fig-alt: "A grey square."
 #| code-fold: true
 plot()
 ```
 
+Then it was `{python} value`.
+
 ## Unlabelled section
 
 ```{python}
 #| label: tbl-ch01-sizes
-#| tbl-cap: "Sizes"
+#| tbl-cap: "Sizes, by @eq-ch01-exp"
 table()
 ```
 
@@ -90,6 +115,11 @@ graph LR
 
 : Static sizes {#tbl-ch01-static}
 
+```{python}
+#| echo: false
+print("shown without its code")
+```
+
 ## Exercises {#sec-ch01-exercises}
 
 ::: {.callout-tip collapse="true" title="Solution 1.1"}
@@ -101,6 +131,14 @@ answer = 42  # see @eq-ch01-exp
 
 Done.
 :::
+
+::: {.callout-note}
+## A note on @sec-ch01-softmax
+
+Noted.
+:::
+
+After the callouts.
 """
 
 CH02 = """\
@@ -108,115 +146,60 @@ CH02 = """\
 
 ## Uses {#sec-ch02-uses}
 
-Back to @sec-ch01-softmax.
+Back to @sec-ch01-softmax, see [the demo](ch01-demo.qmd) and @sec-ch01-demo,
+[Fig. @fig-ch01-plot] and -@tbl-ch01-sizes. With $x$ from @eq-ch01-exp.
+Cites [@su2021roformer; @grattafiori2024llama3, p. 7]. Pandoc reads a label and a
+bracket after it as one citation: @tbl-ch01-static [see @gu2021s4, p. 2].
+
+## Uses again
 """
 
 APPX = """\
 # Extra {#sec-extra}
 
 ## Details
+
+Nothing here.
 """
 
-
-def code_cell(source, outputs, longctx=None):
-    cell = nbformat.v4.new_code_cell(source)
-    cell.outputs = outputs
-    if longctx:
-        cell.metadata["longctx"] = longctx
-    return cell
-
-
-CALLOUT = {"collapse": True, "id": "callout-1", "title": "Solution 1.1", "type": "tip"}
-
-
-def callout_md(part, source):
-    cell = nbformat.v4.new_markdown_cell(source)
-    cell.metadata["longctx"] = {"callout": CALLOUT | {"part": part}}
-    return cell
-
-
-def caption_md(kind, label, source):
-    cell = nbformat.v4.new_markdown_cell(source)
-    cell.metadata["longctx"] = {"kind": kind, "label": label, "role": "caption"}
-    return cell
+OUTPUTS = {  # the source of a code cell -> the outputs its execution gives
+    "plot()": [nbformat.v4.new_output("display_data", data={"image/png": tiny_png(), "text/plain": "<Figure>"})],
+    "table()": [
+        nbformat.v4.new_output("stream", name="stdout", text="progress 10%"),
+        nbformat.v4.new_output("stream", name="stdout", text="\rprogress 100%\ndone\n"),
+        nbformat.v4.new_output(
+            "execute_result", data={"text/markdown": "| a | b |\n|---|---|\n| 1 | 2 |", "text/plain": "<Md>"}
+        ),
+    ],
+    'print("shown without its code")': [nbformat.v4.new_output("stream", name="stdout", text="shown without its code\n")],
+}
 
 
 def make_fixture_book(tmp_path: Path) -> tuple[Path, Path]:
-    """A two-chapter book with one appendix and its 'executed' notebooks; returns (root, executed)."""
+    """The book and its "executed" notebooks; returns (root, executed)."""
     root = tmp_path / "book"
     (root / "chapters").mkdir(parents=True)
-    (root / "_quarto.yml").write_text(QUARTO)
-    (root / "index.qmd").write_text(INDEX)
-    (root / "chapters" / "ch01-demo.qmd").write_text(CH01)
-    (root / "chapters" / "ch02-more.qmd").write_text(CH02)
-    (root / "chapters" / "appendix-extra.qmd").write_text(APPX)
+    for name, text in {
+        "_quarto.yml": QUARTO,
+        "references.bib": REFERENCES,
+        "index.qmd": INDEX,
+        "chapters/ch01-demo.qmd": CH01,
+        "chapters/ch02-more.qmd": CH02,
+        "chapters/appendix-extra.qmd": APPX,
+    }.items():
+        (root / name).write_text(text)
     executed = root / "_build" / "executed"
-    executed.mkdir(parents=True)
-    md = nbformat.v4.new_markdown_cell
-    out = nbformat.v4.new_output
-    index = nbformat.v4.new_notebook(cells=[md("# Preface\n\nWelcome. The book has maths like $x^2$.")])
-    ch01 = nbformat.v4.new_notebook(
-        cells=[
-            md(
-                "# 1 Demo chapter\n\nIntro.\n\n## 1.1 Softmax\n\n$$\ny = e^x \\tag{1.1}\n$$\n\nSee Figure 1.1 and Equation 1.1."
-            ),
-            code_cell(
-                '#| label: fig-ch01-plot\n#| fig-cap: "How does it grow?"\n#| fig-alt: "A grey square."\n'
-                "#| code-fold: true\nplot()",
-                [out("display_data", data={"image/png": tiny_png(), "text/plain": "<Figure>"})],
-                {
-                    "label": "fig-ch01-plot",
-                    "number": "1.1",
-                    "caption": "How does it grow?",
-                    "alt": "A grey square.",
-                },
-            ),
-            caption_md("figure", "fig-ch01-plot", "**Figure 1.1:** How does it *grow*?"),
-            md("## 1.2 Unlabelled section"),
-            caption_md("table", "tbl-ch01-sizes", "**Table 1.1:** *Sizes*"),
-            code_cell(
-                '#| label: tbl-ch01-sizes\n#| tbl-cap: "Sizes"\ntable()',
-                [
-                    out("stream", name="stdout", text="progress 10%"),
-                    out("stream", name="stdout", text="\rprogress 100%\ndone\n"),
-                    out(
-                        "execute_result",
-                        data={"text/markdown": "| a | b |\n|---|---|\n| 1 | 2 |", "text/plain": "<Markdown>"},
-                        execution_count=2,
-                    ),
-                ],
-                {"label": "tbl-ch01-sizes", "number": "1.1", "caption": "Sizes"},
-            ),
-            md(
-                '```mermaid\ngraph LR\n  A["one<br/>two"] --> B\n```\n\n| x | y |\n|---|---|\n| 1 | 2 |\n\n\n'
-                "**Table 1.2:** Static sizes"
-            ),
-            md("## 1.3 Exercises"),
-            callout_md(
-                "start",
-                '<div class="callout callout-tip callout-collapse">\n<p class="callout-title">Solution 1.1</p>\n\nExplained.\n\n</div>',
-            ),
-            code_cell("answer = 42  # see @eq-ch01-exp", [], {"callout": CALLOUT | {"part": "code"}}),
-            callout_md("continued", '<div class="callout callout-tip callout-continued">\n\nDone.\n\n</div>'),
-            md("After the callout."),
-        ]
-    )
-    ch02 = nbformat.v4.new_notebook(
-        cells=[
-            md(
-                "# 2 More\n\n## A heading only the export has\n\n## 2.1 Uses\n\nBack to Section 1.1, see [the demo](ch01-demo.ipynb) and Chapter 1. "
-                "With $x$ from Equation 1.1 and $\\text{Figure 1.1}$ untouched."
-            )
-        ]
-    )
-    appx = nbformat.v4.new_notebook(cells=[md("# A Extra\n\n## A.1 Details\n\nNothing here.")])
-    for name, notebook in (
-        ("index", index),
-        ("ch01-demo", ch01),
-        ("ch02-more", ch02),
-        ("appendix-extra", appx),
-    ):
-        nbformat.write(notebook, executed / f"{name}.ipynb")
+    paths, problems = export_book(load_book(root), executed)
+    assert problems == []
+    for path in paths:
+        notebook = nbformat.read(path, as_version=4)
+        for cell in notebook.cells:
+            if cell.cell_type == "code":
+                code = cell.source.split("\n")[-1]
+                cell.outputs = OUTPUTS.get(code, [])
+        if path.stem == "ch01-demo":
+            notebook.metadata.longctx.inline = [["value", "1"], ["value", "2"]]
+        nbformat.write(notebook, path)
     return root, executed
 
 
@@ -228,13 +211,19 @@ def fake_node_modules(tmp_path: Path) -> Path:
     return modules
 
 
-@pytest.fixture
-def built(tmp_path):
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The fixture book built once for the tests that only read it."""
+    tmp_path = tmp_path_factory.mktemp("html")
     root, executed = make_fixture_book(tmp_path)
     out = tmp_path / "_book"
     pages = book_html.build_book(root, executed, out, node_modules=fake_node_modules(tmp_path))
     soups = {page.name: BeautifulSoup(page.read_text(), "html.parser") for page in pages}
     return out, pages, soups
+
+
+def text_of(tag) -> str:
+    return re.sub(r"[ \t\n]+", " ", tag.get_text()).strip()  # a no-break space stays one
 
 
 def test_one_page_per_listed_file_in_book_order(built):
@@ -258,6 +247,19 @@ def test_every_page_has_title_sidebar_and_chapter_number(built):
     assert soups["ch01-demo.html"].select_one("h1").get("id") == "sec-ch01-demo"
 
 
+def test_sidebar_lists_the_page_sections_with_their_numbers(built):
+    _, _, soups = built
+    sections = [
+        (a["href"], text_of(a)) for a in soups["ch01-demo.html"].select(".sidebar .current .sidebar-sections a")
+    ]
+    assert sections == [
+        ("#sec-ch01-softmax", "1.1 Softmax"),
+        ("#unlabelled-section", "1.2 Unlabelled section"),
+        ("#sec-ch01-exercises", "1.3 Exercises"),
+        ("#references", "References"),
+    ]
+
+
 def test_previous_and_next_links_follow_book_order(built):
     _, _, soups = built
     nav = soups["ch01-demo.html"].select_one(".page-nav")
@@ -273,49 +275,62 @@ def test_contents_page_links_every_chapter_in_order(built):
     assert links == ["ch01-demo.html", "ch02-more.html", "appendix-extra.html"]
 
 
-def test_headings_get_quarto_ids(built):
+def test_headings_are_numbered_with_the_ids_quarto_gives_them(built):
     _, _, soups = built
-    assert soups["ch02-more.html"].find("h2", id="sec-ch02-uses") is not None
-    assert soups["ch02-more.html"].find("h2", id="a-heading-only-the-export-has") is not None
     soup = soups["ch01-demo.html"]
-    assert soup.find("h2", id="sec-ch01-softmax").get_text().startswith("1.1 Softmax")
-    assert soup.find("h2", id="unlabelled-section") is not None
+    assert text_of(soup.find("h2", id="sec-ch01-softmax")) == "1.1 Softmax"
+    assert text_of(soup.find("h2", id="unlabelled-section")) == "1.2 Unlabelled section"
     assert [h1.get_text() for h1 in soup.find_all("h1")] == ["1 Demo chapter"]
+    assert text_of(soups["appendix-extra.html"].find("h2", id="details")) == "A.1 Details"
+    assert text_of(soups["ch02-more.html"].find("h2", id="uses-again")) == "2.2 Uses again"
+    # the ids the API reference links to (qmd's section ids) are the ones pandoc gave
+    book = load_book(built[0].parent / "book")
+    for info in book.numbering.chapters:
+        page = soups[f"{Path(info.entry.path).stem}.html"]
+        rendered = [tag["id"] for tag in page.select("article h2[id], article h3[id]") if tag["id"] != "references"]
+        assert rendered == [ident for heading, ident in info.document.section_ids if heading.level > 1]
 
 
-def test_figure_has_caption_alt_and_file(built):
+def test_figure_has_numbered_caption_alt_and_file(built):
     out, _, soups = built
     figure = soups["ch01-demo.html"].find("figure", id="fig-ch01-plot")
     img = figure.find("img")
     assert img["alt"] == "A grey square."
     assert (out / img["src"]).is_file()
-    assert figure.figcaption.get_text() == "Figure\u00a01.1: How does it grow?"
-    assert figure.figcaption.find("em").get_text() == "grow"  # the export's caption cell, rendered
+    assert text_of(figure.figcaption) == "Figure\u00a01.1: How does it grow? (Grattafiori et al. 2024)"
+    assert figure.figcaption.find("em").get_text() == "grow"  # the caption is markdown
 
 
-def test_caption_cell_is_not_repeated(built):
+def test_static_and_computed_tables_have_numbered_captions_and_scroll(built):
     _, _, soups = built
-    assert "Figure 1.1:" not in soups["ch01-demo.html"].select_one("article").get_text().replace(
-        soups["ch01-demo.html"].find("figcaption").get_text(), ""
-    )
+    soup = soups["ch01-demo.html"]
+    computed = soup.find("table", id="tbl-ch01-sizes")
+    assert text_of(computed.caption) == "Table\u00a01.1: Sizes, by Equation\u00a01.1"
+    assert computed.caption.find("a")["href"] == "#eq-ch01-exp"
+    static = soup.find("table", id="tbl-ch01-static")
+    assert text_of(static.caption) == "Table\u00a01.2: Static sizes"
+    for table in (computed, static):
+        assert "table-scroll" in table.parent["class"]
 
 
-def test_static_table_caption_and_id(built):
+def test_equation_is_tagged_with_its_number_and_id(built):
     _, _, soups = built
-    table = soups["ch01-demo.html"].find("table", id="tbl-ch01-static")
-    assert table is not None and table.caption.get_text() == "Table\u00a01.2: Static sizes"
+    equation = soups["ch01-demo.html"].find(id="eq-ch01-exp")
+    assert equation.select_one(".math.display").get_text() == "\\[\ny = e^x\n\\tag{1.1}\\]"
 
 
-def test_callout_split_across_cells_is_one_closed_details(built):
+def test_callouts_collapsed_or_open_with_their_titles(built):
     _, _, soups = built
     callouts = soups["ch01-demo.html"].select(".callout")
-    assert len(callouts) == 1
-    callout = callouts[0]
-    assert callout.name == "details" and not callout.has_attr("open")
-    assert callout.summary.get_text() == "Solution 1.1"
-    text = callout.get_text()
+    assert [callout.name for callout in callouts] == ["details", "div"]
+    solution, note = callouts
+    assert not solution.has_attr("open") and text_of(solution.summary) == "Solution 1.1"
+    text = solution.get_text()
     assert "Explained." in text and "answer = 42" in text and "Done." in text
-    assert "Equation 1.1" in text and "@eq-" not in text  # references in code read as text
+    assert "Equation 1.1" in text and "@eq-" not in text  # a label in code reads as its reference
+    assert text_of(note.select_one(".callout-title")) == "A note on Section 1.1"  # a heading as title, linked
+    assert note.select_one(".callout-title a")["href"] == "#sec-ch01-softmax"
+    assert text_of(note.select_one(".callout-body")) == "Noted."
 
 
 def test_mermaid_source_stays_text(built):
@@ -325,43 +340,99 @@ def test_mermaid_source_stays_text(built):
     assert 'A["one<br/>two"] --> B' in pre.get_text()
 
 
-def test_folded_code_is_closed_details_without_option_lines(built):
+def test_code_folds_hides_and_shows_without_option_lines(built):
     _, _, soups = built
     soup = soups["ch01-demo.html"]
     details = soup.select_one("details.code-fold")
     assert details is not None and not details.has_attr("open")
     assert "plot()" in details.get_text()
     assert "#|" not in soup.get_text()
+    assert "shown without its code" in soup.select_one("article").get_text()
+    assert 'print("shown' not in soup.select_one("article").get_text()  # echo: false
 
 
-def test_computed_table_has_caption_and_scrolls(built):
-    _, _, soups = built
-    table = soups["ch01-demo.html"].find("table", id="tbl-ch01-sizes")
-    assert table.caption.get_text() == "Table\u00a01.1: Sizes"
-    assert table.caption.find("em") is not None  # from the export's caption cell, which comes first
-    assert "Table 1.1:" not in soups["ch01-demo.html"].select_one("article").get_text().replace(
-        table.caption.get_text(), ""
-    )
-    assert "table-scroll" in table.parent["class"]
-
-
-def test_progress_output_keeps_last_rewrite(built):
+def test_streams_are_coalesced_keeping_the_last_rewrite(built):
     _, _, soups = built
     text = soups["ch01-demo.html"].select_one("pre.output-stream").get_text()
     assert text == "progress 100%\ndone"
 
 
-def test_crossrefs_become_links_across_pages(built):
+def test_inline_values_are_the_ones_recorded_in_order(built):
+    _, _, soups = built
+    text = text_of(soups["ch01-demo.html"].select_one("article"))
+    assert "The value was 1 here." in text and "Then it was 2." in text
+
+
+def test_crossrefs_are_links_made_from_labels(built):
     _, _, soups = built
     ch01 = {a.get_text(): a["href"] for a in soups["ch01-demo.html"].select("a.crossref")}
-    assert "Figure 1.1" in ch01
-    assert ch01["Figure 1.1"] == "#fig-ch01-plot"
-    assert ch01["Equation 1.1"] == "#eq-ch01-exp"
-    ch02 = {a.get_text(): a["href"] for a in soups["ch02-more.html"].select("a.crossref")}
-    assert ch02["Section 1.1"] == "ch01-demo.html#sec-ch01-softmax"
-    assert ch02["Chapter 1"] == "ch01-demo.html"
-    assert ch02["Equation 1.1"] == "ch01-demo.html#eq-ch01-exp"  # beside inline maths
-    assert "Figure 1.1" not in ch02  # inside maths: left alone
+    assert ch01["Figure\u00a01.1"] == "#fig-ch01-plot"
+    ch02 = [(a.get_text(), a["href"]) for a in soups["ch02-more.html"].select("a.crossref")]
+    assert ch02 == [
+        ("Section 1.1", "ch01-demo.html#sec-ch01-softmax"),
+        ("Chapter 1", "ch01-demo.html"),
+        ("Fig.\u00a01.1", "ch01-demo.html#fig-ch01-plot"),
+        ("1.1", "ch01-demo.html#tbl-ch01-sizes"),
+        ("Equation\u00a01.1", "ch01-demo.html#eq-ch01-exp"),
+        ("Table\u00a01.2", "ch01-demo.html#tbl-ch01-static"),
+    ]
+
+
+def test_citations_and_references_per_chapter(built):
+    """citeproc's Chicago author-date, as in the Quarto edition: "et al." from four authors or `and others`."""
+    _, _, soups = built
+    ch01 = soups["ch01-demo.html"]
+    assert [text_of(span) for span in ch01.select("span.citation")] == [
+        "(Vaswani et al. 2017)",
+        "Gu, Goel, and R\u00e9 (2022)",  # three authors are named; the accent of R{\'e} is kept
+        "(Grattafiori et al. 2024)",
+    ]
+    assert [entry["id"] for entry in ch01.select("#refs .csl-entry")] == [
+        "ref-grattafiori2024llama3",
+        "ref-gu2021s4",
+        "ref-vaswani2017attention",
+    ]
+    assert text_of(ch01.select_one("#ref-vaswani2017attention")).startswith(
+        "Vaswani, Ashish, Noam Shazeer, Niki Parmar, and Jakob Uszkoreit. 2017."
+    )
+    assert "Advances in Neural Information Processing Systems" in text_of(ch01.select_one("#refs"))  # @string
+    assert ch01.select_one("span.citation a")["href"] == "#ref-vaswani2017attention"
+    ch02 = soups["ch02-more.html"]
+    assert [text_of(span) for span in ch02.select("span.citation")] == [
+        "(Su and Lu 2021; Grattafiori et al. 2024, 7)",
+        "(see Gu, Goel, and R\u00e9 2022, 2)",  # the label became a link, the key stayed a citation
+    ]
+    assert len(ch02.select("#refs .csl-entry")) == 3
+    for name in ("index.html", "appendix-extra.html"):  # nothing cited: no References section
+        assert soups[name].select_one("#refs") is None and soups[name].find(id="references") is None
+
+
+CSL_ET_AL_FROM_THREE = """\
+<?xml version="1.0" encoding="utf-8"?>
+<style xmlns="http://purl.org/net/xbiblio/csl" class="in-text" version="1.0">
+  <info><title>Author-year, et al. from three</title><id>etal3</id><updated>2024-01-01T00:00:00+00:00</updated></info>
+  <citation et-al-min="3" et-al-use-first="1">
+    <layout prefix="(" suffix=")" delimiter="; ">
+      <group delimiter=" "><names variable="author"><name form="short" and="text"/></names>
+        <date variable="issued"><date-part name="year"/></date></group>
+    </layout>
+  </citation>
+  <bibliography><layout><names variable="author"/><text variable="title" prefix=". "/></layout></bibliography>
+</style>
+"""
+
+
+def test_a_style_named_in_quarto_yml_is_the_one_both_editions_use(tmp_path):
+    root, executed = make_fixture_book(tmp_path)
+    (root / "etal.csl").write_text(CSL_ET_AL_FROM_THREE)
+    (root / "_quarto.yml").write_text(QUARTO + "csl: etal.csl\n")
+    out = tmp_path / "_book"
+    book_html.build_book(root, executed, out, node_modules=fake_node_modules(tmp_path))
+    page = BeautifulSoup((out / "ch01-demo.html").read_text(), "html.parser")
+    assert [text_of(span) for span in page.select("span.citation")][:2] == ["(Vaswani et al. 2017)", "Gu et al. (2022)"]
+    paths, _ = export_book(load_book(root), tmp_path / "notebooks")
+    notebook = nbformat.read(paths[1], as_version=4)
+    assert "Intro cites (Vaswani et al. 2017) and Gu et al. (2022)." in notebook.cells[0].source
 
 
 def test_notebook_links_become_html(built):
@@ -400,6 +471,7 @@ def test_mermaid_and_math_assets_are_local(built):
                 assert (out / url).is_file(), url
     # a page without diagrams does not load Mermaid
     assert "mermaid" not in str(soups["ch02-more.html"].find_all("script"))
+    assert not (out / "assets" / "edition.lua").exists()  # the build's own files stay out of the book
 
 
 def test_no_raw_quarto_syntax_in_text(built):
@@ -408,16 +480,22 @@ def test_no_raw_quarto_syntax_in_text(built):
         assert not book_html.RAW_QUARTO.search(soup.get_text()), name
 
 
-def test_strip_option_lines():
-    assert book_html.strip_option_lines("#| echo: true\n#| label: x\n# @save\nx = 1\n") == "# @save\nx = 1"
+def test_a_stale_executed_notebook_is_named_with_its_cell(tmp_path):
+    root, executed = make_fixture_book(tmp_path)
+    chapter = root / "chapters" / "ch01-demo.qmd"
+    chapter.write_text(chapter.read_text().replace("Intro cites", "A new line.\n\nIntro cites"))
+    with pytest.raises(BookError, match=r"^chapters/ch01-demo\.qmd:15: this cell is not in the executed notebook"):
+        book_html.build_book(root, executed, tmp_path / "_book", node_modules=fake_node_modules(tmp_path))
 
 
-@pytest.mark.parametrize(
-    ("text", "slug"),
-    [("The KV cache", "the-kv-cache"), ("3 ways: `softmax` & more", "ways-softmax-more"), ("1.2", "section")],
-)
-def test_pandoc_slug(text, slug):
-    assert book_html.pandoc_slug(text) == slug
+def test_an_inline_expression_without_a_recorded_value_is_named(tmp_path):
+    root, executed = make_fixture_book(tmp_path)
+    path = executed / "ch01-demo.ipynb"
+    notebook = nbformat.read(path, as_version=4)
+    notebook.metadata.longctx.inline = [["value", "1"]]
+    nbformat.write(notebook, path)
+    with pytest.raises(BookError, match=r"^chapters/ch01-demo\.qmd:21: no value was recorded for `\{python\} value`"):
+        book_html.build_book(root, executed, tmp_path / "_book", node_modules=fake_node_modules(tmp_path))
 
 
 def test_missing_assets_name_the_install_command(tmp_path, monkeypatch):
@@ -435,9 +513,134 @@ def test_main_accepts_a_leading_double_dash(tmp_path, monkeypatch):
     assert code == 0 and (out / "index.html").is_file()
 
 
-# --- the API reference appendix (generated from the real chapter modules) ---------------------
+# --- the real book's notebook edition: the same numbers, citations and references as Quarto's ---
 
 REPO = Path(__file__).resolve().parents[1]
+REAL_PAGES = [(entry.path, f"{Path(entry.path).stem}.html") for entry in load_book(REPO).entries]
+
+
+@functools.cache
+def _real_book():
+    """The real book, parsed once for these tests."""
+    return load_book(REPO)
+
+
+@functools.cache
+def _page(edition: Path, name: str) -> BeautifulSoup:
+    """A page of the built edition, parsed once (the tests only read it)."""
+    return BeautifulSoup((edition / name).read_text(encoding="utf-8"), "html.parser")
+
+
+def _source_citations(info, keys) -> list[str]:
+    """Every citation a chapter's source makes, as written (`[@a; @b, p. 3]`, `@a`), outside code."""
+    from longctx.booktools import qmd
+
+    texts = [block.text for block in info.document.markdown]
+    texts += [str(cell.options.get(name)) for cell in info.document.python_cells for name in ("fig-cap", "tbl-cap")
+              if cell.options.get(name)]
+    found = []
+    for text in texts:
+        prose = qmd.CODE_SPAN.sub(" ", text)
+        for match in qmd.BRACKET.finditer(prose):
+            cited = [item.group("key") for item in map(qmd.BRACKET_ITEM.match, match.group("body").split(";")) if item]
+            if cited and all(key in keys for key in cited):
+                found.append(match.group(0))
+        for match in qmd.REFERENCE.finditer(qmd.BRACKET.sub(" ", prose)):
+            if match.group("key") in keys:
+                found.append(match.group(0))
+    return found
+
+
+def _citeproc(citations: list[str]) -> BeautifulSoup:
+    """Pandoc's citeproc on its own (default style, no filter) for these citations."""
+    import subprocess
+
+    from longctx.booktools.pandoc import pandoc_path
+
+    done = subprocess.run(
+        [pandoc_path(), "--from=markdown", "--to=html", "--citeproc", f"--bibliography={REPO / 'references.bib'}"],
+        input="\n\n".join(citations), capture_output=True, text=True, check=True,
+    )
+    return BeautifulSoup(done.stdout, "html.parser")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("source", "name"), REAL_PAGES)
+def test_real_chapter_cites_and_lists_references_as_citeproc_does(notebook_edition, source, name):
+    from collections import Counter
+
+    from longctx.booktools.bib import bibliography_keys
+
+    book = _real_book()
+    info = next(info for info in book.numbering.chapters if info.entry.path == source)
+    citations = _source_citations(info, bibliography_keys(book.bibliography))
+    page = _page(notebook_edition, name)
+    shown = [text_of(span) for span in page.select("article span.citation")]
+    listed = [(entry["id"], text_of(entry)) for entry in page.select("#refs .csl-entry")]
+    if not citations:
+        assert shown == [] and listed == [] and page.find(id="references") is None
+        return
+    expected = _citeproc(citations)
+    assert Counter(shown) == Counter(text_of(span) for span in expected.select("span.citation"))
+    assert listed == [(entry["id"], text_of(entry)) for entry in expected.select("#refs .csl-entry")]
+    assert page.select_one("h2#references").find_next_sibling().get("id") == "refs"
+
+
+@pytest.mark.slow
+def test_real_book_many_authors_read_et_al_and_accents_stay(notebook_edition):
+    shown = {}
+    entries = {}
+    for _, name in REAL_PAGES:
+        page = _page(notebook_edition, name)
+        for span in page.select("article span.citation"):
+            shown.setdefault(span["data-cites"], set()).add(text_of(span))
+        entries.update((entry["id"], text_of(entry)) for entry in page.select("#refs .csl-entry"))
+    assert "(Grattafiori et al. 2024)" in shown["grattafiori2024llama3"]  # author = {Grattafiori, Aaron and others}
+    assert "(Vaswani et al. 2017)" in shown["vaswani2017attention"]  # eight authors
+    assert "(Gu, Goel, and R\u00e9 2022)" in shown["gu2021s4"]  # three authors are named, R{\'e} keeps its accent
+    assert "Christopher R\u00e9" in entries["ref-gu2021s4"] and "Federico Lebr\u00f3n" in entries["ref-ainslie2023gqa"]
+    assert "\u0141ukasz Kaiser" in entries["ref-vaswani2017attention"]
+    assert not any("others" in text for texts in shown.values() for text in texts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("source", "name"), REAL_PAGES)
+def test_real_chapter_shows_the_book_numbering(notebook_edition, source, name):
+    """Every label of the chapter is an id on its page with its number; every heading has its number and id."""
+    book = _real_book()
+    info = next(info for info in book.numbering.chapters if info.entry.path == source)
+    page = _page(notebook_edition, name)
+    for target in book.numbering.targets.values():
+        if target.file != source:
+            continue
+        element = page.find(id=target.label)
+        assert element is not None, target.label
+        if target.kind == "figure":
+            assert text_of(element.figcaption).startswith(f"Figure\u00a0{target.number}: "), target.label
+        elif target.kind == "table":
+            caption = element.caption or element.figcaption
+            assert text_of(caption).startswith(f"Table\u00a0{target.number}: "), target.label
+        elif target.kind == "equation":
+            assert element.get_text().endswith(f"\\tag{{{target.number}}}\\]"), target.label
+    shown = [
+        (tag["id"], number.get_text() if (number := tag.select_one(".header-section-number")) else "")
+        for tag in page.select("article h2[id], article h3[id], article h4[id]")
+        if tag["id"] != "references"
+    ]
+    numbers = book.numbering.heading_numbers
+    assert shown == [
+        (ident, numbers.get((source, heading.line), ""))
+        for heading, ident in info.document.section_ids
+        if heading.level > 1
+    ]
+    for link in page.select("article a.crossref"):
+        label = link["href"].partition("#")[2] or None
+        if label:
+            number = book.numbering.targets[label].number
+            assert link.get_text().endswith(number), (link, number)
+
+
+# --- the API reference appendix (generated from the real chapter modules) ---------------------
 
 
 def test_defining_lines_follow_source_comments(tmp_path):

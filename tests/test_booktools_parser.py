@@ -1,13 +1,13 @@
-"""The one .qmd parser: front matter, blocks, cell options, line numbers, divs, BibTeX."""
+"""The one .qmd parser: front matter, blocks, cell options, line numbers, divs, section ids; BibTeX keys."""
 
 from __future__ import annotations
 
 import textwrap
 
 import pytest
-from longctx.booktools.bib import parse_bibtex
+from longctx.booktools.bib import bibliography_keys, render_citations
 from longctx.booktools.book import load_book
-from longctx.booktools.qmd import Cell, Markdown, QmdError, parse, parse_heading, walk
+from longctx.booktools.qmd import Cell, Markdown, QmdError, pandoc_slug, parse, parse_heading, walk
 
 
 def qmd(text: str) -> str:
@@ -184,28 +184,90 @@ def test_walk_reports_unclosed_div():
     assert [str(problem) for problem in problems] == ["a.qmd:3: fenced div opened here (`:::`) is never closed"]
 
 
-def test_bibtex_authors_years_and_duplicates():
+BIBTEX = qmd(
+    """
+    @string{neurips = "Advances in Neural Information Processing Systems"}
+    @inproceedings{a2017, author = {Vaswani, Ashish and Shazeer, Noam and Parmar, Niki and Uszkoreit, Jakob},
+      title = {T}, booktitle = neurips, year = {2017}}
+    @misc{b2021,
+      author = "Jianlin Su and Yu {Lu}",
+      title = "{RoFormer}",
+      year = 2021
+    }
+    @article{c2022, author = {Gu, Albert and Goel, Karan and R{\\'e}, Christopher}, title = {S4}, year = {2022}}
+    @article{d2024, author = {Grattafiori, Aaron and others}, title = {Llama 3}, year = {2024}}
+    @misc{e2024, author = {{OpenAI}}, title = {Report}, date = {2024-05-01}}
+    @misc{a2017, author = {Someone}, year = {1999}}
+    """
+)
+
+
+def test_bibliography_keys_lines_and_duplicates(tmp_path):
+    bib = tmp_path / "refs.bib"
+    bib.write_text(BIBTEX)
     problems = []
-    entries = parse_bibtex(
+    keys = bibliography_keys([bib, tmp_path / "missing.bib"], problems)
+    assert keys == {
+        "a2017": ("refs.bib", 2),
+        "b2021": ("refs.bib", 4),
+        "c2022": ("refs.bib", 9),
+        "d2024": ("refs.bib", 10),
+        "e2024": ("refs.bib", 11),
+    }
+    assert problems == [
+        "refs.bib:12: duplicate key a2017 (first at line 2)",
+        "missing.bib:0: bibliography file does not exist",
+    ]
+
+
+def test_citations_are_formatted_by_citeproc_as_quarto_formats_them(tmp_path):
+    """Chicago author-date: four or more authors, or `and others`, read "et al."; up to three are named."""
+    bib = tmp_path / "refs.bib"
+    bib.write_text(BIBTEX.replace("@misc{a2017, author = {Someone}, year = {1999}}", ""))  # pandoc keeps the last
+    cited = ["[@a2017]", "@b2021", "[@c2022, p. 3]", "[@d2024; @e2024]", "[-@a2017]"]
+    assert render_citations(cited, [bib], what="test") == [
+        "(Vaswani et al. 2017)",
+        "Su and Lu (2021)",
+        "(Gu, Goel, and R\u00e9 2022, 3)",  # the accent of R{\\'e} kept
+        "(Grattafiori et al. 2024; OpenAI 2024)",
+        "(2017)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "slug"),
+    [
+        ("The KV cache", "the-kv-cache"),
+        ("3 ways: `softmax` & more", "ways-softmax-more"),
+        ("1.2", "section"),
+        ("A [link](x.html) and $x_1$", "a-link-and-x_1"),
+    ],
+)
+def test_pandoc_slug(text, slug):
+    assert pandoc_slug(text) == slug
+
+
+def test_section_ids_take_slugs_as_pandoc_does_and_skip_callout_titles():
+    doc = parse(
         qmd(
             """
-            @article{a2017, author = {Vaswani, Ashish and Shazeer, Noam and Parmar, Niki}, title = {T}, year = {2017}}
-            @misc{b2021,
-              author = "Jianlin Su and Yu {Lu}",
-              title = "{RoFormer}",
-              year = 2021
-            }
-            @misc{c2024, author = {{OpenAI}}, title = {Report}, date = {2024-05-01}}
-            @misc{a2017, author = {Someone}, year = {1999}}
+            # Title {#sec-ch09-title}
+
+            ## Notes
+
+            ::: {.callout-tip}
+            ## Notes
+            :::
+
+            ## Notes
+
+            ## Grouped {#sec-ch09-grouped}
             """
         ),
-        "refs.bib",
-        problems,
+        "a.qmd",
     )
-    assert entries["a2017"].author_text == "Vaswani et al." and entries["a2017"].year == "2017"
-    assert entries["b2021"].author_text == "Su and Lu" and entries["b2021"].title == "RoFormer"
-    assert entries["c2024"].author_text == "OpenAI" and entries["c2024"].year == "2024"
-    assert problems == ["refs.bib:8: duplicate key a2017 (first at line 1)"]
+    assert [ident for _, ident in doc.section_ids] == ["sec-ch09-title", "notes", "notes-2", "sec-ch09-grouped"]
+    assert doc.section_ids is doc.section_ids  # computed once
 
 
 def test_book_lists_chapters_then_appendices_in_order(fixture_book):

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from longctx import ch01
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # --------------------------------------------------------------------------- values
 
@@ -215,8 +219,24 @@ def test_attention_pairs_matches_brute_force_count(seq_len):
     assert ch01.attention_pairs(seq_len, causal=False) == seq_len * seq_len
 
 
+# --------------------------------------------------------------------------- docstrings
 
 
+def _equation_numbers(chapter: str) -> dict[str, str]:
+    """Map each equation label of a chapter to the number Quarto gives it (1.1, 1.2, ...)."""
+    text = (ROOT / "chapters" / chapter).read_text(encoding="utf-8")
+    labels = re.findall(r"\{#(eq-ch(\d\d)-[a-z0-9-]+)\}", text)
+    return {label: f"{int(number)}.{i}" for i, (label, number) in enumerate(labels, start=1)}
+
+
+def test_docstrings_name_equations_by_number_not_by_quarto_label():
+    numbers = _equation_numbers("ch01-attention.qmd")
+    assert numbers == {"eq-ch01-softmax": "1.1", "eq-ch01-attention": "1.2"}
+    assert f"Equation {numbers['eq-ch01-softmax']}:" in ch01.softmax.__doc__
+    assert f"Equation {numbers['eq-ch01-attention']}:" in ch01.scaled_dot_product_attention.__doc__
+    assert f"Equation {numbers['eq-ch01-attention']}" in ch01.MultiHeadAttention.__doc__
+    generated = (ROOT / "code" / "ch01" / "_generated.py").read_text(encoding="utf-8")
+    assert not re.findall(r"@(?:eq|sec|fig|tbl)-", generated)
 
 
 # --------------------------------------------------------------------------- bad inputs
@@ -238,11 +258,28 @@ def test_non_int_seq_len_is_rejected(seq_len):
         ch01.causal_mask(seq_len)
 
 
+def test_flags_must_be_bools():
+    with pytest.raises(TypeError, match=r"^causal must be True or False \(got int 0\)$"):
+        ch01.attention_pairs(4, causal=0)
+    with pytest.raises(TypeError, match=r"^bias must be True or False \(got str 'no'\)$"):
+        ch01.MultiHeadAttention(8, 2, bias="no")
+
+
+def test_causal_mask_device_is_checked():
+    assert ch01.causal_mask(2, device="cpu").device == torch.device("cpu")
+    assert ch01.causal_mask(2, device=torch.device("cpu")).device == torch.device("cpu")
+    with pytest.raises(ValueError, match="device must name a device torch knows"):
+        ch01.causal_mask(2, device="cpux")
+    with pytest.raises(TypeError, match="device must be a torch.device"):
+        ch01.causal_mask(2, device=0.5)
+
+
 def test_numpy_integers_are_accepted_as_counts():
     np = pytest.importorskip("numpy")
     assert ch01.attention_pairs(np.int64(4)) == 10
     assert ch01.causal_mask(np.int32(3)).shape == (3, 3)
     assert ch01.MultiHeadAttention(np.int64(8), np.int64(2)).head_dim == 4
+    assert ch01.softmax(torch.zeros(2, 3), dim=np.int64(0)).shape == (2, 3)
 
 
 def test_mixed_dtypes_are_rejected():
@@ -257,7 +294,7 @@ def test_d_model_not_divisible_by_heads_is_rejected():
         ch01.MultiHeadAttention(10, 3)
     with pytest.raises(ValueError, match="heads must be a positive integer"):
         ch01.MultiHeadAttention(8, 0)
-    with pytest.raises(ValueError, match="divisible by heads"):
+    with pytest.raises(ValueError, match=r"^heads must divide the width of x \(got width 10 and heads=3\)$"):
         ch01.split_heads(torch.zeros(1, 2, 10), 3)
 
 
@@ -269,8 +306,16 @@ def test_mismatched_query_key_value_shapes_are_rejected():
         ch01.scaled_dot_product_attention(q, torch.zeros(3, 4), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="leading .* dimensions .* must broadcast"):
         ch01.scaled_dot_product_attention(torch.zeros(2, 2, 4), torch.zeros(3, 3, 4), torch.zeros(3, 3, 4))
-    with pytest.raises(ValueError, match="at least 2 dimensions"):
+    with pytest.raises(ValueError, match="query must have at least 2 dimensions"):
         ch01.scaled_dot_product_attention(torch.zeros(4), torch.zeros(3, 4), torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize("empty", ["query", "key", "value"])
+def test_empty_query_key_or_value_is_rejected_before_any_arithmetic(empty):
+    tensors = {"query": torch.zeros(2, 4), "key": torch.zeros(3, 4), "value": torch.zeros(3, 4)}
+    tensors[empty] = tensors[empty][:, :0]  # width 0: 1 / sqrt(0) would divide by zero
+    with pytest.raises(ValueError, match=f"^{empty} must not be empty"):
+        ch01.scaled_dot_product_attention(**tensors)
 
 
 def test_non_float_inputs_are_rejected():
@@ -278,19 +323,30 @@ def test_non_float_inputs_are_rejected():
         ch01.scaled_dot_product_attention(
             torch.zeros(2, 4, dtype=torch.long), torch.zeros(3, 4), torch.zeros(3, 4)
         )
-    with pytest.raises(TypeError, match="softmax needs a floating-point tensor"):
+    with pytest.raises(TypeError, match=r"^scores must be a floating-point tensor \(got tensor of dtype torch.int64"):
         ch01.softmax(torch.tensor([1, 2, 3]))
-    with pytest.raises(TypeError, match="softmax needs a floating-point tensor"):
+    with pytest.raises(TypeError, match=r"^scores must be a floating-point tensor \(got list\)$"):
         ch01.softmax([1.0, 2.0])
-    with pytest.raises(ValueError, match="dim must be a dimension"):
+
+
+def test_softmax_dim_and_rank_are_checked():
+    with pytest.raises(ValueError, match=r"^dim must be an integer <= 1 \(got 2\)$"):
         ch01.softmax(torch.zeros(2, 3), dim=2)
+    with pytest.raises(ValueError, match=r"^dim must be an integer >= -2 \(got -3\)$"):
+        ch01.softmax(torch.zeros(2, 3), dim=-3)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        ch01.softmax(torch.zeros(2, 3), dim=1.0)
+    with pytest.raises(ValueError, match="scores must have at least 1 dimensions"):
+        ch01.softmax(torch.tensor(1.0))
+    with pytest.raises(ValueError, match="scores must not be empty"):
+        ch01.softmax(torch.zeros(0))
 
 
 def test_non_bool_mask_is_rejected():
     q, k, v = torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(3, 4)
-    with pytest.raises(TypeError, match="mask must be a bool tensor"):
+    with pytest.raises(TypeError, match="mask must be a tensor of dtype torch.bool"):
         ch01.scaled_dot_product_attention(q, k, v, torch.ones(2, 3))
-    with pytest.raises(TypeError, match="mask must be a bool tensor"):
+    with pytest.raises(TypeError, match="mask must be a tensor of dtype torch.bool"):
         ch01.scaled_dot_product_attention(q, k, v, torch.ones(2, 3, dtype=torch.int64))
     with pytest.raises(ValueError, match="does not broadcast to the scores' shape"):
         ch01.scaled_dot_product_attention(q, k, v, torch.ones(3, 2, dtype=torch.bool))
@@ -315,11 +371,18 @@ def test_non_number_scale_is_rejected(scale):
 
 
 def test_bad_shapes_for_heads_and_module_input_are_rejected():
-    with pytest.raises(ValueError, match=r"split_heads expects a \(batch, tokens, width\) tensor"):
+    with pytest.raises(ValueError, match=r"^x must have 3 dimensions \(got shape \(2, 8\)\)$"):
         ch01.split_heads(torch.zeros(2, 8), 2)
-    with pytest.raises(ValueError, match=r"merge_heads expects a \(batch, heads, tokens, head_dim\) tensor"):
+    with pytest.raises(ValueError, match=r"^x must have 4 dimensions \(got shape \(2, 3, 8\)\)$"):
         ch01.merge_heads(torch.zeros(2, 3, 8))
-    with pytest.raises(ValueError, match=r"x must have shape \(batch, tokens, 8\)"):
+    with pytest.raises(ValueError, match=r"^x must have size 8 in dimension -1 \(got shape \(1, 3, 6\)\)$"):
         ch01.MultiHeadAttention(8, 2)(torch.zeros(1, 3, 6))
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        ch01.MultiHeadAttention(8, 2)(torch.zeros(1, 3, 8, dtype=torch.long))
     with pytest.raises(TypeError, match="d_model must be an int"):
         ch01.MultiHeadAttention(8.0, 2)
+
+
+def test_split_heads_accepts_a_non_contiguous_input():
+    x = torch.arange(24.0).reshape(3, 2, 4).transpose(0, 1)  # (2, 3, 4), not contiguous
+    assert torch.equal(ch01.merge_heads(ch01.split_heads(x, 2)), x)

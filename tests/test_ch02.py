@@ -1,11 +1,14 @@
 """Tests for Chapter 2 (chapters/ch02-tinygpt.qmd): TinyGPT, its KV cache, training, generation, quantization."""
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
 from longctx import ch01, ch02, support
 
+ROOT = Path(__file__).resolve().parent.parent
 TINY = ch02.GPTConfig(vocab_size=256, context_length=32, d_model=16, layers=2, heads=2)
 
 
@@ -41,12 +44,19 @@ def test_byte_tokenizer_non_ascii_costs_several_tokens_and_broken_bytes_become_r
 
 def test_byte_tokenizer_rejects_bad_input():
     tokenizer = ch02.ByteTokenizer()
-    with pytest.raises(TypeError, match="str"):
+    with pytest.raises(TypeError, match=r"^text must be a str \(got bytes\)$"):
         tokenizer.encode(b"bytes")
-    with pytest.raises(ValueError, match="0..255"):
+    with pytest.raises(ValueError, match=r"^ids must hold integers <= 255 \(got 256\)$"):
         tokenizer.decode([65, 256])
-    with pytest.raises(ValueError, match="0..255"):
+    with pytest.raises(ValueError, match=r"^ids must hold integers >= 0 \(got -1\)$"):
         tokenizer.decode([-1])
+    with pytest.raises(TypeError, match="ids must be a sequence of integers"):
+        tokenizer.decode([65.7])  # refused, not truncated to 65
+    with pytest.raises(TypeError, match="ids must be a sequence of integers"):
+        tokenizer.decode(65)
+    assert tokenizer.decode(torch.tensor([72, 105])) == "Hi"
+    assert tokenizer.decode(range(72, 74)) == "HI"
+    assert tokenizer.decode([]) == ""
 
 
 def test_load_corpus_is_the_shipped_public_domain_text():
@@ -85,17 +95,25 @@ def test_config_rejects_width_not_divisible_by_heads():
         ch02.GPTConfig(vocab_size=10, heads=5)
 
 
-@pytest.mark.parametrize(
-    "field, value", [("context_length", 0), ("d_model", -1), ("layers", 0), ("heads", 0), ("layers", 1.5)]
-)
+@pytest.mark.parametrize("field, value", [("context_length", 0), ("d_model", -1), ("layers", 0), ("heads", 0)])
 def test_config_rejects_other_bad_sizes(field, value):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ValueError, match=f"^{field} must be a positive integer"):
         ch02.GPTConfig(vocab_size=10, **{field: value})
 
 
-def test_config_rejects_bad_dropout():
-    with pytest.raises(ValueError, match="dropout"):
-        ch02.GPTConfig(vocab_size=10, dropout=1.0)
+@pytest.mark.parametrize("field, value", [("layers", 1.5), ("heads", True), ("vocab_size", "10")])
+def test_config_rejects_sizes_that_are_not_ints(field, value):
+    sizes = {"vocab_size": 10} | {field: value}
+    with pytest.raises(TypeError, match=f"^{field} must be an int"):
+        ch02.GPTConfig(**sizes)
+
+
+@pytest.mark.parametrize("dropout", [1.0, -0.1, float("nan")])
+def test_config_rejects_bad_dropout(dropout):
+    with pytest.raises(ValueError, match="^dropout must be"):
+        ch02.GPTConfig(vocab_size=10, dropout=dropout)
+    with pytest.raises(TypeError, match="^dropout must be a real number"):
+        ch02.GPTConfig(vocab_size=10, dropout="0.1")
 
 
 def test_tinygpt_rejects_a_non_config():
@@ -173,7 +191,7 @@ def test_cache_plus_new_tokens_past_the_table_raises_and_leaves_the_cache_alone(
 def test_cache_from_a_different_batch_size_raises():
     model = make_model()
     cache = model.new_cache(batch=2)
-    with pytest.raises(ValueError, match="cache was made for batch 2, but tokens have batch 3"):
+    with pytest.raises(ValueError, match="cache holds 2 layers for batch 2; the model has 2 layers and tokens have batch 3"):
         model(random_tokens(3, 4), cache)
 
 
@@ -187,17 +205,29 @@ def test_cache_with_wrong_layer_count_raises():
 @pytest.mark.parametrize(
     "tokens, message",
     [
-        (torch.zeros(4, dtype=torch.long), "shape \\(batch, time\\)"),
-        (torch.zeros(1, 4), "int64 or int32"),
-        (torch.zeros(1, 0, dtype=torch.long), "at least one position"),
-        (torch.full((1, 3), 256), "0..255"),
-        (torch.full((1, 3), -1), "0..255"),
-        ([[1, 2, 3]], "tensor"),
+        (torch.zeros(4, dtype=torch.long), r"^tokens must have 2 dimensions \(got shape \(4,\)\)$"),
+        (torch.zeros(1, 0, dtype=torch.long), r"^tokens must not be empty"),
+        (torch.full((1, 3), 256), r"^tokens must hold ids in 0..255$"),
+        (torch.full((1, 3), -1), r"^tokens must hold ids in 0..255$"),
     ],
 )
 def test_forward_rejects_bad_tokens(tokens, message):
     with pytest.raises(ValueError, match=message):
         make_model()(tokens)
+
+
+@pytest.mark.parametrize(
+    "tokens, message",
+    [
+        (torch.zeros(1, 4), r"^tokens must be a tensor of dtype torch.int64 or torch.int32 \(got tensor of dtype "),
+        ([[1, 2, 3]], r"^tokens must be a tensor \(got list\)$"),
+    ],
+)
+def test_forward_rejects_tokens_of_the_wrong_type(tokens, message):
+    with pytest.raises(TypeError, match=message):
+        make_model()(tokens)
+    with pytest.raises(TypeError, match=r"^cache must be a KVCache \(got dict\)$"):
+        make_model()(random_tokens(1, 2), {})
 
 
 @pytest.mark.parametrize("kwargs", [{"layers": 0}, {"batch": 0}, {"heads": -1}, {"head_dim": 0}])
@@ -300,12 +330,17 @@ def test_kv_cache_bytes_golden_values_and_bad_input():
     assert ch02.kv_cache_bytes(config, 0) == 0
     large = ch02.GPTConfig(vocab_size=32_000, d_model=4096, layers=32, heads=32)
     assert ch02.kv_cache_bytes(large, 131_072, bytes_per_scalar=2) == 64 * 2**30
-    with pytest.raises(ValueError, match="tokens must be >= 0"):
+    with pytest.raises(ValueError, match=r"^tokens must be an integer >= 0 \(got -1\)$"):
         ch02.kv_cache_bytes(config, -1)
-    with pytest.raises(ValueError, match="batch and bytes_per_scalar must be positive"):
+    with pytest.raises(ValueError, match=r"^batch must be a positive integer \(got 0\)$"):
         ch02.kv_cache_bytes(config, 1, batch=0)
-    with pytest.raises(ValueError, match="batch and bytes_per_scalar must be positive"):
+    with pytest.raises(ValueError, match=r"^bytes_per_scalar must be a positive integer \(got 0\)$"):
         ch02.kv_cache_bytes(config, 1, bytes_per_scalar=0)
+    # The issue's example: a fractional token count names `tokens`, this function's own parameter.
+    with pytest.raises(TypeError, match=r"^tokens must be an int \(got float 2.5\)$"):
+        ch02.kv_cache_bytes(config, 2.5)
+    with pytest.raises(TypeError, match=r"^config must be a GPTConfig \(got dict\)$"):
+        ch02.kv_cache_bytes({"layers": 2}, 1)
 
 
 # --- training -------------------------------------------------------------------------------------------------
@@ -337,16 +372,30 @@ def test_training_is_reproducible_with_a_seed():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"steps": 0}, "must be positive"),
-        ({"batch_size": 0}, "must be positive"),
-        ({"learning_rate": 0.0}, "must be positive"),
-        ({"sequence_length": 33}, "sequence_length must lie in 1..32"),
+        ({"steps": 0}, r"^steps must be a positive integer \(got 0\)$"),
+        ({"batch_size": 0}, r"^batch_size must be a positive integer \(got 0\)$"),
+        ({"learning_rate": 0.0}, r"^learning_rate must be > 0 \(got 0.0\)$"),
+        ({"sequence_length": 33}, r"^sequence_length must be an integer <= 32 \(got 33\)$"),
+        ({"seed": -1}, r"^seed must be an integer >= 0 \(got -1\)$"),
     ],
 )
 def test_train_rejects_bad_arguments(kwargs, message):
     settings = {"steps": 1, "batch_size": 1, "learning_rate": 1e-3, "seed": 0, "progress": False} | kwargs
     with pytest.raises(ValueError, match=message):
         ch02.train(make_model(), list(range(100)), **settings)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [({"steps": 2.0}, "^steps must be an int"), ({"progress": 1}, "^progress must be True or False"),
+     ({"learning_rate": "1e-3"}, "^learning_rate must be a real number")],
+)
+def test_train_rejects_arguments_of_the_wrong_type(kwargs, message):
+    settings = {"steps": 1, "batch_size": 1, "learning_rate": 1e-3, "seed": 0, "progress": False} | kwargs
+    with pytest.raises(TypeError, match=message):
+        ch02.train(make_model(), list(range(100)), **settings)
+    with pytest.raises(TypeError, match="^model must be a TinyGPT"):
+        ch02.train(ch01.MultiHeadAttention(8, 2), list(range(100)), steps=1, batch_size=1, learning_rate=1e-3, seed=0)
 
 
 def test_train_rejects_too_little_data():
@@ -358,10 +407,15 @@ def test_unigram_entropy():
     assert ch02.unigram_entropy([3, 3, 3], 10) == 0.0
     assert math.isclose(ch02.unigram_entropy([0, 1, 2, 3], 4), math.log(4))
     assert math.isclose(ch02.unigram_entropy([0, 0, 1, 1], 256), math.log(2))
-    with pytest.raises(ValueError, match="empty"):
+    assert math.isclose(ch02.unigram_entropy(torch.tensor([0, 1]), 2), math.log(2))
+    with pytest.raises(ValueError, match="^token_ids must not be empty"):
         ch02.unigram_entropy([], 4)
-    with pytest.raises(ValueError, match="0..3"):
+    with pytest.raises(ValueError, match=r"^token_ids must hold integers <= 3 \(got 4\)$"):
         ch02.unigram_entropy([4], 4)
+    with pytest.raises(TypeError, match="^token_ids must be a sequence of integers"):
+        ch02.unigram_entropy([0.5, 1.5], 4)  # refused, not truncated
+    with pytest.raises(TypeError, match="^vocab_size must be an int"):
+        ch02.unigram_entropy([0, 1], 4.0)
 
 
 # --- generation -----------------------------------------------------------------------------------------------
@@ -412,8 +466,9 @@ def test_generate_can_fill_the_table_exactly():
 @pytest.mark.parametrize(
     "args, kwargs, message",
     [
-        (([], 3), {}, "at least one token"),
-        (([1], -1), {}, "max_new_tokens must be >= 0"),
+        (([], 3), {}, "^prompt_ids must not be empty"),
+        (([300], 3), {}, r"^prompt_ids must hold integers <= 255 \(got 300\)"),
+        (([1], -1), {}, r"^max_new_tokens must be an integer >= 0 \(got -1\)"),
         (([1], 3), {"temperature": -0.5}, "temperature must be >= 0"),
         (([1], 3), {"temperature": 1.0, "top_k": 0, "seed": 0}, "top_k"),
         (([1], 3), {"temperature": 1.0, "top_k": 257, "seed": 0}, "top_k"),
@@ -479,17 +534,38 @@ def test_quantize_zero_rows_and_3d_tensors():
     assert ((ch02.dequantize(codes, scale) - cube).abs() <= scale / 2 * (1 + 1e-5)).all()
 
 
-@pytest.mark.parametrize("bits", [1, 0, 17, -4, 8.0, True])
-def test_quantize_rejects_bits_outside_2_to_16(bits):
-    with pytest.raises(ValueError, match="bits must be an integer in 2..16"):
+@pytest.mark.parametrize("bits, message", [(1, "bits must be an integer >= 2"), (0, "bits must be an integer >= 2"),
+                                            (17, "bits must be an integer <= 16"), (-4, "bits must be an integer >= 2")])
+def test_quantize_rejects_bits_outside_2_to_16(bits, message):
+    with pytest.raises(ValueError, match=message):
+        ch02.quantize(torch.ones(2, 2), bits)
+
+
+@pytest.mark.parametrize("bits", [8.0, True, "8"])
+def test_quantize_rejects_bits_that_are_not_ints(bits):
+    with pytest.raises(TypeError, match="^bits must be an int"):
         ch02.quantize(torch.ones(2, 2), bits)
 
 
 def test_quantize_rejects_bad_tensor_and_dim():
-    with pytest.raises(TypeError, match="floating-point"):
+    with pytest.raises(TypeError, match="^x must be a floating-point tensor"):
         ch02.quantize(torch.ones(2, 2, dtype=torch.long))
-    with pytest.raises(ValueError, match="dim must be a dimension"):
+    with pytest.raises(ValueError, match=r"^dim must be an integer <= 1 \(got 2\)$"):
         ch02.quantize(torch.ones(2, 2), dim=2)
+    with pytest.raises(ValueError, match="^x must not be empty"):
+        ch02.quantize(torch.ones(0, 2))
+    with pytest.raises(ValueError, match="^x must have at least 1 dimensions"):
+        ch02.quantize(torch.tensor(1.0))
+
+
+def test_dequantize_checks_codes_and_scale():
+    codes, scale = ch02.quantize(torch.ones(3, 4), 8)
+    with pytest.raises(TypeError, match="^codes must be a tensor of dtype torch.int8"):
+        ch02.dequantize(codes.float(), scale)
+    with pytest.raises(TypeError, match="^scale must be a floating-point tensor"):
+        ch02.dequantize(codes, scale.long())
+    with pytest.raises(ValueError, match=r"^scale of shape \(4, 1\) must broadcast to the codes' shape \(3, 4\)$"):
+        ch02.dequantize(codes, torch.ones(4, 1))
 
 
 def test_config_accepts_numpy_integers():
@@ -497,3 +573,107 @@ def test_config_accepts_numpy_integers():
 
     config = ch02.GPTConfig(vocab_size=np.int64(40), d_model=np.int32(8), heads=np.int64(2))
     assert ch02.TinyGPT(config).position_embedding.weight.shape == (128, 8)
+
+
+# --- bad input to the cache, the layers and sampling -----------------------------------------------------------
+
+
+def test_kv_cache_checks_its_dtype_device_and_appends():
+    cache = ch02.KVCache(2, 1, 2, 4)
+    with pytest.raises(TypeError, match=r"^dtype must be floating-point \(got torch.int64\)$"):
+        ch02.KVCache(2, 1, 2, 4, dtype=torch.long)
+    with pytest.raises(TypeError, match="^dtype must be a torch.dtype"):
+        ch02.KVCache(2, 1, 2, 4, dtype="float32")
+    with pytest.raises(ValueError, match="^device must name a device torch knows"):
+        ch02.KVCache(2, 1, 2, 4, device="gpu")
+    new = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(ValueError, match=r"^layer must be an integer <= 1 \(got 2\)$"):
+        cache.append(2, new, new)
+    with pytest.raises(ValueError, match=r"^key must have size 2 in dimension 1 \(got shape \(1, 3, 3, 4\)\)$"):
+        cache.append(0, torch.zeros(1, 3, 3, 4), new)
+    with pytest.raises(TypeError, match="^value must be a tensor of dtype torch.float32"):
+        cache.append(0, new, new.double())
+    with pytest.raises(ValueError, match="^key and value must have the same shape"):
+        cache.append(0, new, torch.zeros(1, 2, 2, 4))
+    assert cache.length == 0  # nothing was appended by the refused calls
+    cache.append(1, new, new)
+    assert cache.keys[1].shape == (1, 2, 3, 4)
+
+
+def test_attend_with_cache_checks_its_arguments_before_touching_the_cache():
+    model = make_model()
+    cache = model.new_cache(batch=2)
+    attention = model.blocks[0].attention
+    x = torch.zeros(2, 3, TINY.d_model)
+    with pytest.raises(TypeError, match="^attention must be a MultiHeadAttention"):
+        ch02.attend_with_cache(model, x, cache, 0)
+    with pytest.raises(TypeError, match="^cache must be a KVCache"):
+        ch02.attend_with_cache(attention, x, None, 0)
+    with pytest.raises(ValueError, match=r"^x must have size 2 in dimension 0 \(got shape \(3, 3, 16\)\)$"):
+        ch02.attend_with_cache(attention, torch.zeros(3, 3, TINY.d_model), cache, 0)
+    with pytest.raises(ValueError, match="^layer must be an integer <= 1"):
+        ch02.attend_with_cache(attention, x, cache, 2)
+    assert cache.length == 0
+    with pytest.raises(ValueError, match="^layer must be an integer >= 0"):
+        attention(x, None, -1)
+
+
+def test_layers_check_their_inputs():
+    block = ch02.Block(TINY)
+    with pytest.raises(TypeError, match="^config must be a GPTConfig"):
+        ch02.Block({"d_model": 32})
+    with pytest.raises(ValueError, match=r"^x must have size 16 in dimension -1"):
+        block(torch.zeros(1, 2, 8))
+    with pytest.raises(TypeError, match="^x must be a floating-point tensor"):
+        block(torch.zeros(1, 2, 16, dtype=torch.long))
+    mlp = ch02.FeedForward(8)
+    assert mlp(torch.zeros(5, 8)).shape == (5, 8)  # any leading shape
+    with pytest.raises(ValueError, match="^x must have size 8 in dimension -1"):
+        mlp(torch.zeros(5, 9))
+    with pytest.raises(ValueError, match="^dropout must be < 1"):
+        ch02.FeedForward(8, dropout=1.0)
+    with pytest.raises(ValueError, match="^batch must be a positive integer"):
+        make_model().new_cache(batch=0)
+
+
+def test_next_token_checks_its_arguments_and_needs_a_generator_to_sample():
+    logits = torch.tensor([0.0, 2.0, 1.0])
+    assert ch02.next_token(logits) == 1
+    with pytest.raises(ValueError, match="^sampling \\(temperature > 0\\) needs a generator"):
+        ch02.next_token(logits, 1.0)
+    with pytest.raises(ValueError, match=r"^top_k must be an integer <= 3 \(got 4\)$"):
+        ch02.next_token(logits, 1.0, 4, torch.Generator())
+    with pytest.raises(TypeError, match="^generator must be a torch.Generator"):
+        ch02.next_token(logits, 1.0, None, 7)
+    with pytest.raises(ValueError, match="^logits must have 1 dimensions"):
+        ch02.next_token(logits[None])
+    with pytest.raises(ValueError, match="^temperature must be >= 0"):
+        ch02.next_token(logits, -1.0)
+
+
+def test_sample_batch_and_evaluate_loss_check_their_arguments():
+    data = torch.arange(10)
+    generator = torch.Generator().manual_seed(0)
+    inputs, targets = ch02.sample_batch(data, 4, 9, generator)
+    assert torch.equal(targets, inputs + 1) and inputs.shape == (4, 9)
+    with pytest.raises(ValueError, match=r"^data must hold more than length=10 tokens \(got 10\)$"):
+        ch02.sample_batch(data, 4, 10, generator)
+    with pytest.raises(TypeError, match="^data must be a tensor of dtype torch.int64"):
+        ch02.sample_batch(data.float(), 4, 3, generator)
+    with pytest.raises(TypeError, match="^generator must be a torch.Generator"):
+        ch02.sample_batch(data, 4, 3, 0)
+    with pytest.raises(ValueError, match="^batches must be a positive integer"):
+        ch02.evaluate_loss(make_model(), list(range(100)), batches=0)
+    with pytest.raises(ValueError, match=r"^token_ids must hold more than 32 tokens \(got 32\)$"):
+        ch02.evaluate_loss(make_model(), list(range(32)))
+
+
+def test_docstrings_name_equations_by_number_not_by_quarto_label():
+    text = (ROOT / "chapters" / "ch02-tinygpt.qmd").read_text(encoding="utf-8")
+    labels = re.findall(r"\{#(eq-ch02-[a-z0-9-]+)\}", text)
+    assert labels == ["eq-ch02-loss", "eq-ch02-kvbytes", "eq-ch02-absmax"]  # Equations 2.1, 2.2, 2.3
+    assert "Equation 2.1" in ch02.train.__doc__ and "Equation 2.1" in ch02.evaluate_loss.__doc__
+    assert "Equation 2.2:" in ch02.kv_cache_bytes.__doc__
+    assert "Equation 2.3:" in ch02.quantize.__doc__ and "Equation 2.3" in ch02.dequantize.__doc__
+    generated = (ROOT / "code" / "ch02" / "_generated.py").read_text(encoding="utf-8")
+    assert not re.findall(r"@(?:eq|sec|fig|tbl)-", generated)

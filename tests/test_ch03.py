@@ -123,13 +123,19 @@ def test_load_model_config_lists_what_is_shipped():
     assert set(ch03.MODEL_CONFIG_NAMES) <= {p.stem for p in support.data_path("configs").glob("*.json")}
     with pytest.raises(ValueError, match="llama-2-7b"):
         ch03.load_model_config("gpt-5")
+    with pytest.raises(TypeError, match="name"):
+        ch03.load_model_config(7)
 
 
-@pytest.mark.parametrize("tokens, batch, message", [(-1, 1, "tokens"), (10, 0, "batch"), (1.5, 1, "tokens"),
-                                                    (10, True, "batch")])
-def test_kv_bytes_rejects_bad_counts(tokens, batch, message):
-    with pytest.raises(ValueError, match=message):
+@pytest.mark.parametrize("tokens, batch, error, message", [
+    (-1, 1, ValueError, "tokens"), (10, 0, ValueError, "batch"), (1.5, 1, TypeError, "tokens"),
+    (10, True, TypeError, "batch"),
+])
+def test_kv_bytes_rejects_bad_counts(tokens, batch, error, message):
+    with pytest.raises(error, match=message):
         ch03.kv_bytes(mha_7b(), tokens, batch)
+    with pytest.raises(TypeError, match="config must be a KVConfig"):
+        ch03.kv_bytes({"layers": 32}, 10)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -145,6 +151,32 @@ def test_kvconfig_rejects_inconsistent_fields(kwargs, message):
     fields = dict(name="x", layers=4, query_heads=32, head_dim=8, bytes_per_scalar=2) | kwargs
     with pytest.raises(ValueError, match=message):
         ch03.KVConfig(**fields)
+
+
+@pytest.mark.parametrize("field", ["layers", "head_dim", "kv_heads", "window"])
+def test_kvconfig_rejects_wrong_types(field):
+    fields = dict(name="x", layers=4, query_heads=32, head_dim=8, bytes_per_scalar=2, kv_heads=8,
+                  window=16, windowed_layers=2)
+    with pytest.raises(TypeError, match=field):
+        ch03.KVConfig(**(fields | {field: 2.0}))
+
+
+def test_readers_split_the_config_by_lever():
+    llama31 = ch03.load_model_config("llama-3.1-8b")
+    assert ch03.read_head_fields(llama31) == dict(layers=32, query_heads=32, kv_heads=8, head_dim=128,
+                                                  bytes_per_scalar=2)
+    assert ch03.read_latent_fields(llama31) == {} and ch03.read_window_fields(llama31, 32) == {}
+    deepseek = ch03.load_model_config("deepseek-v2-lite")
+    assert ch03.read_latent_fields(deepseek) == {"latent_rank": 512, "rope_key_dim": 64}
+    gemma = ch03.load_model_config("gemma-3-1b")
+    assert ch03.read_window_fields(gemma, 26) == {"window": 512, "windowed_layers": 22}
+    assert ch03.read_window_fields({"sliding_window": 8, "sliding_window_pattern": 1}, 4) == {}
+    with pytest.raises(ValueError, match="sliding_window"):
+        ch03.read_window_fields({"sliding_window": 0}, 4)
+    with pytest.raises(ValueError, match="kv_lora_rank"):
+        ch03.read_latent_fields({"kv_lora_rank": -1})
+    with pytest.raises(TypeError, match="num_hidden_layers"):
+        ch03.read_head_fields({**llama31, "num_hidden_layers": "32"})
 
 
 # --- GQA / MQA (@eq-ch03-gqa-ratio) -------------------------------------------------------------
@@ -228,12 +260,42 @@ def test_gqa_layer_names_and_errors():
         ch03.GroupedQueryAttention(60, 8, 2)
     with pytest.raises(ValueError, match="positive integer"):
         ch03.GroupedQueryAttention(64, 0, 1)
+    with pytest.raises(TypeError, match="kv_heads"):
+        ch03.GroupedQueryAttention(64, 8, 2.0)
     with pytest.raises(ValueError, match="shape"):
         layer(torch.randn(1, 3, 32))
+    with pytest.raises(TypeError, match="x"):
+        layer(torch.ones(1, 3, 64, dtype=torch.long))
     with pytest.raises(ValueError, match="divide query heads"):
         ch03.grouped_attention(torch.randn(1, 3, 2, 4), torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
+    with pytest.raises(ValueError, match="share"):
+        ch03.grouped_attention(torch.randn(1, 4, 2, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 2, 4))
+    with pytest.raises(ValueError, match="mask must end in"):
+        ch03.grouped_attention(torch.randn(1, 4, 2, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4),
+                               torch.ones(2, 2, dtype=torch.bool))
+    with pytest.raises(TypeError, match="mask"):
+        ch03.grouped_attention(torch.randn(1, 4, 2, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4),
+                               torch.ones(2, 3))
     with pytest.raises(ValueError, match="groups"):
         ch03.repeat_kv(torch.randn(1, 2, 2, 4), 0)
+    with pytest.raises(ValueError, match="x"):
+        ch03.repeat_kv(torch.randn(2, 2, 4), 2)
+
+
+def test_gqa_rejects_a_cache_that_does_not_fit_the_layer():
+    layer = ch03.GroupedQueryAttention(64, 8, 2)
+    x = torch.randn(1, 3, 64)
+    _, (keys, values) = layer(x)
+    with pytest.raises(ValueError, match="cache keys must have shape \\(1, 2, T_past, 8\\)"):
+        layer(x, (keys.repeat(1, 2, 1, 1), values))                    # four heads, not two
+    with pytest.raises(ValueError, match="cache values"):
+        layer(x, (keys, values[..., :4]))                              # wrong width
+    with pytest.raises(ValueError, match="cache keys"):
+        layer(torch.randn(2, 3, 64), (keys, values))                   # another batch
+    with pytest.raises(TypeError, match="pair"):
+        layer(x, keys)
+    with pytest.raises(ValueError, match="share"):
+        layer(x, (keys, values[:, :, :2]))                             # keys and values disagree
 
 
 # --- the latent cache (@eq-ch03-latent) -----------------------------------------------------------
@@ -289,9 +351,25 @@ def test_latent_layer_errors():
         ch03.ToyLatentKVAttention(63, 4, 16)
     with pytest.raises(ValueError, match="latent_rank"):
         ch03.ToyLatentKVAttention(64, 4, 0)
+    with pytest.raises(ValueError, match="rope_base"):
+        ch03.ToyLatentKVAttention(64, 4, 16, rope_key_dim=4, rope_base=1.0)
     layer = ch03.ToyLatentKVAttention(64, 4, 16)
     with pytest.raises(ValueError, match="cache"):
         layer(torch.randn(1, 2, 64), torch.randn(1, 3, 15))
+    with pytest.raises(ValueError, match="cache"):
+        layer(torch.randn(1, 2, 64), torch.randn(2, 3, 16))            # another batch
+    with pytest.raises(TypeError, match="cache"):
+        layer(torch.randn(1, 2, 64), [[0.0] * 16])
+    with pytest.raises(ValueError, match="start"):
+        layer(torch.randn(1, 2, 64), start=-1)
+
+
+def test_latent_rotary_bands_use_the_layer_base():
+    layer = ch03.ToyLatentKVAttention(32, 4, 8, rope_key_dim=6, rope_base=500.0)
+    expected = torch.tensor([500.0 ** (-2 * j / 6) for j in range(3)], dtype=torch.float64)
+    assert torch.allclose(layer.rotary_bands(), expected, rtol=1e-14)
+    assert torch.equal(ch03.ToyLatentKVAttention(32, 4, 8, rope_key_dim=2).rotary_bands(),
+                       torch.ones(1, dtype=torch.float64))
 
 
 # --- visibility masks -----------------------------------------------------------------------------
@@ -316,6 +394,20 @@ def test_visibility_mask_defaults_and_counts():
     for bad, message in (((0,), "seq_len"), ((5, 0), "window"), ((5, 2, -1), "sinks")):
         with pytest.raises(ValueError, match=message):
             ch03.visibility_mask(*bad)
+    with pytest.raises(ValueError, match="query_len"):
+        ch03.visibility_mask(5, query_len=6)
+    with pytest.raises(TypeError, match="window"):
+        ch03.visibility_mask(5, 2.5)
+
+
+@FAST
+@given(n=st.integers(1, 20), rows=st.integers(1, 20), window=st.one_of(st.none(), st.integers(1, 25)),
+       sinks=st.integers(0, 5))
+def test_visibility_mask_rows_are_the_last_rows_of_the_grid(n, rows, window, sinks):
+    rows = min(rows, n)
+    full = ch03.visibility_mask(n, window, sinks)
+    assert torch.equal(ch03.visibility_mask(n, window, sinks, query_len=rows), full[n - rows:])
+    assert torch.equal(ch03.causal_rows(rows, n), ch01.causal_mask(n)[n - rows:])
 
 
 # --- RoPE (@eq-ch03-rope, @eq-ch03-rope-relative) ------------------------------------------------------
@@ -378,8 +470,18 @@ def test_rope_errors():
         ch03.apply_rope(torch.randn(2, 8), [0, 1], bands[:3])
     with pytest.raises(ValueError, match="one position per row"):
         ch03.apply_rope(torch.randn(2, 8), [0, 1, 2], bands)
+    with pytest.raises(TypeError, match="positions must be integers"):
+        ch03.apply_rope(torch.randn(2, 8), [0.0, 1.5], bands)
+    with pytest.raises(TypeError, match="vectors"):
+        ch03.apply_rope([[1.0] * 8], [0], bands)
+    with pytest.raises(ValueError, match="vectors"):
+        ch03.apply_rope(torch.randn(8), [0], bands)
+    with pytest.raises(TypeError, match="magnitude"):
+        ch03.apply_rope(torch.randn(2, 8), [0, 1], bands, magnitude="1")
     with pytest.raises(ValueError, match="even"):
         ch03.interleaved_to_half_order(5)
+    with pytest.raises(TypeError, match="width"):
+        ch03.interleaved_to_half_order(4.0)
 
 
 # --- PI, NTK, YaRN (@eq-ch03-ntk, @eq-ch03-yarn) --------------------------------------------------------
@@ -454,21 +556,153 @@ def test_yarn_hand_derived_values():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(dim=7), "even integer >= 4"), (dict(dim=2), "even integer >= 4"), (dict(dim=16, factor=0.5), "factor"),
-    (dict(dim=16, method="longrope"), "unknown RoPE method"), (dict(dim=16, base=1.0), "base"),
+    (dict(dim=7), "dim must be even"), (dict(dim=0), "dim"), (dict(dim=16, factor=0.5), "factor"),
+    (dict(dim=16, method="longrope"), "method must be one of"), (dict(dim=16, base=1.0), "base"),
     (dict(dim=16, method="yarn", beta_fast=1, beta_slow=2), "beta"),
     (dict(dim=16, method="yarn", original_context=0), "original_context"),
+    (dict(dim=16, method="llama3", low_freq_factor=4.0, high_freq_factor=2.0), "high_freq_factor"),
+    (dict(dim=16, method="llama3", low_freq_factor=0.0), "low_freq_factor"),
+    (dict(dim=2, method="ntk", factor=2.0), "dim must be an integer >= 4"),
 ])
 def test_inverse_frequencies_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ch03.inverse_frequencies(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(dim=16.0), "dim"), (dict(dim=16, method=3), "method"), (dict(dim=16, base="1e4"), "base"),
+    (dict(dim=16, factor=None), "factor"),
+])
+def test_inverse_frequencies_type_errors(kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        ch03.inverse_frequencies(**kwargs)
+
+
 def test_ntk_base_errors():
     with pytest.raises(ValueError, match="factor"):
         ch03.ntk_base(1e4, 0.9, 16)
-    with pytest.raises(ValueError, match="even integer"):
+    with pytest.raises(ValueError, match="dim"):
         ch03.ntk_base(1e4, 2.0, 2)
+    with pytest.raises(ValueError, match="even integer"):
+        ch03.ntk_base(1e4, 2.0, 7)
+    with pytest.raises(ValueError, match="turns"):
+        ch03.yarn_correction_dim(0, 16, 1e4, 32)
+
+
+# --- Llama 3's bands (@eq-ch03-llama3) and rope_from_config -------------------------------------------
+
+
+def test_llama3_bands_at_hand_chosen_wavelengths():
+    # d_R = 4: band 0 has wavelength 2 pi (kept), band 1 has wavelength 2 pi sqrt(b). Choose b so that it
+    # is 4096 with T_0 = 8192, l = 1, h = 4: edges 2048 and 8192, so s = (8192/4096 - 1) / 3 = 1/3 and
+    # omega' = (2/3) omega / 8 + (1/3) omega = (5/12) omega.
+    base = (4096 / (2 * math.pi)) ** 2
+    bands, magnitude = ch03.inverse_frequencies(4, method="llama3", base=base, factor=8.0,
+                                                original_context=8192)
+    assert magnitude == 1.0 and bands[0].item() == 1.0
+    assert bands[1].item() == pytest.approx(5 / 12 * base ** -0.5, rel=1e-12)
+    # Wavelength beyond T_0 / l: divided by the factor; below T_0 / h: kept.
+    long_base = (10_000 / (2 * math.pi)) ** 2
+    bands, _ = ch03.inverse_frequencies(4, method="llama3", base=long_base, factor=8.0,
+                                        original_context=8192)
+    assert bands[1].item() == pytest.approx(long_base ** -0.5 / 8, rel=1e-12)
+    short_base = (2000 / (2 * math.pi)) ** 2
+    bands, _ = ch03.inverse_frequencies(4, method="llama3", base=short_base, factor=8.0,
+                                        original_context=8192)
+    assert bands[1].item() == pytest.approx(short_base ** -0.5, rel=1e-12)
+
+
+def test_llama31_config_band_counts_from_the_closed_form():
+    # lambda_j = 2 pi b^(j/64) with b = 5e5: kept while lambda < 8192/4, i.e. j < 64 ln(2048/2pi)/ln b = 28.2;
+    # divided by 8 once lambda > 8192, i.e. j > 64 ln(8192/2pi)/ln b = 34.98.
+    bands, magnitude = ch03.rope_from_config(ch03.load_model_config("llama-3.1-8b"))
+    plain = 5e5 ** -(torch.arange(0, 128, 2, dtype=torch.float64) / 128)
+    assert magnitude == 1.0 and bands.shape == (64,)
+    assert torch.equal(bands[:29], plain[:29])
+    assert torch.allclose(bands[35:], plain[35:] / 8, rtol=1e-14)
+    middle = bands[29:35] / plain[29:35]
+    assert bool(((middle > 1 / 8) & (middle < 1)).all()) and bool((middle[1:] < middle[:-1]).all())
+    j = 30
+    share = (8192 / (2 * math.pi * 5e5 ** (j / 64)) - 1) / 3
+    assert bands[j].item() == pytest.approx(((1 - share) / 8 + share) * plain[j].item(), rel=1e-12)
+
+
+@pytest.mark.parametrize("name, width, base", [
+    ("llama-2-7b", 128, 1e4), ("mistral-7b-v0.1", 128, 1e4), ("gemma-3-1b", 256, 1e6),
+])
+def test_rope_from_config_plain_configs(name, width, base):
+    bands, magnitude = ch03.rope_from_config(ch03.load_model_config(name))
+    expected = torch.tensor([base ** (-2 * j / width) for j in range(width // 2)], dtype=torch.float64)
+    assert magnitude == 1.0 and torch.allclose(bands, expected, rtol=1e-13)
+
+
+def test_rope_from_config_deepseek_yarn_and_its_mscale():
+    raw = ch03.load_model_config("deepseek-v2-lite")
+    bands, magnitude = ch03.rope_from_config(raw)
+    # Rotary key width 64; j(32) = 64 ln(4096/(64 pi)) / (2 ln 1e4) = 10.47, j(1) = 22.52: low 10, high 23.
+    plain = torch.tensor([1e4 ** (-2 * j / 64) for j in range(32)], dtype=torch.float64)
+    assert torch.equal(bands[:11], plain[:11]) and torch.allclose(bands[23:], plain[23:] / 40, rtol=1e-13)
+    ramp = (14 - 10) / (23 - 10)
+    assert bands[14].item() == pytest.approx((1 - ramp) * plain[14].item() + ramp * plain[14].item() / 40)
+    assert magnitude == 1.0                                # mscale == mscale_all_dim: the ratio is 1
+    scaling = raw["rope_scaling"]
+    _, different = ch03.rope_from_config({**raw, "rope_scaling": {**scaling, "mscale": 1.0}})
+    m = lambda s: 0.1 * s * math.log(40) + 1                # noqa: E731
+    assert different == pytest.approx(m(1.0) / m(0.707))
+    plain_yarn = {key: value for key, value in scaling.items() if not key.startswith("mscale")}
+    assert ch03.rope_from_config({**raw, "rope_scaling": plain_yarn})[1] == pytest.approx(m(1.0))
+    explicit = {**scaling, "attention_factor": 1.25}
+    assert ch03.rope_from_config({**raw, "rope_scaling": explicit})[1] == 1.25
+
+
+def test_rope_from_config_spellings_and_sources_of_t0():
+    llama2 = ch03.load_model_config("llama-2-7b")
+    plain, _ = ch03.rope_from_config(llama2)
+    for key in ("type", "rope_type"):
+        linear, magnitude = ch03.rope_from_config({**llama2, "rope_scaling": {key: "linear", "factor": 4.0}})
+        assert magnitude == 1.0 and torch.allclose(linear, plain / 4, rtol=1e-14)
+    assert torch.equal(ch03.rope_from_config({**llama2, "rope_scaling": {"rope_type": "default"}})[0], plain)
+    # The trained length comes from original_max_position_embeddings, top level first.
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
+    expected, _ = ch03.inverse_frequencies(128, method="yarn", factor=4.0, original_context=2048)
+    assert torch.equal(ch03.rope_from_config({**llama2, "rope_scaling": yarn})[0], expected)
+    top_level = {**llama2, "original_max_position_embeddings": 1024, "rope_scaling": yarn}
+    at_1024, _ = ch03.inverse_frequencies(128, method="yarn", factor=4.0, original_context=1024)
+    assert torch.equal(ch03.rope_from_config(top_level)[0], at_1024)
+    # No factor: YaRN takes T_1 / T_0.
+    implicit = {**llama2, "max_position_embeddings": 8192,
+                "rope_scaling": {"type": "yarn", "original_max_position_embeddings": 2048}}
+    assert torch.equal(ch03.rope_from_config(implicit)[0], expected)
+    # Newer files: rope_parameters, rope_theta inside it; nested text_config; partial rotary width.
+    newer = {key: value for key, value in llama2.items() if key not in ("rope_scaling", "rope_theta")}
+    newer["rope_parameters"] = {"rope_type": "default", "rope_theta": 10_000.0}
+    assert torch.equal(ch03.rope_from_config(newer)[0], plain)
+    assert torch.equal(ch03.rope_from_config({"model_type": "x", "text_config": llama2})[0], plain)
+    half, _ = ch03.rope_from_config({**llama2, "partial_rotary_factor": 0.5})
+    assert torch.allclose(half, torch.tensor([1e4 ** (-2 * j / 64) for j in range(32)], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("scaling, error, message", [
+    ({"rope_type": "dynamic", "factor": 2.0}, ValueError, "rope_scaling type must be one of"),
+    ({"type": "longrope", "factor": 2.0}, ValueError, "'llama3'"),
+    ({"rope_type": "linear"}, ValueError, "factor"),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048, "truncate": False},
+     ValueError, "truncate"),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0},
+     ValueError, "high_freq_factor"),
+    ("yarn", TypeError, "rope_scaling must be a mapping"),
+])
+def test_rope_from_config_rejects_what_it_cannot_build(scaling, error, message):
+    raw = {**ch03.load_model_config("llama-2-7b"), "rope_scaling": scaling}
+    with pytest.raises(error, match=message):
+        ch03.rope_from_config(raw)
+
+
+def test_rope_from_config_needs_a_mapping_and_a_width():
+    with pytest.raises(TypeError, match="mapping"):
+        ch03.rope_from_config([("rope_theta", 1e4)])
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        ch03.rope_from_config({"hidden_size": 64})
 
 
 # --- the retrieval probe --------------------------------------------------------------------------------
@@ -485,6 +719,8 @@ def test_probe_golden_means_and_ordering():
         hits[method] = round(sum(r["accuracy"] for r in rows) * 256)
     assert hits == {"rope": 3_192, "ntk": 3_646, "yarn": 4_362}
     assert hits["rope"] < hits["ntk"] < hits["yarn"]
+    llama3 = ch03.retrieval_probe("llama3")
+    assert round(sum(r["accuracy"] for r in llama3) * 256) == 4_357
 
 
 def test_probe_is_reproducible_and_accepts_custom_bands():
@@ -494,13 +730,54 @@ def test_probe_is_reproducible_and_accepts_custom_bands():
     bands = ch03.inverse_frequencies(8, method="pi", factor=4)
     assert ch03.retrieval_probe(bands, seed=5, **small) == ch03.retrieval_probe("pi", seed=5, **small)
     with pytest.raises(ValueError, match="custom bands"):
-        ch03.retrieval_probe((torch.ones(3), 1.0), **small)
+        ch03.retrieval_probe((torch.ones(3, dtype=torch.float64), 1.0), **small)
     with pytest.raises(ValueError, match="context"):
         ch03.retrieval_probe("rope", context=8, original_context=16, dim=8, trials=4)
-    with pytest.raises(ValueError, match="unknown RoPE method"):
+    with pytest.raises(ValueError, match="method must be one of"):
         ch03.retrieval_probe("alibi", **small)
     with pytest.raises(ValueError, match="trials"):
         ch03.retrieval_probe("rope", trials=0)
+    with pytest.raises(TypeError, match="method"):
+        ch03.retrieval_probe(torch.ones(4), **small)
+    with pytest.raises(TypeError, match="trials"):
+        ch03.retrieval_probe("rope", trials=2.5)
+    with pytest.raises(ValueError, match="dim must be even"):
+        ch03.retrieval_probe("rope", dim=7)
+
+
+def test_probe_magnitude_moves_the_needle_weight_but_never_the_hit_rate():
+    bands, magnitude = ch03.inverse_frequencies(32, method="yarn", factor=4, original_context=32)
+    hot = ch03.retrieval_probe("yarn")
+    cold = ch03.retrieval_probe((bands, 1.0))
+    hotter = ch03.retrieval_probe((bands, 2.0))
+    assert [r["accuracy"] for r in hot] == [r["accuracy"] for r in cold] == [r["accuracy"] for r in hotter]
+    weights = [sum(r["needle_weight"] for r in rows) / 21 for rows in (cold, hot, hotter)]
+    assert weights[0] < weights[1] < weights[2]
+    assert all(0.0 < r["needle_weight"] < 1.0 for r in hot)
+    # Next to the query the needle nearly always wins, and a sharper softmax gives it more of the weight.
+    assert hot[-1]["accuracy"] > 0.99 and hotter[-1]["needle_weight"] > hot[-1]["needle_weight"]
+
+
+def test_probe_needle_weight_is_the_softmax_share_of_the_needle():
+    """At a fixed trial the weight is exp(s_needle / sqrt d) / sum_t exp(s_t / sqrt d): check it by hand."""
+    small = dict(trials=1, context=4, original_context=4, dim=2)
+    rows = ch03.retrieval_probe("rope", seed=3, **small)
+    gen = torch.Generator().manual_seed(3)                    # replay the draws of the probe
+    content = torch.randn(21, 1, 2, generator=gen)
+    query = content + 0.15 * torch.randn(content.shape, generator=gen)
+    needle = content + 0.15 * torch.randn(content.shape, generator=gen)
+    noise = torch.randn(21, 1, 4, generator=gen)
+    for depth, row in enumerate(rows):
+        at = int(torch.round(torch.linspace(0, 1, 21, dtype=torch.float64)[depth] * 2))
+        q_angle, n_angle = 3.0, float(at)                     # omega_0 = 1 for d_R = 2
+        q = torch.tensor([[math.cos(q_angle), -math.sin(q_angle)], [math.sin(q_angle), math.cos(q_angle)]])
+        n = torch.tensor([[math.cos(n_angle), -math.sin(n_angle)], [math.sin(n_angle), math.cos(n_angle)]])
+        q_rot, n_rot = q @ query[depth, 0], n @ needle[depth, 0]
+        scores = q_rot.norm() * noise[depth, 0]
+        scores[at] = q_rot @ n_rot
+        weight = torch.softmax(scores / math.sqrt(2), 0)[at].item()
+        assert row["needle_weight"] == pytest.approx(weight, rel=1e-5)
+        assert row["accuracy"] == float(scores.argmax().item() == at)
 
 
 def explicit_key_probe(method, *, seed, trials, context, original_context, dim):
@@ -575,3 +852,55 @@ def test_grouped_attention_never_copies_the_cached_heads():
         ch03.repeat_kv(k, query_heads // kv_heads)
     assert repeated.largest == batch * query_heads * tokens * width
     assert grouped.largest < k.numel() // 2  # only the (B, H_q, 1, T) scores, far smaller than the keys
+
+
+# --- no decode step builds a T x T tensor -------------------------------------------------------------
+
+
+def _decode_step_largest(layer, tokens, d_model, make_cache):
+    """Largest new tensor created by one decode step of ``layer`` against a cache of ``tokens`` tokens."""
+    generator = torch.Generator().manual_seed(0)
+    cache = make_cache(generator)
+    x = torch.randn(1, 1, d_model, generator=generator)
+    with torch.no_grad(), _LargestTensor() as seen:
+        out, new_cache = layer(x, cache)
+    assert out.shape == (1, 1, d_model)
+    return seen.largest, new_cache
+
+
+@pytest.mark.parametrize("kind", ["gqa", "mqa", "latent", "latent+rope"])
+def test_a_decode_step_creates_no_tensor_of_t_squared_elements(kind):
+    tokens, d_model = 1_024, 32
+    torch.manual_seed(0)
+    if kind in ("gqa", "mqa"):
+        kv = 2 if kind == "gqa" else 1
+        layer = ch03.GroupedQueryAttention(d_model, 4, kv).eval()
+
+        def make_cache(generator):
+            return tuple(torch.randn(1, kv, tokens, 8, generator=generator) for _ in range(2))
+    else:
+        rope = 4 if kind == "latent+rope" else 0
+        layer = ch03.ToyLatentKVAttention(d_model, 4, 8, rope_key_dim=rope).eval()
+
+        def make_cache(generator):
+            return torch.randn(1, tokens, 8 + rope, generator=generator)
+    largest, new_cache = _decode_step_largest(layer, tokens, d_model, make_cache)
+    grown = new_cache[0] if isinstance(new_cache, tuple) else new_cache
+    assert grown.size(-2) == tokens + 1
+    # The largest tensors of a step are O(T): the grown cache, the (re)built keys, the scores.
+    assert largest < tokens * tokens // 16
+    assert largest <= (tokens + 1) * 4 * (8 + 4)       # (B, H, T_k, d_h + d_R) at most
+
+
+def test_decode_masks_are_rows_not_grids():
+    tokens = 4_096
+    with _LargestTensor() as causal:
+        row = ch03.causal_rows(1, tokens)
+    with _LargestTensor() as windowed:
+        window_row = ch03.visibility_mask(tokens, window=512, sinks=4, query_len=1)
+    assert row.shape == window_row.shape == (1, tokens)
+    assert causal.largest == windowed.largest == tokens
+    assert int(window_row.sum()) == 512 + 4
+    with _LargestTensor() as grid:
+        ch01.causal_mask(tokens)
+    assert grid.largest == tokens * tokens                   # what the rows avoid

@@ -3,23 +3,85 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from longctx import ch01, ch02, ch03, ch04
+from longctx.booktools.numbering import book_numbering
 from torch.utils._python_dispatch import TorchDispatchMode
 
 SEEDS = range(5)
+F64 = torch.float64
 
 
-def randn(*shape: int, seed: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def randn(*shape: int, seed: int, dtype: torch.dtype = F64) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def random_sizes(seed: int, **bounds: tuple[int, int]) -> dict[str, int]:
     generator = torch.Generator().manual_seed(1000 + seed)
     return {name: int(torch.randint(low, high + 1, (1,), generator=generator)) for name, (low, high) in bounds.items()}
+
+
+def scalar_ssm(a: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A one-number state: A = [[a]], B = C = [1]."""
+    return torch.tensor([[a]], dtype=F64), torch.ones(1, dtype=F64), torch.ones(1, dtype=F64)
+
+
+# The chapter's recall task: small noise, a marked 7 at position 2, nine more values.
+RECALL_VALUES = torch.tensor([0.3, -0.5, 7.0, 0.8, -0.2, 0.6, -0.9, 0.4, 0.1, -0.3, 0.5, -0.6], dtype=F64)
+RECALL_MARKERS = torch.zeros(12, dtype=F64).index_fill_(0, torch.tensor([2]), 1.0)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any operation creates while the mode is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor):
+                self.largest = max(self.largest, tensor.numel())
+        return out
+
+
+# --------------------------------------------------------------------------- the module and its docstrings
+
+
+def test_public_names_are_what_an_exercise_imports():
+    for leftover in ("GB", "KIB", "BILL_CONTEXTS", "RECALL_VALUES", "RECALL_MARKERS",
+                     "selective_recall", "fixed_step_recall"):
+        assert not hasattr(ch04, leftover), leftover
+    assert {"selective_scan", "SelectiveSSMLayer", "parallel_scan", "sequential_scan",
+            "AbsorbedLatentAttention", "RUNNING_EXAMPLE"} <= set(ch04.__all__)
+
+
+def test_docstrings_name_equations_by_their_numbers():
+    numbers = {label: target.number for label, target in book_numbering().items() if label.startswith("eq-ch04-")}
+    cited = {
+        "bills": [ch04.context_cost], "window": [ch04.window_reach, ch04.sliding_window_decode],
+        "strided": [ch04.strided_mask], "linear": [ch04.linear_attention_recurrent, ch04.linear_attention_chunked],
+        "ssm": [ch04.ssm_recurrent, ch04.ssm_kernel], "selective": [ch04.discretize, ch04.selective_ssm],
+        "scan": [ch04.parallel_scan], "mamba": [ch04.selective_scan, ch04.SelectiveSSMLayer],
+        "hybrid": [ch04.hybrid_cache_bytes], "latent": [ch04.AbsorbedLatentAttention],
+        "quantized": [ch04.quantized_kv_bytes_per_token],
+    }
+    for label, objects in cited.items():
+        for obj in objects:
+            doc = " ".join(obj.__doc__.split())
+            assert f"Equation {numbers['eq-ch04-' + label]}" in doc, (obj.__name__, label)
+    for name in ch04.__all__:
+        obj = getattr(ch04, name)
+        if not getattr(obj, "__module__", "").startswith("longctx.ch04"):
+            continue  # RUNNING_EXAMPLE and the type aliases carry other modules' docs
+        doc = obj.__doc__ or ""
+        assert not re.search(r"@(eq|sec|fig|tbl)-", doc), name  # never a raw Quarto label
 
 
 # --------------------------------------------------------------------------- the two bills
@@ -36,6 +98,7 @@ def test_context_cost_matches_the_worked_numbers():
     assert round(ch04.context_cost(8_192)["kv_bytes"] / 1e9, 1) == 1.1
     pairs = [ch04.context_cost(n)["pairs_per_head_per_layer"] for n in (8_192, 131_072, 1_048_576)]
     assert pairs[2] // pairs[1] == 64 and pairs[2] // pairs[0] == 16_384
+    assert ch01.attention_pairs(1000) // ch01.attention_pairs(10) == 9_100  # the opening's growth
 
 
 def test_context_cost_uses_chapter3_kv_bytes_for_any_config():
@@ -52,11 +115,15 @@ def test_running_example_matches_the_shipped_llama_config():
     assert ch04.window_reach(mistral.window, mistral.layers) == 131_040
 
 
-def test_context_cost_rejects_bad_tokens():
-    with pytest.raises(ValueError, match="tokens must be >= 0"):
+def test_context_cost_rejects_bad_input():
+    with pytest.raises(ValueError, match="tokens must be an integer >= 0"):
         ch04.context_cost(-1)
     with pytest.raises(TypeError, match="tokens must be an int"):
         ch04.context_cost(2.5)
+    with pytest.raises(TypeError, match="tokens must be an int"):
+        ch04.context_cost(True)
+    with pytest.raises(TypeError, match="config must be a ch03.KVConfig"):
+        ch04.context_cost(10, {"layers": 32})
 
 
 # --------------------------------------------------------------------------- sliding windows
@@ -84,6 +151,13 @@ def test_receptive_field_reaches_exactly_layers_times_window_minus_one(seed):
     assert torch.equal(field, expected)
 
 
+@pytest.mark.parametrize("distance", [0, 1, 2, 3, 4095, 4096, 99_999, 131_040, 10**15 + 7])
+@pytest.mark.parametrize("window", [2, 3, 4096])
+def test_hops_needed_is_the_exact_ceiling(distance, window):
+    hops = ch04.hops_needed(distance, window)
+    assert hops * (window - 1) >= distance > (hops - 1) * (window - 1) or distance == hops == 0
+
+
 def test_window_band_after_three_layers_is_ten_wide():
     field = ch04.receptive_field(ch03.visibility_mask(16, window=4), 3)
     assert int(field.sum(dim=1).max()) == 10
@@ -105,25 +179,36 @@ def test_rolling_buffer_slots_follow_t_mod_w():
     assert ch04.rolling_buffer_slots(10, 4) == [8, 9, 6, 7]
     assert ch04.rolling_buffer_slots(11, 4) == [8, 9, 10, 7]
     assert ch04.rolling_buffer_slots(2, 4) == [0, 1, -1, -1]
+    assert ch04.rolling_buffer_slots(0, 3) == [-1, -1, -1]
 
 
 def test_window_functions_reject_bad_input():
     q = randn(5, 4, seed=0)
-    with pytest.raises(ValueError, match="window must be >= 1"):
+    with pytest.raises(ValueError, match="window must be a positive integer"):
         ch04.sliding_window_decode(q, q, q, 0)
+    with pytest.raises(TypeError, match="window must be an int"):
+        ch04.sliding_window_decode(q, q, q, 2.0)
     with pytest.raises(ValueError, match="equal shapes"):
         ch04.sliding_window_decode(q, randn(6, 4, seed=1), q, 2)
-    with pytest.raises(ValueError, match="window must be >= 1"):
+    with pytest.raises(TypeError, match="query must be a floating-point tensor"):
+        ch04.sliding_window_decode(q.long(), q, q, 2)
+    with pytest.raises(ValueError, match="window must be a positive integer"):
         ch04.window_reach(0, 3)
-    with pytest.raises(ValueError, match="layers must be >= 0"):
+    with pytest.raises(TypeError, match="window must be an int"):
+        ch04.window_reach(2.5, 3)  # the review's case: once returned 4.5
+    with pytest.raises(TypeError, match="layers must be an int"):
+        ch04.window_reach(3, 1.5)
+    with pytest.raises(ValueError, match="layers must be an integer >= 0"):
         ch04.receptive_field(ch01.causal_mask(3), -1)
     with pytest.raises(ValueError, match="square"):
         ch04.receptive_field(torch.ones(2, 3, dtype=torch.bool), 1)
-    with pytest.raises(ValueError, match="window must be >= 2"):
+    with pytest.raises(ValueError, match="window must be an integer >= 2"):
         ch04.hops_needed(5, 1)
-    with pytest.raises(ValueError, match="tokens_seen must be >= 0"):
+    with pytest.raises(ValueError, match="distance must be an integer >= 0"):
+        ch04.hops_needed(-1, 4)
+    with pytest.raises(ValueError, match="tokens_seen must be an integer >= 0"):
         ch04.rolling_buffer_slots(-1, 3)
-    with pytest.raises(TypeError, match="bool"):
+    with pytest.raises(TypeError, match="mask must be a tensor of dtype torch.bool"):
         ch04.pairs_computed(torch.ones(2, 2))
 
 
@@ -138,7 +223,7 @@ def test_sparse_pair_counts_at_sixteen_tokens():
     assert ch04.strided_mask(16, 4)[13].nonzero().flatten().tolist() == [1, 5, 9, 10, 11, 12, 13]
 
 
-def test_causal_global_token_is_a_sink_and_gives_no_two_hop_path():
+def test_causal_global_token_at_zero_is_a_sink_and_gives_no_two_hop_path():
     causal_global = ch04.global_local_mask(16, 4, (0,))
     assert torch.equal(causal_global, ch03.visibility_mask(16, window=4, sinks=1))
     assert causal_global[0].sum() == 1  # the global token reads only itself
@@ -147,6 +232,27 @@ def test_causal_global_token_is_a_sink_and_gives_no_two_hop_path():
     encoder_global = ch04.global_local_mask(16, 4, (0,), causal=False)
     assert ch04.receptive_field(encoder_global, 2).all()
     assert not ch04.receptive_field(encoder_global, 1)[15, 3]
+
+
+def _hops(mask, reader, source):
+    for hops in range(17):
+        if ch04.receptive_field(mask, hops)[reader, source]:
+            return hops
+    return None
+
+
+def test_causal_global_token_later_in_the_sequence_shortens_paths_across_it():
+    at_8 = ch04.global_local_mask(16, 4, (8,))
+    assert _hops(at_8, 15, 3) == 2  # 3 -> 8 -> 15, the review's case
+    assert _hops(ch04.global_local_mask(16, 4, (0,)), 15, 3) == 4  # as the window alone
+    assert _hops(ch03.visibility_mask(16, window=4), 15, 3) == 4
+    assert at_8[8, :9].all() and not at_8[8, 9:].any()  # it reads 0..8 and nothing later
+    assert at_8[8:, 8].all() and not at_8[:8, 8].any()  # and is read from 8 on
+    two_hops = ch04.receptive_field(at_8, 2)
+    for before in range(8):
+        for after in range(9, 16):
+            assert two_hops[after, before]  # every pair across it is within two hops
+    assert not two_hops[7, 0]  # tokens on one side of it gain nothing
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -171,14 +277,20 @@ def test_sparse_masks_give_skipped_pairs_exactly_zero_weight_in_chapter1_attenti
 
 
 def test_sparse_masks_reject_bad_input():
-    with pytest.raises(ValueError, match="stride must be >= 1"):
+    with pytest.raises(ValueError, match="stride must be a positive integer"):
         ch04.strided_mask(8, 0)
-    with pytest.raises(ValueError, match="window must be >= 1"):
+    with pytest.raises(TypeError, match="stride must be an int"):
+        ch04.strided_mask(4, 1.5)  # the review's case: once returned a mask
+    with pytest.raises(ValueError, match="window must be a positive integer"):
         ch04.global_local_mask(8, 0)
-    with pytest.raises(ValueError, match="global tokens must lie in"):
+    with pytest.raises(ValueError, match="global_tokens must be an integer <= 7"):
         ch04.global_local_mask(8, 2, (8,))
-    with pytest.raises(ValueError, match="seq_len must be >= 0"):
-        ch04.strided_mask(-1, 2)
+    with pytest.raises(TypeError, match="global_tokens must be a tuple"):
+        ch04.global_local_mask(8, 2, 3)
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        ch04.global_local_mask(8, 2, causal=1)
+    with pytest.raises(ValueError, match="seq_len must be a positive integer"):
+        ch04.strided_mask(0, 2)
 
 
 # --------------------------------------------------------------------------- block-sparse attention
@@ -213,25 +325,31 @@ def test_block_sparse_attention_equals_dense_masked_attention(seed):
     assert torch.allclose(ch04.block_sparse_attention(q, k, v, blocks, b), dense_tiles, atol=1e-12)
 
 
-def test_block_sparse_worked_numbers():
+def test_block_sparse_worked_numbers_count_causal_tiles_throughout():
     tiles = ch04.sliding_window_block_mask(64, 8, 8)
-    assert int(tiles.sum()) == 15
+    assert int(tiles.sum()) == 15 and ch01.attention_pairs(8) == 36
     long_tiles = ch04.sliding_window_block_mask(131_072, 4096, 128)
-    assert round(100 * long_tiles.sum().item() / long_tiles.numel(), 1) == 3.2
+    causal_tiles = ch01.attention_pairs(long_tiles.shape[0])
+    assert not long_tiles.triu(1).any()  # every marked tile is a causal tile
+    assert round(100 * long_tiles.sum().item() / causal_tiles, 1) == 6.3  # the text and Exercise 4.2
 
 
 def test_block_sparse_rejects_bad_input():
     q = randn(8, 4, seed=0)
     good = ch04.sliding_window_block_mask(8, 2, 2)
-    with pytest.raises(ValueError, match="block_size must be >= 1"):
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
         ch04.block_sparse_attention(q, q, q, good, 0)
-    with pytest.raises(ValueError, match=r"block_mask must be bool of shape \(4, 4\)"):
+    with pytest.raises(ValueError, match=r"block_mask must have shape \(4, 4\)"):
         ch04.block_sparse_attention(q, q, q, torch.ones(3, 3, dtype=torch.bool), 2)
-    with pytest.raises(ValueError, match="outside the tiles"):
+    with pytest.raises(TypeError, match="block_mask must be a tensor of dtype torch.bool"):
+        ch04.block_sparse_attention(q, q, q, torch.ones(4, 4), 2)
+    with pytest.raises(ValueError, match="outside the marked tiles"):
         ch04.block_sparse_attention(q, q, q, good, 2, token_mask=ch01.causal_mask(8))
+    with pytest.raises(ValueError, match=r"token_mask must have shape \(8, 8\)"):
+        ch04.block_sparse_attention(q, q, q, good, 2, token_mask=ch01.causal_mask(7))
     with pytest.raises(ValueError, match="equal shapes"):
         ch04.block_sparse_attention(q, randn(7, 4, seed=1), q, good, 2)
-    with pytest.raises(ValueError, match="window must be >= 1"):
+    with pytest.raises(ValueError, match="window must be a positive integer"):
         ch04.sliding_window_block_mask(8, 0, 4)
 
 
@@ -239,14 +357,13 @@ def test_block_sparse_rejects_bad_input():
 
 
 def test_linear_attention_worked_example():
-    keys = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)
-    values = torch.tensor([[2.0], [4.0], [6.0]], dtype=torch.float64)
-    queries = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    keys = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=F64)
+    values = torch.tensor([[2.0], [4.0], [6.0]], dtype=F64)
+    queries = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], dtype=F64)
     assert ch04.feature_map(keys).tolist() == [[2.0, 1.0], [1.0, 2.0], [2.0, 2.0]]
-    out, (pot, total) = ch04.linear_attention_recurrent(queries, keys, values)
-    assert pot.flatten().tolist() == [20.0, 22.0] and total.tolist() == [5.0, 5.0]
+    out, (summed, total) = ch04.linear_attention_recurrent(queries, keys, values)
+    assert summed.flatten().tolist() == [20.0, 22.0] and total.tolist() == [5.0, 5.0]
     assert out[2, 0].item() == pytest.approx(62 / 15, abs=1e-12)
-    assert round(out[2, 0].item(), 2) == 4.13
     soft, _ = ch01.scaled_dot_product_attention(queries, keys, values, ch01.causal_mask(3), scale=1.0)
     assert soft[2, 0].item() == pytest.approx(4.0, abs=1e-12)
 
@@ -258,30 +375,16 @@ def test_linear_attention_forms_agree(seed):
     q, k = randn(2, t, sizes["d_k"], seed=seed), randn(2, t, sizes["d_k"], seed=seed + 3)
     v = randn(2, t, sizes["d_v"], seed=seed + 5)
     quadratic = ch04.linear_attention_quadratic(q, k, v)
-    recurrent, (pot, total) = ch04.linear_attention_recurrent(q, k, v)
+    recurrent, (summed, total) = ch04.linear_attention_recurrent(q, k, v)
     chunked = ch04.linear_attention_chunked(q, k, v, chunk_size=sizes["chunk"])
     assert torch.allclose(recurrent, quadratic, atol=1e-10)
     assert torch.allclose(chunked, quadratic, atol=1e-10)
-    assert pot.shape == (2, sizes["d_k"], sizes["d_v"]) and total.shape == (2, sizes["d_k"])
-    split = t // 2
-    first, state = ch04.linear_attention_recurrent(q[:, :split], k[:, :split], v[:, :split])
-    rest, _ = ch04.linear_attention_recurrent(q[:, split:], k[:, split:], v[:, split:], state=state)
-    assert torch.allclose(torch.cat([first, rest], dim=1), quadratic, atol=1e-10)
-
-
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any operation creates while the mode is active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for tensor in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(tensor, torch.Tensor):
-                self.largest = max(self.largest, tensor.numel())
-        return out
+    assert summed.shape == (2, sizes["d_k"], sizes["d_v"]) and total.shape == (2, sizes["d_k"])
+    split = max(1, t // 2)
+    if split < t:
+        first, state = ch04.linear_attention_recurrent(q[:, :split], k[:, :split], v[:, :split])
+        rest, _ = ch04.linear_attention_recurrent(q[:, split:], k[:, split:], v[:, split:], state=state)
+        assert torch.allclose(torch.cat([first, rest], dim=1), quadratic, atol=1e-10)
 
 
 def test_long_sequence_paths_never_build_a_tokens_by_tokens_matrix():
@@ -294,20 +397,40 @@ def test_long_sequence_paths_never_build_a_tokens_by_tokens_matrix():
         windowed = ch04.block_sparse_attention(q, k, v, blocks, chunk)
     assert chunked_mode.largest <= max(chunk * chunk, tokens * width) < tokens * tokens // 100
     assert block_mode.largest <= max(chunk * 2 * chunk, tokens * width) < tokens * tokens // 100
-    recurrent, _ = ch04.linear_attention_recurrent(q[-100:], k[-100:], v[-100:], state=_state_before(q, k, v, tokens - 100))
+    phi_k = ch04.feature_map(k[: tokens - 100])
+    state = (phi_k.T @ v[: tokens - 100], phi_k.sum(dim=0))
+    recurrent, _ = ch04.linear_attention_recurrent(q[-100:], k[-100:], v[-100:], state=state)
     assert torch.allclose(chunked[-100:], recurrent, atol=1e-9)
     dense, _ = ch01.scaled_dot_product_attention(q, k, v, ch04.expand_block_mask(blocks, chunk, tokens))
     assert torch.allclose(windowed, dense, atol=1e-12)
 
 
-def _state_before(q, k, v, stop):
-    phi_k = ch04.feature_map(k[:stop])
-    return phi_k.T @ v[:stop], phi_k.sum(dim=0)
+def test_decode_paths_build_nothing_of_size_t_squared():
+    """A decode step against a cache of T tokens creates no tensor of T^2 elements."""
+    cache_tokens = 256
+    torch.manual_seed(3)
+    layer = ch04.AbsorbedLatentAttention(32, 4, 8, rope_key_dim=4).double()
+    x = randn(1, cache_tokens + 1, 32, seed=4)
+    with torch.no_grad():
+        _, cache = layer.forward_absorbed(x[:, :-1])
+        merged = layer.merged_weights()
+        with LargestTensor() as absorbed_step:
+            step, _ = layer.forward_absorbed(x[:, -1:], cache, merged=merged)
+        full, _ = layer(x)
+    assert torch.allclose(step, full[:, -1:], atol=1e-10)
+    assert absorbed_step.largest < cache_tokens * cache_tokens // 4
+    q, k, v = (randn(cache_tokens, 4, seed=s) for s in (5, 6, 7))
+    with LargestTensor() as ring:
+        ch04.sliding_window_decode(q, k, v, window=16)
+    assert ring.largest < cache_tokens * cache_tokens // 16
+    with LargestTensor() as recurrent:
+        ch04.linear_attention_recurrent(q, k, v)
+    assert recurrent.largest < cache_tokens * cache_tokens // 16
 
 
 def test_linear_attention_weights_rows_sum_to_one_and_are_causal():
     weights = ch04.linear_attention_weights(randn(9, 4, seed=1), randn(9, 4, seed=2))
-    assert torch.allclose(weights.sum(dim=-1), torch.ones(9, dtype=torch.float64))
+    assert torch.allclose(weights.sum(dim=-1), torch.ones(9, dtype=F64))
     assert (weights[~ch01.causal_mask(9)] == 0).all() and (weights[ch01.causal_mask(9)] > 0).all()
 
 
@@ -322,8 +445,10 @@ def test_sharpness_numbers_of_the_weight_figure():
     for result in (doubled, plain):
         for weights in result["weights"]:
             assert torch.allclose(weights.sum(dim=-1), torch.ones(10))
-    with pytest.raises(ValueError, match="last_rows"):
+    with pytest.raises(ValueError, match="last_rows must be an integer <= 3"):
         ch04.weight_sharpness(torch.eye(3), last_rows=4)
+    with pytest.raises(ValueError, match="query_scale must be > 0"):
+        ch04.sharpness_comparison(0.0)
 
 
 def test_linear_attention_rejects_bad_input():
@@ -332,19 +457,73 @@ def test_linear_attention_rejects_bad_input():
         ch04.linear_attention_quadratic(q, randn(4, 2, seed=1), q)
     with pytest.raises(ValueError, match="equal shapes"):
         ch04.linear_attention_recurrent(q, q, randn(5, 3, seed=1))
-    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
         ch04.linear_attention_chunked(q, q, q, chunk_size=0)
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        ch04.feature_map([1.0, 2.0])
+
+
+def test_linear_attention_recurrent_rejects_a_state_of_the_wrong_shape():
+    q = randn(2, 5, 3, seed=0)  # (batch 2, T 5, d 3)
+    summed, total = torch.zeros(2, 3, 3, dtype=F64), torch.zeros(2, 3, dtype=F64)
+    ch04.linear_attention_recurrent(q, q, q, state=(summed, total))  # the right shapes work
+    for bad in ((torch.zeros(3, 3, dtype=F64), total),  # once broadcast silently over the batch
+                (summed, torch.zeros(1, 3, dtype=F64)),
+                (torch.zeros(2, 3, 4, dtype=F64), total)):
+        with pytest.raises(ValueError, match="state must hold S of shape"):
+            ch04.linear_attention_recurrent(q, q, q, state=bad)
+    with pytest.raises(TypeError, match="state must be a pair"):
+        ch04.linear_attention_recurrent(q, q, q, state=summed)
+    with pytest.raises(TypeError, match=r"state\[1\] must be a floating-point tensor"):
+        ch04.linear_attention_recurrent(q, q, q, state=(summed, [0.0] * 3))
+
+
+@pytest.mark.parametrize("call", [
+    lambda e: ch04.sliding_window_decode(e, e, e, 2),
+    lambda e: ch04.linear_attention_quadratic(e, e, e),
+    lambda e: ch04.linear_attention_recurrent(e, e, e),
+    lambda e: ch04.linear_attention_chunked(e, e, e),
+    lambda e: ch04.block_sparse_attention(e, e, e, torch.ones(1, 1, dtype=torch.bool), 1),
+    lambda e: ch04.linear_attention_weights(e, e),
+])
+def test_zero_length_sequences_raise_value_errors_naming_the_argument(call):
+    with pytest.raises(ValueError, match="query must not be empty"):
+        call(torch.zeros(2, 0, 4, dtype=F64))
+
+
+def test_zero_length_scans_and_ssm_inputs_raise_value_errors():
+    empty = torch.zeros(3, 0, dtype=F64)
+    for scan in (ch04.sequential_scan, ch04.parallel_scan):
+        with pytest.raises(ValueError, match="a must not be empty"):
+            scan(empty, empty)
+    A, B, C = scalar_ssm(0.5)
+    with pytest.raises(ValueError, match="x must not be empty"):
+        ch04.ssm_recurrent(torch.zeros(0, dtype=F64), A, B, C)
+    with pytest.raises(ValueError, match="x must not be empty"):
+        ch04.ssm_convolution(torch.zeros(0, dtype=F64), A, B, C)
+    with pytest.raises(ValueError, match="length must be a positive integer"):
+        ch04.ssm_kernel(A, B, C, 0)
+    with pytest.raises(ValueError, match="x must not be empty"):
+        ch04.selective_ssm(torch.zeros(0, dtype=F64), torch.zeros(0, dtype=F64))
+    with pytest.raises(ValueError, match="u must not be empty"):
+        ch04.selective_scan(torch.zeros(1, 2, 0, dtype=F64), torch.zeros(1, 2, 0, dtype=F64),
+                            -torch.ones(2, 3, dtype=F64), torch.zeros(1, 3, 0, dtype=F64),
+                            torch.zeros(1, 3, 0, dtype=F64))
+    with pytest.raises(ValueError, match="x must not be empty"):
+        ch04.quantize_kv(torch.zeros(0, 4), 4)
 
 
 # --------------------------------------------------------------------------- state-space models
 
 
 def test_ssm_worked_example():
-    assert ch04.ssm_recurrent([1, 0, 0, 2], 0.5, 1.0, 1.0).tolist() == [1.0, 0.5, 0.25, 2.125]
-    assert ch04.ssm_kernel(0.5, 1.0, 1.0, 4).tolist() == [1.0, 0.5, 0.25, 0.125]
-    assert torch.allclose(ch04.ssm_convolution([1, 0, 0, 2], 0.5, 1.0, 1.0),
-                          torch.tensor([1.0, 0.5, 0.25, 2.125], dtype=torch.float64), atol=1e-12)
-    assert round(ch04.ssm_kernel(0.99, 1.0, 1.0, 151)[-1].item(), 3) == 0.221
+    x = torch.tensor([1.0, 0.0, 0.0, 2.0], dtype=F64)
+    A, B, C = scalar_ssm(0.5)
+    assert ch04.ssm_recurrent(x, A, B, C).tolist() == [1.0, 0.5, 0.25, 2.125]
+    assert ch04.ssm_kernel(A, B, C, 4).tolist() == [1.0, 0.5, 0.25, 0.125]
+    assert torch.allclose(ch04.ssm_convolution(x, A, B, C),
+                          torch.tensor([1.0, 0.5, 0.25, 2.125], dtype=F64), atol=1e-12)
+    assert round(ch04.ssm_kernel(*scalar_ssm(0.99), 151)[-1].item(), 3) == 0.221
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -358,28 +537,39 @@ def test_ssm_convolution_equals_recurrence(seed):
 
 
 def test_ssm_rejects_bad_input():
+    A, B, C = scalar_ssm(0.5)
+    x = torch.ones(2, dtype=F64)
     with pytest.raises(ValueError, match=r"A must be \(N, N\)"):
-        ch04.ssm_recurrent([1.0, 2.0], torch.eye(2), torch.ones(3), torch.ones(3))
-    with pytest.raises(ValueError, match="one channel"):
-        ch04.ssm_convolution(torch.ones(2, 3), 0.5, 1.0, 1.0)
-    with pytest.raises(ValueError, match="length must be >= 0"):
-        ch04.ssm_kernel(0.5, 1.0, 1.0, -1)
+        ch04.ssm_recurrent(x, torch.eye(2, dtype=F64), torch.ones(3, dtype=F64), torch.ones(3, dtype=F64))
+    with pytest.raises(ValueError, match="x must have 1 dimensions"):
+        ch04.ssm_convolution(torch.ones(2, 3, dtype=F64), A, B, C)
+    with pytest.raises(ValueError, match="length must be a positive integer"):
+        ch04.ssm_kernel(A, B, C, -1)
+    with pytest.raises(TypeError, match="A must be a floating-point tensor"):
+        ch04.ssm_recurrent(x, 0.5, B, C)
+    with pytest.raises(TypeError, match="A, B and C must share one dtype"):
+        ch04.ssm_recurrent(x, A.float(), B, C)
+    with pytest.raises(TypeError, match="x must be a tensor of dtype torch.float64"):
+        ch04.ssm_recurrent(x.float(), A, B, C)
 
 
 def test_selective_step_sizes_and_discretization():
-    marked, plain = ch04.step_sizes([1, 0]).tolist()
+    marked, plain = ch04.step_sizes(torch.tensor([1.0, 0.0], dtype=F64)).tolist()
     assert round(marked, 3) == 5.007 and round(plain, 4) == 0.0067
-    keep, write = ch04.discretize(torch.tensor([marked, plain], dtype=torch.float64))
+    keep, write = ch04.discretize(torch.tensor([marked, plain], dtype=F64))
     assert [round(v, 4) for v in keep.tolist()] == [0.0067, 0.9933]
-    assert torch.allclose(keep + write, torch.ones(2, dtype=torch.float64))  # a = -1, b = 1
-    keep_half, write_half = ch04.discretize(torch.tensor([0.3], dtype=torch.float64), a=-2.0, b=3.0)
+    assert torch.allclose(keep + write, torch.ones(2, dtype=F64))  # a = -1, b = 1
+    keep_half, write_half = ch04.discretize(torch.tensor([0.3], dtype=F64), a=-2.0, b=3.0)
     assert write_half.item() == pytest.approx((math.exp(-0.6) - 1) / -2.0 * 3.0)
+    small = torch.tensor([1e-4], dtype=F64)  # small steps: zero-order hold ~ delta * b
+    assert ch04.discretize(small, a=-1.5, b=2.0)[1].item() == pytest.approx(1e-4 * 2.0, rel=1e-3)
 
 
 def test_selective_recall_beats_every_fixed_step():
-    assert round(ch04.selective_recall(), 2) == 6.55
-    grid = torch.logspace(-3, 1, 400, dtype=torch.float64).tolist()
-    best = max(ch04.fixed_step_recall(d) for d in grid)
+    final = ch04.selective_ssm(RECALL_VALUES, ch04.step_sizes(RECALL_MARKERS))[-1].item()
+    assert round(final, 2) == 6.55
+    grid = torch.logspace(-3, 1, 400, dtype=F64).tolist()
+    best = max(ch04.selective_ssm(RECALL_VALUES, torch.full((12,), d, dtype=F64))[-1].item() for d in grid)
     assert round(best, 2) == 0.26
     softplus = lambda x: math.log1p(math.exp(x))  # noqa: E731
     write_marked, keep_plain = 1 - math.exp(-softplus(5.0)), math.exp(-softplus(-5.0))
@@ -387,24 +577,42 @@ def test_selective_recall_beats_every_fixed_step():
 
 
 def test_selective_rejects_bad_input():
-    with pytest.raises(ValueError, match="a must be negative"):
-        ch04.discretize(1.0, a=0.5)
+    with pytest.raises(ValueError, match="a must be < 0"):
+        ch04.discretize(torch.ones(1), a=0.5)
     with pytest.raises(ValueError, match="delta must be >= 0"):
         ch04.discretize(torch.tensor([-1.0]))
+    with pytest.raises(TypeError, match="delta must be a floating-point tensor"):
+        ch04.discretize(1.0)
     with pytest.raises(ValueError, match="same shape"):
-        ch04.selective_ssm([1.0, 2.0], [0.1])
+        ch04.selective_ssm(torch.ones(2), torch.ones(1))
+    with pytest.raises(TypeError, match="markers must be a floating-point tensor"):
+        ch04.step_sizes([1, 0])
 
 
 # --------------------------------------------------------------------------- scans
 
 
 def test_scan_worked_example_and_rounds():
-    a = torch.full((4,), 0.5, dtype=torch.float64)
-    b = torch.tensor([1.0, 0.0, 0.0, 2.0], dtype=torch.float64)
+    a = torch.full((4,), 0.5, dtype=F64)
+    b = torch.tensor([1.0, 0.0, 0.0, 2.0], dtype=F64)
     assert ch04.parallel_scan(a, b).tolist() == [1.0, 0.5, 0.25, 2.125]
     assert ch04.sequential_scan(a, b).tolist() == [1.0, 0.5, 0.25, 2.125]
     assert ch04.scan_rounds(4) == 2 and ch04.scan_rounds(1024) == 10 and ch04.scan_rounds(1025) == 11
-    assert ch04.scan_rounds(1) == 0 and ch04.scan_rounds(2**20) == 20
+    assert ch04.scan_rounds(1) == 0 and ch04.scan_rounds(0) == 0 and ch04.scan_rounds(2**16) == 16
+
+
+def test_scan_rounds_is_exact_where_floating_point_log2_is_not():
+    for exponent in (1, 10, 49, 53, 60, 100):
+        length = 2**exponent
+        assert ch04.scan_rounds(length) == exponent
+        assert ch04.scan_rounds(length + 1) == exponent + 1
+    assert math.ceil(math.log2(2**53 + 1)) == 53  # the float formula's error ...
+    assert ch04.scan_rounds(2**53 + 1) == 54  # ... which the integer one avoids
+    for length in range(1, 300):
+        shifts, span = 0, 1
+        while span < length:
+            span, shifts = span * 2, shifts + 1
+        assert ch04.scan_rounds(length) == shifts
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -412,7 +620,7 @@ def test_parallel_scan_equals_loop_for_random_a_b_including_zeros(seed):
     sizes = random_sizes(seed, tokens=(1, 3000), channels=(1, 4))
     shape = (sizes["channels"], sizes["tokens"])
     generator = torch.Generator().manual_seed(seed)
-    a = torch.rand(*shape, generator=generator, dtype=torch.float64) * 2 - 1  # negative decays too
+    a = torch.rand(*shape, generator=generator, dtype=F64) * 2 - 1  # negative decays too
     a[torch.rand(*shape, generator=generator) < 0.1] = 0.0  # full resets
     b = randn(*shape, seed=seed)
     assert torch.allclose(ch04.parallel_scan(a, b), ch04.sequential_scan(a, b), atol=1e-12)
@@ -420,13 +628,13 @@ def test_parallel_scan_equals_loop_for_random_a_b_including_zeros(seed):
 
 def test_parallel_scan_all_zero_a_returns_b_and_handles_long_sequences():
     b = randn(1000, seed=3)
-    assert torch.equal(ch04.parallel_scan(torch.zeros(1000, dtype=torch.float64), b), b)
+    assert torch.equal(ch04.parallel_scan(torch.zeros(1000, dtype=F64), b), b)
     generator = torch.Generator().manual_seed(4)
-    a = torch.rand(2**15, generator=generator, dtype=torch.float64)  # products underflow: no division
-    b = randn(2**15, seed=5)
+    a = torch.rand(2**12, generator=generator, dtype=F64)  # products underflow: no division
+    b = randn(2**12, seed=5)
     assert torch.allclose(ch04.parallel_scan(a, b), ch04.sequential_scan(a, b), atol=1e-10)
-    ones = torch.ones(2**16, dtype=torch.float64)  # a = 1: a running sum
-    assert torch.allclose(ch04.parallel_scan(ones, ones), torch.arange(1, 2**16 + 1, dtype=torch.float64))
+    ones = torch.ones(2**16, dtype=F64)  # a = 1: a running sum
+    assert torch.allclose(ch04.parallel_scan(ones, ones), torch.arange(1, 2**16 + 1, dtype=F64))
 
 
 def test_parallel_scan_does_not_modify_its_inputs():
@@ -436,10 +644,47 @@ def test_parallel_scan_does_not_modify_its_inputs():
     assert torch.equal(a, a_copy) and torch.equal(b, b_copy)
 
 
+@pytest.mark.parametrize("scan", [ch04.sequential_scan, ch04.parallel_scan])
+@pytest.mark.parametrize("shape", [(1,), (7,), (2, 3, 9), (1, 16)])
+def test_scans_pass_gradcheck_in_float64(scan, shape):
+    generator = torch.Generator().manual_seed(sum(shape))
+    a = (torch.rand(*shape, generator=generator, dtype=F64) * 1.8 - 0.9).requires_grad_()
+    b = torch.randn(*shape, generator=generator, dtype=F64).requires_grad_()
+    assert torch.autograd.gradcheck(scan, (a, b))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_loop_and_scan_gradients_are_equal(seed):
+    sizes = random_sizes(seed, tokens=(1, 70), channels=(1, 4))
+    shape = (sizes["channels"], sizes["tokens"])
+    generator = torch.Generator().manual_seed(seed)
+    a0 = torch.rand(*shape, generator=generator, dtype=F64)
+    a0[torch.rand(*shape, generator=generator) < 0.1] = 0.0
+    b0 = randn(*shape, seed=seed)
+    weights = randn(*shape, seed=seed + 1)
+    grads = []
+    for scan in (ch04.sequential_scan, ch04.parallel_scan):
+        a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+        (scan(a, b) * weights).sum().backward()
+        grads.append((a.grad, b.grad))
+    (loop_a, loop_b), (tree_a, tree_b) = grads
+    assert torch.allclose(loop_a, tree_a, atol=1e-12) and torch.allclose(loop_b, tree_b, atol=1e-12)
+    # the gradient of a linear recurrence is the same recurrence run backwards in time
+    states = ch04.sequential_scan(a0, b0)
+    carried = torch.zeros_like(b0)
+    running = torch.zeros_like(b0[..., 0])
+    for t in reversed(range(b0.shape[-1])):
+        running = weights[..., t] + (a0[..., t + 1] * running if t + 1 < b0.shape[-1] else 0.0)
+        carried[..., t] = running
+    assert torch.allclose(loop_b, carried, atol=1e-12)
+    previous = torch.cat([torch.zeros_like(states[..., :1]), states[..., :-1]], dim=-1)
+    assert torch.allclose(loop_a, carried * previous, atol=1e-12)
+
+
 def test_selective_ssm_through_the_parallel_scan():
-    keep, write = ch04.discretize(ch04.step_sizes(ch04.RECALL_MARKERS))
-    values = torch.tensor(ch04.RECALL_VALUES, dtype=torch.float64)
-    assert ch04.parallel_scan(keep, write * values)[-1].item() == pytest.approx(ch04.selective_recall(), abs=1e-12)
+    keep, write = ch04.discretize(ch04.step_sizes(RECALL_MARKERS))
+    by_loop = ch04.selective_ssm(RECALL_VALUES, ch04.step_sizes(RECALL_MARKERS))
+    assert ch04.parallel_scan(keep, write * RECALL_VALUES)[-1].item() == pytest.approx(by_loop[-1].item(), abs=1e-12)
 
 
 def test_scans_reject_bad_input():
@@ -447,10 +692,190 @@ def test_scans_reject_bad_input():
         ch04.parallel_scan(torch.ones(3), torch.ones(4))
     with pytest.raises(ValueError, match="same shape"):
         ch04.sequential_scan(torch.ones(2, 3), torch.ones(3))
-    with pytest.raises(ValueError, match="time dimension"):
+    with pytest.raises(ValueError, match="a must have at least 1 dimensions"):
         ch04.parallel_scan(torch.tensor(1.0), torch.tensor(1.0))
-    with pytest.raises(ValueError, match="length must be >= 0"):
+    with pytest.raises(TypeError, match="a and b must share one dtype"):
+        ch04.parallel_scan(torch.ones(3), torch.ones(3, dtype=F64))
+    with pytest.raises(TypeError, match="b must be a floating-point tensor"):
+        ch04.sequential_scan(torch.ones(3), torch.ones(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="length must be an integer >= 0"):
         ch04.scan_rounds(-1)
+    with pytest.raises(TypeError, match="length must be an int"):
+        ch04.scan_rounds(4.0)
+
+
+# --------------------------------------------------------------------------- Mamba's selective scan
+
+
+def selective_scan_reference(u, delta, A, B, C, D=None):
+    """Mamba's selective_scan_ref, written out step by step: decay exp(delta A), input delta B u."""
+    batch, channels, length = u.shape
+    state = torch.zeros(batch, channels, A.shape[1], dtype=u.dtype)
+    outputs = []
+    for t in range(length):
+        decay = torch.exp(torch.einsum("bd,dn->bdn", delta[:, :, t], A))
+        write = torch.einsum("bd,bn,bd->bdn", delta[:, :, t], B[:, :, t], u[:, :, t])
+        state = decay * state + write
+        outputs.append(torch.einsum("bdn,bn->bd", state, C[:, :, t]))
+    y = torch.stack(outputs, dim=2)
+    return y if D is None else y + u * D[:, None]
+
+
+def random_selective_inputs(batch, channels, state, length, seed):
+    generator = torch.Generator().manual_seed(seed)
+    draw = lambda *shape: torch.randn(*shape, generator=generator, dtype=F64)  # noqa: E731
+    return (draw(batch, channels, length), F.softplus(draw(batch, channels, length)),
+            -torch.exp(draw(channels, state)), draw(batch, state, length), draw(batch, state, length),
+            draw(channels))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_selective_scan_equals_the_reference_loop_at_random_shapes(seed):
+    sizes = random_sizes(seed, batch=(1, 3), channels=(1, 5), state=(1, 6), length=(1, 40))
+    if seed == 0:
+        sizes["length"] = 1  # length 1 always among them
+    u, delta, A, B, C, D = random_selective_inputs(*sizes.values(), seed=seed)
+    assert torch.allclose(ch04.selective_scan(u, delta, A, B, C, D),
+                          selective_scan_reference(u, delta, A, B, C, D), atol=1e-12)
+    assert torch.allclose(ch04.selective_scan(u, delta, A, B, C),
+                          selective_scan_reference(u, delta, A, B, C), atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 2, 5), (1, 2, 3, 8)])
+def test_selective_scan_passes_gradcheck(shape):
+    inputs = [t.requires_grad_() for t in random_selective_inputs(*shape, seed=sum(shape))]
+    assert torch.autograd.gradcheck(ch04.selective_scan, inputs)
+
+
+def test_selective_scan_with_constant_steps_is_the_convolution_of_equation_4_5():
+    u, delta, A, B, C, _ = random_selective_inputs(2, 3, 4, 50, seed=30)
+    delta, B, C = delta[..., :1].expand_as(delta), B[..., :1].expand_as(B), C[..., :1].expand_as(C)
+    y = ch04.selective_scan(u, delta, A, B, C)
+    for i in range(2):
+        for d in range(3):
+            step = delta[i, d, 0]
+            expected = ch04.ssm_convolution(u[i, d], torch.diag(torch.exp(step * A[d])), step * B[i, :, 0], C[i, :, 0])
+            assert torch.allclose(y[i, d], expected, atol=1e-10)
+
+
+def test_recall_under_delta_b_ends_at_33_not_6_55():
+    one = lambda v: v.reshape(1, 1, -1)  # noqa: E731
+    ones = one(torch.ones(12, dtype=F64))
+    y = ch04.selective_scan(one(RECALL_VALUES), one(ch04.step_sizes(RECALL_MARKERS)),
+                            torch.tensor([[-1.0]], dtype=F64), ones, ones)
+    assert f"{y[0, 0, -1].item():.1f}" == "33.0"
+
+
+def test_selective_scan_rejects_bad_input():
+    u, delta, A, B, C, D = random_selective_inputs(2, 3, 4, 5, seed=1)
+    with pytest.raises(ValueError, match=r"delta must have shape \(2, 3, 5\)"):
+        ch04.selective_scan(u, delta[..., :4], A, B, C)
+    with pytest.raises(ValueError, match=r"A must have shape \(3, 4\)"):
+        ch04.selective_scan(u, delta, A[:2], B, C)
+    with pytest.raises(ValueError, match=r"B must have shape \(2, 4, 5\)"):
+        ch04.selective_scan(u, delta, A, B[:, :3], C)
+    with pytest.raises(ValueError, match=r"C must have shape \(2, 4, 5\)"):
+        ch04.selective_scan(u, delta, A, B, C.transpose(1, 2))
+    with pytest.raises(ValueError, match=r"D must have shape \(3,\)"):
+        ch04.selective_scan(u, delta, A, B, C, D[:2])
+    with pytest.raises(ValueError, match="u must have 3 dimensions"):
+        ch04.selective_scan(u[0], delta, A, B, C)
+    with pytest.raises(TypeError, match="B must be a tensor of dtype torch.float64"):
+        ch04.selective_scan(u, delta, A, B.float(), C)
+    with pytest.raises(TypeError, match="u must be a floating-point tensor"):
+        ch04.selective_scan(u.long(), delta, A, B, C)
+
+
+def test_time_invariant_layer_is_a_convolution_per_channel():
+    torch.manual_seed(5)
+    layer = ch04.SelectiveSSMLayer(8, state_size=3, expand=2, selective=False).double()
+    x = randn(2, 13, 8, seed=6)
+    with torch.no_grad():
+        u, gate = layer.in_proj(x).chunk(2, dim=-1)
+        u = F.silu(u)
+        delta, A = F.softplus(layer.dt_bias), -layer.A_log.exp()
+        y = torch.zeros_like(u)
+        for d in range(u.shape[-1]):
+            kernel_A = torch.diag(torch.exp(delta[d] * A[d]))
+            for i in range(2):
+                y[i, :, d] = ch04.ssm_convolution(u[i, :, d], kernel_A, delta[d] * layer.B, layer.C) + layer.D[d] * u[i, :, d]
+        expected = layer.out_proj(y * F.silu(gate))
+        assert torch.allclose(layer(x), expected, atol=1e-10)
+
+
+def test_selective_layer_is_not_time_invariant_and_trains_every_parameter():
+    torch.manual_seed(7)
+    layer = ch04.SelectiveSSMLayer(16, state_size=4, expand=1).double()
+    x = randn(3, 11, 16, seed=8)
+    out = layer(x)
+    assert out.shape == (3, 11, 16)
+    out.square().mean().backward()
+    for name, parameter in layer.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+    # the same token gets a different step size in a different context: input-dependent delta
+    with torch.no_grad():
+        u = F.silu(layer.in_proj(x).chunk(2, dim=-1)[0])
+        dt = layer.x_proj(u)[..., : layer.dt_rank]
+        assert not torch.allclose(F.softplus(layer.dt_proj(dt))[0, 0], F.softplus(layer.dt_proj(dt))[0, 1])
+    initial = F.softplus(ch04.SelectiveSSMLayer(16, expand=1).dt_proj.bias)
+    assert initial.min().item() == pytest.approx(1e-3, rel=1e-3) and initial.max().item() == pytest.approx(0.1, rel=1e-3)
+
+
+def test_selective_layer_rejects_bad_input():
+    with pytest.raises(ValueError, match="d_model must be a positive integer"):
+        ch04.SelectiveSSMLayer(0)
+    with pytest.raises(TypeError, match="selective must be True or False"):
+        ch04.SelectiveSSMLayer(8, selective="yes")
+    with pytest.raises(TypeError, match="state_size must be an int"):
+        ch04.SelectiveSSMLayer(8, state_size=2.0)
+    with pytest.raises(ValueError, match="x must have 3 dimensions"):
+        ch04.SelectiveSSMLayer(8)(torch.ones(4, 8))
+
+
+# --------------------------------------------------------------------------- selective copying
+
+
+def test_selective_copying_batch_places_symbols_in_order_among_filler():
+    inputs, targets = ch04.selective_copying_batch(50, 24, 4, 8, torch.Generator().manual_seed(3))
+    assert inputs.shape == (50, 28) and targets.shape == (50, 4)
+    assert inputs.dtype == targets.dtype == torch.int64
+    assert (inputs[:, 24:] == torch.arange(1, 5)).all()  # the recall tokens
+    body = inputs[:, :24]
+    assert ((body == 0) | (body >= 5)).all() and ((body >= 5).sum(dim=1) == 4).all()
+    for row, target in zip(body, targets, strict=True):
+        assert (row[row > 0] - 5).tolist() == target.tolist()  # in their order
+    again, _ = ch04.selective_copying_batch(50, 24, 4, 8, torch.Generator().manual_seed(3))
+    assert torch.equal(inputs, again)
+    assert targets.min() >= 0 and targets.max() <= 7
+
+
+def test_copying_models_and_a_short_training_run():
+    vocab, width = 13, 8
+    torch.manual_seed(0)
+    attention = ch04.CopyingModel(vocab, width, ch04.PositionalAttention(width, 2, 28), 8)
+    logits = attention(ch04.selective_copying_batch(2, 24, 4, 8, torch.Generator().manual_seed(0))[0])
+    assert logits.shape == (2, 28, 8)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(1)
+        model = ch04.CopyingModel(vocab, width, ch04.SelectiveSSMLayer(width, 2, expand=1), 8)
+        runs.append(ch04.train_copying(model, steps=3, length=24, copies=4, symbols=8, batch_size=4, test_size=20))
+    assert len(runs[0]["losses"]) == 3 and 0.0 <= runs[0]["accuracy"] <= 1.0
+    assert runs[0] == runs[1]  # seeded: the same run twice
+
+
+def test_copying_rejects_bad_input():
+    generator = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="copies must be an integer <= 3"):
+        ch04.selective_copying_batch(2, 3, 4, 8, generator)
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        ch04.selective_copying_batch(2, 8, 2, 8, 0)
+    with pytest.raises(ValueError, match="the position table holds 4"):
+        ch04.PositionalAttention(8, 2, 4)(torch.ones(1, 5, 8))
+    with pytest.raises(TypeError, match="mixer must be an nn.Module"):
+        ch04.CopyingModel(10, 8, lambda x: x, 4)
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        ch04.train_copying(ch04.CopyingModel(10, 8, torch.nn.Identity(), 4), steps=0, length=8, copies=2, symbols=4)
 
 
 # --------------------------------------------------------------------------- hybrids
@@ -470,12 +895,15 @@ def test_hybrid_and_ssm_state_bytes():
 
 
 def test_hybrid_rejects_bad_input():
-    with pytest.raises(ValueError, match="attention_layers must lie in 0..32"):
+    with pytest.raises(ValueError, match="attention_layers must be an integer <= 32"):
         ch04.hybrid_cache_bytes(10, attention_layers=33)
-    with pytest.raises(ValueError, match="tokens must be >= 0"):
+    with pytest.raises(ValueError, match="tokens must be an integer >= 0"):
         ch04.hybrid_cache_bytes(-5)
-    with pytest.raises(ValueError, match="channels must be >= 1"):
+    with pytest.raises(ValueError, match="channels must be a positive integer"):
         ch04.ssm_state_bytes(0, 16)
+    windowed = replace(ch04.RUNNING_EXAMPLE, window=4096, windowed_layers=32)
+    with pytest.raises(ValueError, match="no windowed layers"):
+        ch04.hybrid_cache_bytes(10, windowed)
 
 
 # --------------------------------------------------------------------------- latent caches
@@ -511,10 +939,24 @@ def test_absorbed_latent_attention_equals_expanded(seed, rope_key_dim):
         assert torch.allclose(absorbed, expanded, atol=1e-10)
         assert torch.equal(absorbed_cache, expanded_cache)
         if sizes["past"]:
-            _, cache = layer.forward_absorbed(x[:, : sizes["past"]])
-            tail, _ = layer.forward_absorbed(x[:, sizes["past"] :], cache=cache)
+            merged = layer.merged_weights()  # once, then reused for every step
+            _, cache = layer.forward_absorbed(x[:, : sizes["past"]], merged=merged)
+            tail, _ = layer.forward_absorbed(x[:, sizes["past"] :], cache=cache, merged=merged)
             assert torch.allclose(tail, expanded[:, sizes["past"] :], atol=1e-10)
     assert absorbed_cache.shape[-1] == layer.latent_width() == sizes["rank"] + rope_key_dim
+
+
+def test_merged_weights_are_the_per_head_products():
+    torch.manual_seed(2)
+    layer = ch04.AbsorbedLatentAttention(12, 3, 5).double()
+    to_latent, to_output = layer.merged_weights()
+    assert to_latent.shape == (3, 12, 5) and to_output.shape == (3, 5, 12)
+    for h in range(3):
+        rows = slice(4 * h, 4 * h + 4)
+        w_q, w_uk, w_uv = layer.query.weight[rows], layer.key_up.weight[rows], layer.value_up.weight[rows]
+        w_o = layer.output.weight[:, rows]
+        assert torch.allclose(to_latent[h], w_q.T @ w_uk, atol=1e-12)  # W_Q_h^T W_UK_h
+        assert torch.allclose(to_output[h], w_uv.T @ w_o.T, atol=1e-12)  # W_UV_h^T W_O_h^T
 
 
 def test_absorbed_latent_attention_rejects_bad_input():
@@ -523,6 +965,11 @@ def test_absorbed_latent_attention_rejects_bad_input():
         layer.forward_absorbed(torch.randn(2, 3, 7))
     with pytest.raises(ValueError, match=r"cache must have shape \(B, T_past, 3\)"):
         layer.forward_absorbed(torch.randn(2, 3, 8), cache=torch.randn(2, 4, 5))
+    with pytest.raises(TypeError, match="merged must be the pair"):
+        layer.forward_absorbed(torch.randn(2, 3, 8), merged=torch.randn(2, 8, 3))
+    to_latent, to_output = layer.merged_weights()
+    with pytest.raises(ValueError, match=r"merged\[1\] must have shape \(2, 3, 8\)"):
+        layer.forward_absorbed(torch.randn(2, 3, 8), merged=(to_latent, to_output[:, :2]))
 
 
 # --------------------------------------------------------------------------- quantized caches
@@ -542,6 +989,13 @@ def test_quantized_bytes_match_chapter3_without_scales():
                    ch03.KVConfig(name="y", layers=5, query_heads=6, head_dim=24, bytes_per_scalar=2, kv_heads=3)):
         assert ch04.quantized_kv_bytes_per_token(config, 16, scale_bytes=0) == ch03.kv_bytes(config, 1)
         assert ch04.quantized_kv_bytes_per_token(config, 8, scale_bytes=0) * 2 == ch03.kv_bytes(config, 1)
+
+
+def test_quantized_bytes_of_a_latent_cache():
+    lite = ch03.KVConfig.from_hf_config(ch03.load_model_config("deepseek-v2-lite"))
+    assert ch04.quantized_kv_bytes_per_token(lite, 16, scale_bytes=0) == ch03.kv_bytes(lite, 1)
+    assert ch04.quantized_kv_bytes_per_token(lite, 4) == 27 * ((512 + 64) * 4 // 8 + 2)  # the text's 7.6 KiB
+    assert round(ch04.quantized_kv_bytes_per_token(lite, 4) / 1024, 1) == 7.6
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 8, 12])
@@ -567,18 +1021,24 @@ def test_quantized_cache_error_measurements():
 
 def test_quantization_rejects_bad_input():
     x = randn(4, 8, seed=0, dtype=torch.float32)
-    with pytest.raises(ValueError, match="per must be 'token' or 'channel'"):
+    with pytest.raises(ValueError, match="per must be one of 'token', 'channel'"):
         ch04.quantize_kv(x, 4, per="head")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="bits must be an integer >= 2"):
         ch04.quantize_kv(x, 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="bits must be an integer <= 16"):
         ch04.quantize_kv(x, 17)
-    with pytest.raises(ValueError, match=r"x must be \(\.\.\., T, d\)"):
+    with pytest.raises(TypeError, match="bits must be an int"):
+        ch04.quantize_kv(x, 4.0)
+    with pytest.raises(ValueError, match="x must have at least 2 dimensions"):
         ch04.quantize_kv(torch.ones(4), 4)
-    with pytest.raises(ValueError, match="bits must lie in 1..16"):
+    with pytest.raises(ValueError, match="bits must be a positive integer"):
         ch04.quantized_kv_bytes_per_token(ch04.RUNNING_EXAMPLE, 0)
-    with pytest.raises(ValueError, match="outlier_channels must lie in"):
+    with pytest.raises(TypeError, match="config must be a ch03.KVConfig"):
+        ch04.quantized_kv_bytes_per_token("llama", 4)
+    with pytest.raises(ValueError, match="outlier_channels must be an integer <= 64"):
         ch04.quantized_cache_error(4, outlier_channels=100)
+    with pytest.raises(ValueError, match="keys_per must be one of"):
+        ch04.quantized_cache_error(4, keys_per="head")
 
 
 # --------------------------------------------------------------------------- putting it together
@@ -592,8 +1052,54 @@ def test_cache_bytes_by_design_at_one_million_tokens():
     assert sizes["sliding window (4,096)"] == ch03.kv_bytes(ch04.RUNNING_EXAMPLE, 4096)
     assert sizes["latent (512 + 64 per layer)"] == 1_048_576 * 32 * 576 * 2
     assert sizes["state-space (all 32 layers)"] == 32 * ch04.ssm_state_bytes(4096, 16)
+    assert sizes["grouped-query, 4-bit"] == 1_048_576 * 33_792
     assert round(gqa / sizes["hybrid (4 attention of 32)"], 1) == 8.0
     small = ch04.cache_bytes_by_design(1000)
     assert small["sliding window (4,096)"] == small["grouped-query (8 KV heads)"]
-    with pytest.raises(ValueError, match="tokens must be >= 0"):
+
+
+def test_cache_bytes_by_design_labels_follow_the_config():
+    mqa = ch03.KVConfig(name="mqa", layers=16, query_heads=8, head_dim=64, bytes_per_scalar=2, kv_heads=1)
+    sizes = ch04.cache_bytes_by_design(1000, mqa)
+    assert list(sizes) == ["multi-head (8 KV heads)", "multi-query (1 KV head)", "latent (512 + 64 per layer)",
+                           "multi-query, 4-bit", "hybrid (2 attention of 16)", "sliding window (4,096)",
+                           "state-space (all 16 layers)"]
+    assert sizes["multi-query (1 KV head)"] == ch03.kv_bytes(mqa, 1000)
+    assert sizes["multi-head (8 KV heads)"] == 8 * sizes["multi-query (1 KV head)"]
+    assert sizes["hybrid (2 attention of 16)"] == ch04.hybrid_cache_bytes(1000, mqa, attention_layers=2)
+    mha = ch03.KVConfig(name="mha", layers=4, query_heads=4, head_dim=32, bytes_per_scalar=2, kv_heads=4)
+    mha_sizes = ch04.cache_bytes_by_design(10, mha)
+    assert "multi-head (4 KV heads)" in mha_sizes and "hybrid (1 attention of 4)" in mha_sizes
+    assert not any(name.startswith("grouped-query") for name in mha_sizes)
+
+
+def test_cache_bytes_by_design_rejects_bad_input():
+    with pytest.raises(ValueError, match="tokens must be an integer >= 0"):
         ch04.cache_bytes_by_design(-1)
+    lite = ch03.KVConfig.from_hf_config(ch03.load_model_config("deepseek-v2-lite"))
+    with pytest.raises(ValueError, match="standard cache without a window"):
+        ch04.cache_bytes_by_design(10, lite)
+    with pytest.raises(TypeError, match="config must be a ch03.KVConfig"):
+        ch04.cache_bytes_by_design(10, "llama")
+
+
+# --------------------------------------------------------------------------- the chapter's text
+
+CHAPTER = __import__("pathlib").Path(__file__).resolve().parents[1] / "chapters" / "ch04-efficient-architectures.qmd"
+
+
+def test_every_diagram_is_a_labelled_captioned_figure():
+    text = CHAPTER.read_text(encoding="utf-8")
+    diagrams = re.findall(r"```\{mermaid\}\n((?:%%\|.*\n)*)", text)
+    assert len(diagrams) >= 10
+    for options in diagrams:
+        assert re.search(r"^%%\| label: fig-ch04-[a-z0-9-]+$", options, re.M), options
+        assert re.search(r'^%%\| fig-cap: ".+\?"$', options, re.M), options  # a question
+        assert re.search(r'^%%\| fig-alt: ".{40,}"$', options, re.M), options
+
+
+def test_no_stray_timing_output_and_papers_figures_are_exempted_in_the_opening():
+    text = CHAPTER.read_text(encoding="utf-8")
+    assert "chapter executed in" not in text and "CHAPTER_START" not in text
+    opening = text[: text.index("## The two bills")]
+    assert "results reported by papers" in opening  # the quoted figures are the papers' own

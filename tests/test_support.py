@@ -97,13 +97,100 @@ def test_describe_names_dtype_and_shape_of_tensors_and_value_of_scalars():
     assert support.describe([1]) == "list"
 
 
+def test_check_type_names_the_expected_types():
+    assert support.check_type("config", "x", str) == "x"
+    with pytest.raises(TypeError, match=r"^generator must be a torch.Generator \(got int 7\)$"):
+        support.check_type("generator", 7, torch.Generator)
+    with pytest.raises(TypeError, match=r"^device must be a str or torch.device \(got float 0.5\)$"):
+        support.check_type("device", 0.5, (str, torch.device))
+
+
+def test_check_device_accepts_devices_and_their_names():
+    assert support.check_device("device", "cpu") == torch.device("cpu")
+    assert support.check_device("device", torch.device("cpu")) == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"^device must name a device torch knows, such as 'cpu' or 'cuda:0' \(got 'cpux'\)$"):
+        support.check_device("device", "cpux")
+    with pytest.raises(TypeError, match=r"^device must be a torch.device or a device name"):
+        support.check_device("device", 0)
+
+
+@pytest.mark.parametrize("ids", [[3, 1, 2], (3, 1, 2), np.array([3, 1, 2]), torch.tensor([3, 1, 2], dtype=torch.int32)])
+def test_check_int_sequence_accepts_lists_tuples_arrays_and_tensors(ids):
+    result = support.check_int_sequence("ids", ids, minimum=0, maximum=3)
+    assert result.dtype == torch.int64 and result.tolist() == [3, 1, 2]
+    assert support.check_int_sequence("ids", range(4)).tolist() == [0, 1, 2, 3]
+    assert support.check_int_sequence("ids", []).shape == (0,)
+
+
+@pytest.mark.parametrize(
+    "ids, error, message",
+    [
+        ([1.5, 2.0], TypeError, r"^ids must be a sequence of integers \(got entries of dtype torch.float32\)$"),
+        ([True, False], TypeError, "entries of dtype torch.bool"),
+        ("abc", TypeError, r"\(got str 'abc'\)$"),
+        (7, TypeError, r"\(got int 7\)$"),
+        (["a", "b"], TypeError, "whose entries are not all integers"),
+        ([[1, 2], [3, 4]], ValueError, r"one-dimensional \(got shape \(2, 2\)\)$"),
+        ([], ValueError, "^ids must not be empty$"),
+        ([0, 9], ValueError, r"^ids must hold integers <= 5 \(got 9\)$"),
+        ([-1, 0], ValueError, r"^ids must hold integers >= 0 \(got -1\)$"),
+    ],
+)
+def test_check_int_sequence_refuses_what_it_would_otherwise_round_or_misread(ids, error, message):
+    with pytest.raises(error, match=message):
+        support.check_int_sequence("ids", ids, minimum=0, maximum=5, nonempty=True)
+
+
+def test_check_tensor_dtype_tuples_and_sizes():
+    ids = torch.zeros(2, 3, dtype=torch.int32)
+    assert support.check_tensor("ids", ids, dtype=(torch.int64, torch.int32)) is ids
+    with pytest.raises(TypeError, match=r"^ids must be a tensor of dtype torch.int64 or torch.int32 \(got "):
+        support.check_tensor("ids", ids.float(), dtype=(torch.int64, torch.int32))
+    x = torch.zeros(2, 3, 4)
+    assert support.check_tensor("x", x, sizes={0: 2, -1: 4}) is x
+    with pytest.raises(ValueError, match=r"^x must have size 5 in dimension -1 \(got shape \(2, 3, 4\)\)$"):
+        support.check_tensor("x", x, sizes={-1: 5})
+    with pytest.raises(ValueError, match=r"^x must have size 1 in dimension 3"):
+        support.check_tensor("x", x, sizes={3: 1})  # a dimension x does not have
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: support.check_int(3, 4), TypeError, r"^name must be a str \(got int 3\)$"),
+        (lambda: support.check_int("heads", 4, minimum=True), TypeError, "^minimum must be an int"),
+        (lambda: support.check_int("heads", 4, minimum=5, maximum=2), ValueError, r"^minimum must be <= maximum"),
+        (lambda: support.check_number("p", 0.5, below="1"), TypeError, "^below must be a real number"),
+        (lambda: support.check_number("p", 0.5, finite=1), TypeError, "^finite must be True or False"),
+        (lambda: support.check_bool(None, True), TypeError, "^name must be a str"),
+        (lambda: support.check_choice("method", "rope", "rope"), TypeError, "^choices must be a collection of strings"),
+        (lambda: support.check_choice("method", "rope", [1]), TypeError, "^choices must be a str"),
+        (lambda: support.check_choice("method", "rope", []), ValueError, "^choices must not be empty"),
+        (lambda: support.check_tensor("x", torch.zeros(2), dims="1"), TypeError, "^dims must be an int"),
+        (lambda: support.check_tensor("x", torch.zeros(2), min_dims=-1), ValueError, "^min_dims must be an integer >= 0"),
+        (lambda: support.check_tensor("x", torch.zeros(2), floating=1), TypeError, "^floating must be True or False"),
+        (lambda: support.check_tensor("x", torch.zeros(2), dtype="float32"), TypeError, "^dtype must be a torch.dtype"),
+        (lambda: support.check_tensor("x", torch.zeros(2), sizes=[2]), TypeError, "^sizes must be a Mapping"),
+        (lambda: support.check_type("x", 1, "int"), TypeError, "^expected must be a type or a non-empty tuple"),
+        (lambda: support.check_int_sequence("ids", [1], maximum=-1, minimum=0), ValueError, "^maximum must be an integer >= 0"),
+    ],
+)
+def test_the_checks_refuse_malformed_options_of_their_own(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
 # --------------------------------------------------------------------------- figure style and data
 
 
-def test_data_path_is_absolute_and_inside_data(tmp_path, monkeypatch):
+def test_data_path_is_absolute_and_works_from_any_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # works from any working directory
     folder = support.data_path()
-    assert folder.is_absolute() and folder.name == "data" and folder.is_dir()
+    assert folder.is_absolute() and folder.is_dir()
+    assert (folder / "README.md").is_file()  # the file that records where each data file came from
+    corpus = support.data_path("pride-and-prejudice-ch01-30.txt")
+    assert corpus == folder / "pride-and-prejudice-ch01-30.txt" and corpus.is_file()
+    assert support.data_path("configs", "gemma-3-1b.json") == support.data_path("configs/gemma-3-1b.json")
 
 
 def test_apply_book_style_sets_palette_cycle():
@@ -115,10 +202,21 @@ def test_apply_book_style_sets_palette_cycle():
     assert mpl.rcParams["axes.grid"] is True
 
 
-def test_data_path_rejects_missing_and_escaping_paths():
-    with pytest.raises(FileNotFoundError, match="no-such-file.txt"):
+def test_data_path_names_what_exists_when_a_file_is_missing():
+    with pytest.raises(ValueError, match=r"^data_path parts must name a file or folder among the book's data files"
+                                         r".*; the data folder holds: README.md, configs/.*\(got 'no-such-file.txt'\)$"):
         support.data_path("no-such-file.txt")
-    with pytest.raises(ValueError, match="stay inside data/"):
-        support.data_path("..", "README.md")
-    with pytest.raises(TypeError, match="data_path parts must be strings"):
-        support.data_path(3)
+    with pytest.raises(ValueError, match=r"; configs/ holds: .*llama-2-7b.json.* \(got 'configs/llama.json'\)$"):
+        support.data_path("configs", "llama.json")
+
+
+@pytest.mark.parametrize("part", ["..", "configs/../../README.md", "/etc/passwd", ""])
+def test_data_path_refuses_paths_that_leave_the_data_folder(part):
+    with pytest.raises(ValueError, match=r"^data_path parts must be non-empty relative paths that stay inside"):
+        support.data_path(part)
+
+
+@pytest.mark.parametrize("part", [3, None, b"configs"])
+def test_data_path_refuses_parts_that_are_not_strings(part):
+    with pytest.raises(TypeError, match=r"^data_path parts must be strings \(got "):
+        support.data_path("configs", part)

@@ -1,4 +1,8 @@
-"""The book project: where its root is and which chapters `_quarto.yml` lists, in order."""
+"""The book project: where its root is and which chapters `_quarto.yml` lists, in order.
+
+A `Book` is loaded once per command and parses its chapters once: `book.numbering` holds
+every listed file's parsed document and the book's numbering, computed on first use.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,14 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
+
+if TYPE_CHECKING:
+    from .numbering import Numbering
 
 __all__ = ["Book", "BookError", "ChapterEntry", "find_root", "load_book", "MODULE_FILE"]
 
@@ -47,6 +56,27 @@ class Book:
         value = self.config.get("bibliography") or []
         names = [value] if isinstance(value, str) else list(value)
         return [self.root / str(name) for name in names]
+
+    @property
+    def csl(self) -> Path | None:
+        """The citation style `_quarto.yml` names (`csl:`), or None for pandoc's default."""
+        value = self.config.get("csl")
+        return self.root / str(value) if value else None
+
+    @cached_property
+    def numbering(self) -> Numbering:
+        """Every listed file parsed (once) and numbered as Quarto numbers the book."""
+        from .numbering import compute_numbering
+
+        return compute_numbering(self)
+
+    @property
+    def title(self) -> str:
+        return str((self.config.get("book") or {}).get("title") or "The book")
+
+    @property
+    def subtitle(self) -> str:
+        return str((self.config.get("book") or {}).get("subtitle") or "")
 
     @property
     def module_entries(self) -> list[ChapterEntry]:

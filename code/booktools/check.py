@@ -17,26 +17,18 @@ import re
 import sys
 from pathlib import Path
 
-from .bib import load_bibliography
-from .book import Book, load_book
-from .numbering import LABEL_KINDS, PIPE_CAPTION, compute_numbering
-from .qmd import CellItem, Line, walk
+from .bib import bibliography_keys
+from .book import MODULE_FILE, Book, load_book
+from .numbering import LABEL_KINDS
+from .qmd import CODE_SPAN, EQUATION_LABEL, IMAGE_LABEL, PIPE_CAPTION, REFERENCE, CellItem, Line, walk
 
 __all__ = ["check_book", "main_check"]
-
-_KEY = r"[A-Za-z0-9_](?:[\w-]|[:.#$%&+?<>~/](?=\w))*"
-_CODE_SPAN = re.compile(r"(`+)(?:[^`]|(?!\1)`)*?\1(?!`)", re.DOTALL)
-_REFERENCE = re.compile(r"(?<![\w@\\`])-?@(?P<key>" + _KEY + ")")
-_HEADING_ID = re.compile(r"\{[^}]*#(?P<label>[^\s}]+)[^}]*\}\s*$")
-_EQUATION_ID = re.compile(r"\$\$[ \t]*\{[^}]*#(?P<label>[^\s}]+)[^}]*\}")
-_IMAGE_ID = re.compile(r"!\[[^\]]*\]\([^)]*\)\{[^}]*#(?P<label>[^\s}]+)[^}]*\}")
-_CHAPTER_FILE = re.compile(r"^ch(?P<number>\d{2})-")
 
 
 def _label_scope(path: str) -> str | None:
     """What a label must name after its prefix in this file: "ch03", "index", "appendix"."""
     name = Path(path).name
-    match = _CHAPTER_FILE.match(name)
+    match = MODULE_FILE.match(name)
     if match:
         return f"ch{match.group('number')}"
     if Path(path).stem == "index":
@@ -47,7 +39,7 @@ def _label_scope(path: str) -> str | None:
 
 
 def _strip_code(text: str) -> str:
-    return _CODE_SPAN.sub(lambda match: " " * len(match.group(0)), text)
+    return CODE_SPAN.sub(lambda match: " " * len(match.group(0)), text)
 
 
 def check_book(book: Book) -> list[str]:
@@ -75,12 +67,12 @@ def check_book(book: Book) -> list[str]:
         seen_paths.setdefault(entry.path, entry.line)
 
     bib_problems: list[str] = []
-    bib = load_bibliography(book.bibliography, bib_problems)
+    bib = bibliography_keys(book.bibliography, bib_problems)
     for text in bib_problems:
         path, line, message = text.split(":", 2)
         add(path, int(line or 0), message.strip())
 
-    numbering = compute_numbering(book)
+    numbering = book.numbering
     for error in numbering.problems:
         add(error.path, error.line, error.message)
     for repeat, first in numbering.duplicates:
@@ -109,7 +101,7 @@ def check_book(book: Book) -> list[str]:
                 add(display, line, f"label {label} should name its chapter: {prefix}-{scope}-...")
 
         def check_references(text: str, line: int, display=display) -> None:
-            for match in _REFERENCE.finditer(_strip_code(text)):
+            for match in REFERENCE.finditer(_strip_code(text)):
                 key = match.group("key")
                 prefix = key.split("-", 1)[0]
                 if prefix in LABEL_KINDS and "-" in key:
@@ -143,15 +135,14 @@ def check_book(book: Book) -> list[str]:
                 continue
             line: Line = item
             if line.kind == "heading":
-                match = _HEADING_ID.search(line.text)
-                if match and not line.callout_title:
-                    check_label(match.group("label"), line.line, ("sec",))
+                if line.heading.label and not line.callout_title:
+                    check_label(line.heading.label, line.line, ("sec",))
             elif line.kind == "div_open" and line.div is not None and line.div.identifier:
                 check_label(line.div.identifier, line.line, ("fig", "tbl"))
             elif line.kind == "text":
-                for match in _EQUATION_ID.finditer(line.text):
+                for match in EQUATION_LABEL.finditer(line.text):
                     check_label(match.group("label"), line.line, ("eq",))
-                for match in _IMAGE_ID.finditer(line.text):
+                for match in IMAGE_LABEL.finditer(line.text):
                     check_label(match.group("label"), line.line, ("fig",))
                 caption = PIPE_CAPTION.match(line.text)
                 if caption:
@@ -159,9 +150,9 @@ def check_book(book: Book) -> list[str]:
             if line.kind in ("text", "heading"):
                 text = line.text
                 if line.kind == "heading":
-                    text = _HEADING_ID.sub("", text)
+                    text = line.heading.text
                 if line.kind == "text":
-                    text = _EQUATION_ID.sub("", _IMAGE_ID.sub("", text))
+                    text = EQUATION_LABEL.sub("", IMAGE_LABEL.sub("", text))
                     text = re.sub(r"\{#[^}]*\}\s*$", "", text)
                 check_references(text, line.line)
 

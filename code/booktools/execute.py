@@ -6,7 +6,9 @@ expressions `` `{python} expr` `` are evaluated when the cell is reached, that i
 the code cells above it and before the next one runs, as Quarto does, and replaced by
 their value formatted as Quarto formats them: a `str` as its text (no quotes), an
 object with `_repr_markdown_` (e.g. `IPython.display.Markdown`) as that markdown,
-anything else as its `repr` (the `text/plain` form).
+anything else as its `repr` (the `text/plain` form). The notebook's metadata
+`longctx.inline` keeps every `[expression, value]` in the order they were evaluated:
+the notebook edition renders the chapter's own source and takes the values from there.
 
 A failing cell is reported as `chapters/FILE.qmd:LINE: ...` with the traceback's last
 lines; that chapter's executed notebook is not written (a stale one is removed).
@@ -25,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .book import Book, load_book
+from .qmd import INLINE_EXPRESSION
 
-__all__ = ["ChapterRun", "execute_notebook", "execute_book", "main_execute", "INLINE"]
+__all__ = ["ChapterRun", "execute_notebook", "execute_book", "main_execute"]
 
-INLINE = re.compile(r"`\{python\}[ \t]+(?P<expr>[^`]+?)[ \t]*`")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _HELPER = "__longctx_inline__"
 _HELPER_SOURCE = f'''
@@ -127,7 +129,7 @@ def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1)
     meta = notebook.metadata.get("longctx", {})
     source = meta.get("source", "<notebook>")
     needs_kernel = any(
-        cell.cell_type == "code" or (cell.cell_type == "markdown" and INLINE.search(cell.source))
+        cell.cell_type == "code" or (cell.cell_type == "markdown" and INLINE_EXPRESSION.search(cell.source))
         for cell in notebook.cells
     )
     if not needs_kernel:
@@ -140,6 +142,7 @@ def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1)
         allow_errors=False,
     )
     current = {"line": 0}
+    recorded: list[list[str]] = []  # [expression, value] in the order they are evaluated
     # The kernel's own log (not cell output, which comes over the protocol) is noise here.
     with client.setup_kernel(env=kernel_env(jobs), stderr=subprocess.DEVNULL):
         helper_id = client.kc.execute(_HELPER_SOURCE, silent=True, store_history=False)
@@ -157,7 +160,7 @@ def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1)
                 except DeadKernelError as exc:
                     raise CellFailure(f"{source}:{line}: the kernel died while running this cell: {exc}") from None
             elif cell.cell_type == "markdown":
-                expressions = [match.group("expr") for match in INLINE.finditer(cell.source)]
+                expressions = [match.group("expr") for match in INLINE_EXPRESSION.finditer(cell.source)]
                 if not expressions:
                     continue
                 try:
@@ -167,13 +170,15 @@ def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1)
                     line = _qmd_line_of(root, source, f"`{failing}`") if failing else 0
                     raise CellFailure(f"{source}:{line}: {exc}") from None
                 cell.source = _substitute(cell.source, values)
+                recorded += [[expression, value] for expression, value in zip(expressions, values, strict=True)]
+    notebook.metadata.setdefault("longctx", {})["inline"] = recorded
     return notebook
 
 
 def _substitute(text: str, values: list[str]) -> str:
     """Replace the inline expressions of `text`, in order, by `values`."""
     found = iter(values)
-    return INLINE.sub(lambda _match: next(found), text)
+    return INLINE_EXPRESSION.sub(lambda _match: next(found), text)
 
 
 class CellFailure(Exception):

@@ -1,74 +1,68 @@
-"""The notebook edition of the book as web pages: executed notebooks -> `_book/`.
+"""The notebook edition of the book: the source rendered by pandoc, the outputs from the executed notebooks.
 
-`python -m longctx.booktools html` turns every executed notebook in
-`_build/executed/` (one per file that `_quarto.yml` lists, in book order) into one
-HTML page inside a single book layout:
+`python -m longctx.booktools html` writes one page per file that `_quarto.yml` lists
+into `_book/`, in book order:
 
-- every page has the book's title, a sidebar listing every chapter with its number,
-  previous/next links and the chapter number in its `<title>`;
-- markdown is rendered with nbconvert's markdown filter (maths left for MathJax);
-  headings get the ids Quarto gives them (their `sec-` label, else Pandoc's slug);
-- figures become `<figure>` with the caption "Figure 3.2: ..." and the alt text from
-  the cell (metadata written by the export, else the cell's `#|` options); computed
-  tables get a `<caption>`; every table scrolls sideways when it is too wide;
-- code shows without its `#|` option lines; `code-fold: true` cells fold into a
-  closed `<details>`; `echo: false` hides code, `output: false` hides output;
-- "Figure 3.2", "Section 3.2", "Equation 3.1", "Table 3.1", "Chapter 3" in prose link
-  to their targets, on whichever page they are; links to `.qmd`/`.ipynb` become `.html`;
-- callouts that the export split across cells (metadata `longctx.callout`) become one
-  block again; collapsed ones (the exercise solutions) are a closed `<details>`;
+- the prose is the chapter's own source (`.qmd`), parsed once for the whole book and
+  rendered by pandoc (the pinned `pypandoc-binary`), with citeproc for citations in the
+  Quarto edition's style (Chicago author-date) and a References section on every page
+  that cites anything;
+- the book's numbering (numbering.py) is applied by a small pandoc filter
+  (html_assets/edition.lua): section numbers, cross-references as links made from their
+  labels ("Figure 3.2"), equation tags, figure and table captions, callouts;
+- each Python cell shows its code without its `#|` lines (folded with `code-fold: true`,
+  hidden with `echo: false`) and its outputs, taken from the executed notebook in
+  `_build/executed/` with nbconvert's own preprocessors (streams coalesced as a terminal
+  shows them, images extracted into `figures/`); an inline `` `{python} expr` `` shows the
+  value recorded when that notebook was executed;
+- every page has the book's title, a sidebar listing every chapter (and this chapter's
+  sections), previous/next links and the chapter number in its `<title>`; the preface
+  (`index.html`) ends with the contents;
 - MathJax (SVG output) and Mermaid are copied from `web/node_modules/` into
   `_book/assets/` and loaded from there: no page loads anything from another host.
   They are npm packages pinned in `web/package-lock.json`; when they are missing the
   build runs `npm ci --prefix web` once (Node.js and npm needed), else says what to run.
 
-Usage: `python -m longctx.booktools html [--executed DIR] [--out DIR]` (through the
-booktools CLI, options after `--`: `html -- --out /tmp/site`).
-
-`_book/index.html` is the preface (index.qmd's notebook, or index.qmd's markdown when
-there is none) followed by the contents, linking every page in order.
+Usage: `python -m longctx.booktools html [--executed DIR] [--out DIR]`.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import difflib
 import html
+import json
+import os
 import re
 import shutil
 import subprocess
 import sys
-import unicodedata
-from dataclasses import dataclass, field
+import tempfile
+from collections import defaultdict, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
-from bs4 import BeautifulSoup, NavigableString
 from nbconvert.filters import ansi2html, strip_ansi
-from nbconvert.filters.markdown_mistune import markdown2html_mistune
+from nbconvert.preprocessors import CoalesceStreamsPreprocessor, ExtractOutputPreprocessor
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
-from pygments.lexers import PythonLexer
+from pygments.lexers import PythonLexer, get_lexer_by_name
+from pygments.util import ClassNotFound
 
 from . import qmd
-from .book import Book, BookError, ChapterEntry, find_root, load_book
-from .numbering import Numbering, compute_numbering
+from .bib import citeproc_arguments
+from .book import Book, BookError, find_root, load_book
+from .numbering import ChapterInfo, Numbering, page_name
+from .pandoc import PandocError, run_pandoc
 
-__all__ = [
-    "AssetError",
-    "Page",
-    "build_book",
-    "heading_ids",
-    "main",
-    "pandoc_slug",
-    "plan_pages",
-    "render_page",
-    "strip_option_lines",
-]
+__all__ = ["AssetError", "Page", "build_book", "heading_ids", "main", "page_markdown", "plan_pages"]
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "html_assets"
+FILTER = STATIC / "edition.lua"
+TEMPLATE = STATIC / "page-template.html"
+_BODY_MARK = "<!-- longctx:body -->"
 
 # The browser libraries (npm packages pinned in web/package.json) and the file of each
 # that a page loads. Both bundles are self-contained: they fetch nothing else.
@@ -81,764 +75,354 @@ NPM_INSTALL = "npm ci --prefix web --no-audit --no-fund"
 # Quarto syntax that must never reach a reader (checked after rendering, in prose).
 RAW_QUARTO = re.compile(r"@(?:fig|tbl|eq|sec)-|\{#(?:fig|tbl|eq|sec)-|^:::|#\||\{python\}", re.MULTILINE)
 
-_OUTPUT_PRIORITY = (
-    "image/svg+xml",
-    "image/png",
-    "image/jpeg",
-    "image/gif",
-    "text/markdown",
-    "text/html",
-    "text/latex",
-    "text/plain",
-)
-_CROSSREF_WORDS = {
-    "Figure": "fig",
-    "Figures": "fig",
-    "Table": "tbl",
-    "Tables": "tbl",
-    "Equation": "eq",
-    "Equations": "eq",
-    "Section": "sec",
-    "Sections": "sec",
-    "Chapter": "chapter",
-    "Appendix": "chapter",
-}
-_CROSSREF = re.compile(
-    r"\b(?P<word>Figures?|Tables?|Equations?|Sections?|Chapter|Appendix)(?P<space>\s|&nbsp;|\u00a0)+"
-    r"(?P<number>(?:\d+|[A-Z])(?:\.\d+)*)\b"
-)
-_NUMBER_PREFIX = re.compile(
-    r"^\s*(?:(?:Chapter|Appendix)\s+)?(?P<number>(?:\d+|[A-Z])(?:\.\d+)*)[.:]?\s+(?=\S)"
-)
-_MATH_SPAN = re.compile(r"\$\$.*?\$\$|\\\[.*?\\\]|\\\(.*?\\\)|\$[^$]*\$", re.DOTALL)
-_CODE_REFERENCE = re.compile(r"@(?P<label>(?:fig|tbl|eq|sec)-[A-Za-z0-9_-]*[A-Za-z0-9])")
-_ATTR_SUFFIX = re.compile(r"\s*\{[^{}]*\}\s*$")
+_IMAGES = ("image/svg+xml", "image/png", "image/jpeg", "image/gif")
+_NUMBERED_WORDS = {"figure", "table", "equation"}  # Quarto keeps their word and number together
+_FORMATTER = HtmlFormatter(cssclass="highlight")
 
 
 class AssetError(RuntimeError):
     """A browser library the book needs (MathJax, Mermaid) is not installed."""
 
 
+def heading_ids(document: qmd.Document) -> list[tuple[qmd.Heading, str]]:
+    """Every section heading of a chapter with the id Quarto and this edition give it (see qmd)."""
+    return document.section_ids
+
+
 # ---------------------------------------------------------------------------
-# planning: which pages, in which order, with which numbers and titles
+# pages
 
 
 @dataclass
 class Page:
-    """One HTML page of the book."""
+    """One HTML page of the book: a listed file, its executed notebook, and what pandoc made of it."""
 
-    source: str  # the listed file, e.g. "chapters/ch03-long-context.qmd"
-    slug: str  # "ch03-long-context"; "index" for the preface
-    number: str | None  # "3", "A"; None for unnumbered pages (the preface)
-    appendix: bool
-    title: str = ""
+    info: ChapterInfo
     notebook: nbformat.NotebookNode | None = None
-    document: qmd.Document | None = None
-    body: str = ""  # rendered article HTML (without the chapter title)
-    headings: list[tuple[int, str, str]] = field(default_factory=list)  # (level, id, text)
-    title_id: str = ""
-    has_math: bool = False
-    has_mermaid: bool = False
+    body: str = ""  # the article's HTML, without the chapter title
+    sections: str = ""  # pandoc's table of contents: the sidebar's list of this page's sections
+
+    @property
+    def source(self) -> str:
+        return self.info.entry.path
+
+    @property
+    def slug(self) -> str:
+        return Path(self.source).stem
 
     @property
     def href(self) -> str:
-        return f"{self.slug}.html"
+        return page_name(self.source)
+
+    @property
+    def number(self) -> str | None:
+        return self.info.number
+
+    @property
+    def appendix(self) -> bool:
+        return self.info.entry.appendix
+
+    @property
+    def title(self) -> str:
+        return self.info.title or ("Preface" if self.number is None else self.slug)
+
+    @property
+    def title_id(self) -> str:
+        return self.info.label or "top"
 
     @property
     def label(self) -> str:
         """The title with its number, as the sidebar and <title> show it."""
-        if self.number is None:
-            return self.title
-        return f"{self.number}\u2002{self.title}"
+        return self.title if self.number is None else f"{self.number}\u2002{self.title}"
+
+    @property
+    def has_math(self) -> bool:
+        return 'class="math' in self.body
+
+    @property
+    def has_mermaid(self) -> bool:
+        return 'class="mermaid"' in self.body
 
 
-def _first_heading(text: str) -> str | None:
-    for line in text.splitlines():
-        heading = qmd.parse_heading(line)
-        if heading is not None and heading.level == 1:
-            return heading.text
-    return None
+def _runs_code(document: qmd.Document) -> bool:
+    """Whether a page needs its executed notebook: it has Python cells or inline expressions."""
+    return bool(document.python_cells) or any("{python}" in block.text for block in document.markdown)
 
 
-def _clean_title(text: str, number: str | None) -> str:
-    text = _ATTR_SUFFIX.sub("", text).strip()
-    match = _NUMBER_PREFIX.match(text)
-    if match is not None:
-        found = match.group("number")
-        # with no number expected, only a numeral strips ("3.2 Title"), not a word ("A heading")
-        if found == number or (
-            number is None and (any(ch.isdigit() for ch in found) or text.startswith(("Chapter", "Appendix")))
-        ):
-            text = text[match.end() :]
-    return text.strip()
-
-
-def plan_pages(book: Book, executed: Path, numbering: Numbering | None = None) -> list[Page]:
-    """One page per file `_quarto.yml` lists that has an executed notebook (or is index.qmd).
-
-    Numbers come from the book's numbering (as Quarto numbers): chapters 1, 2, ...;
-    index.qmd and `{.unnumbered}` chapters get none; appendices are lettered A, B, ...
-    """
-    numbering = numbering or compute_numbering(book)
+def plan_pages(book: Book, executed: Path) -> list[Page]:
+    """One page per listed file that exists, with its executed notebook where it runs code."""
     pages: list[Page] = []
-    for info in numbering.chapters:
-        entry = info.entry
-        stem = Path(entry.path).stem
-        is_index = stem == "index" and not entry.appendix
-        notebook_path = executed / f"{stem}.ipynb"
-        page = Page(source=entry.path, slug=stem, number=info.number, appendix=entry.appendix)
-        page.document = info.document
-        if notebook_path.is_file():
-            page.notebook = nbformat.read(notebook_path, as_version=4)
-        elif not is_index:
-            if (book.root / entry.path).is_file():
-                print(f"html: skipping {entry.path}: no executed notebook {notebook_path}", file=sys.stderr)
+    for info in book.numbering.chapters:
+        if info.document is None:
             continue
-        elif page.document is None:
+        notebook_path = executed / f"{Path(info.entry.path).stem}.ipynb"
+        notebook = nbformat.read(notebook_path, as_version=4) if notebook_path.is_file() else None
+        if notebook is None and _runs_code(info.document):
+            print(f"html: skipping {info.entry.path}: no executed notebook {notebook_path}", file=sys.stderr)
             continue
-        page.title = _page_title(page, entry)
-        page.title_id = info.label or ""
-        pages.append(page)
+        pages.append(Page(info, notebook))
     return pages
 
 
-def _page_title(page: Page, entry: ChapterEntry) -> str:
-    found = None
-    if page.notebook is not None:
-        for cell in page.notebook.cells:
-            if cell.cell_type == "markdown":
-                found = _first_heading(cell.source)
-                if found:
-                    break
-    if not found and page.document is not None:
-        found = page.document.front_matter.get("title")
-        if not found:
-            for heading in page.document.headings():
-                if heading.level == 1:
-                    found = heading.text
-                    break
-    if not found:
-        found = "Preface" if page.number is None else Path(entry.path).stem
-    return _clean_title(str(found), page.number)
-
-
 # ---------------------------------------------------------------------------
-# small helpers
+# one page's source for pandoc: the chapter's markdown, its cells replaced by what a reader sees
 
 
-def pandoc_slug(text: str) -> str:
-    """The identifier Pandoc (and so Quarto) gives a heading that has no label."""
-    text = re.sub(r"`([^`]*)`", r"\1", text)
-    text = re.sub(r"[*]", "", text)
-    text = unicodedata.normalize("NFC", text).lower()
-    text = "".join(ch for ch in text if ch.isalnum() or ch in "_-. \n\t")
-    text = re.sub(r"\s+", "-", text.strip())
-    text = re.sub(r"^[^a-z]+", "", text)
-    return text or "section"
+def _raw_html(text: str) -> str:
+    """A raw HTML block that pandoc passes through untouched."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{{=html}}\n{text}\n{fence}"
 
 
-def strip_option_lines(source: str) -> str:
-    """Cell source without its leading `#|` option lines (as readers of the book see it)."""
-    lines = source.split("\n")
-    index = 0
-    while index < len(lines) and lines[index].lstrip().startswith("#|"):
-        index += 1
-    return "\n".join(lines[index:]).strip("\n")
+def _div(classes: str, content: list[str], identifier: str | None = None) -> str:
+    """A fenced div; its colons outnumber any div inside it."""
+    inner = "\n\n".join(part for part in content if part)
+    colons = ":" * (max((len(run) for run in re.findall(r"^:{3,}", inner, re.MULTILINE)), default=2) + 1)
+    ident = f"#{identifier} " if identifier else ""
+    return f"{colons} {{{ident}{classes}}}\n{inner}\n{colons}"
 
 
-def _cell_options(cell) -> dict:
-    lines = cell.source.split("\n")
+def _dedent(cell: qmd.Cell, lines: list[str]) -> str:
+    """A block's lines without the indentation of its fence (a cell inside a list item)."""
+    return "\n".join(text[len(cell.indent) :] if text.startswith(cell.indent) else text for text in lines)
+
+
+def _highlighted(code: str, lang: str) -> str:
+    if not lang:
+        return f"<pre><code>{html.escape(code)}</code></pre>"
     try:
-        _, options = qmd.parse_options(lines, "<notebook>", 1)
-    except qmd.QmdError:
-        options = {}
-    meta = cell.get("metadata", {}).get("longctx") or {}
-    merged = dict(options)
-    for key in ("label", "number", "caption", "alt", "kind"):
-        if meta.get(key) not in (None, ""):
-            merged[f"longctx-{key}"] = meta[key]
-    return merged
+        lexer = PythonLexer() if lang == "python" else get_lexer_by_name(lang)
+    except ClassNotFound:
+        return f'<pre><code class="language-{html.escape(lang)}">{html.escape(code)}</code></pre>'
+    return highlight(code, lexer, _FORMATTER)
 
 
-def _truthy(value) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "yes", "1")
-    return bool(value)
+class _PageSource:
+    """Builds pandoc's markdown input for one page, in one pass over the parsed chapter."""
 
-
-_MERMAID_FENCE = re.compile(
-    r"^(?P<fence>`{3,}|~{3,})[ \t]*\{?mermaid\}?[ \t]*\n(?P<body>.*?)^(?P=fence)[ \t]*$",
-    re.MULTILINE | re.DOTALL,
-)
-
-
-def markdown_to_html(text: str) -> str:
-    """Markdown -> HTML with nbconvert's renderer (maths left for MathJax), Mermaid kept as text.
-
-    nbconvert copies a Mermaid block's source into the page unescaped, so a label such as
-    `A<br/>B` would turn into markup; the block is escaped here and Mermaid reads it back.
-    """
-
-    def mermaid(match: re.Match) -> str:
-        lines = [line for line in match.group("body").split("\n") if not line.lstrip().startswith("%%|")]
-        return f'\n<pre class="mermaid">{html.escape(chr(10).join(lines).strip(chr(10)))}\n</pre>\n'
-
-    return markdown2html_mistune(_MERMAID_FENCE.sub(mermaid, text))
-
-
-def _inline_markdown(text: str) -> str:
-    rendered = markdown_to_html(text).strip()
-    if rendered.startswith("<p>") and rendered.endswith("</p>") and rendered.count("<p>") == 1:
-        rendered = rendered[3:-4]
-    return rendered
-
-
-def _text_of(output_text) -> str:
-    return "".join(output_text) if isinstance(output_text, list) else str(output_text)
-
-
-def _merge_streams(outputs: list) -> list:
-    """Consecutive stdout (or stderr) pieces as one, as a terminal shows them (progress bars arrive in pieces)."""
-    merged: list = []
-    for output in outputs:
-        previous = merged[-1] if merged else None
-        if (
-            output.get("output_type") == "stream"
-            and previous is not None
-            and previous.get("output_type") == "stream"
-            and previous.get("name") == output.get("name")
-        ):
-            merged[-1] = {
-                **previous,
-                "text": _text_of(previous.get("text", "")) + _text_of(output.get("text", "")),
-            }
-        else:
-            merged.append(output)
-    return merged
-
-
-def _collapse_carriage_returns(text: str) -> str:
-    """Keep what a terminal would show for progress bars that rewrite their line."""
-    lines = []
-    for line in text.split("\n"):
-        if "\r" in line:
-            parts = [part for part in line.split("\r") if part]
-            line = parts[-1] if parts else ""
-        lines.append(line)
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------
-# rendering one notebook
-
-
-class _Renderer:
-    def __init__(self, page: Page, out: Path, numbering: Numbering | None = None):
-        self.numbering = numbering
+    def __init__(self, page: Page, numbering: Numbering, project_options: dict):
         self.page = page
-        self.out = out
-        self.figure_count = 0
-        self.formatter = HtmlFormatter(cssclass="highlight")
-        self.caption_cells: dict[str, str] = {}  # label -> the export's caption cell ("**Figure 1.2:** ...")
-        self.lexer = PythonLexer()
+        self.info = page.info
+        self.document = page.info.document
+        self.numbering = numbering
+        self.defaults = {**project_options, **(self.document.front_matter.get("execute") or {})}
+        self.outputs: dict[int, list] = {}  # the source line of a cell's fence -> its outputs
+        self.files: dict[str, bytes] = {}  # "figures/NAME.png" -> the image
+        self.values: dict[str, deque[str]] = defaultdict(deque)  # inline expression -> its values, in order
+        if page.notebook is not None:
+            self._read_notebook(page.notebook)
 
-    def render(self) -> str:
-        parts: list[str] = []
-        callout: dict | None = None  # the callout being assembled: its metadata and rendered pieces
-        cells = self.page.notebook.cells
-        # The export writes a figure's caption as a markdown cell after it and a table's before it
-        # (metadata role "caption"); the web edition puts that text into the <figcaption>/<caption>.
-        code_labels = {
-            str((cell.get("metadata", {}).get("longctx") or {}).get("label") or "")
-            for cell in cells
-            if cell.cell_type == "code"
-        }
-        skip: set[int] = set()
-        for index, cell in enumerate(cells):
-            meta = cell.get("metadata", {}).get("longctx") or {}
-            if (
-                cell.cell_type == "markdown"
-                and meta.get("role") == "caption"
-                and meta.get("label") in code_labels
-            ):
-                self.caption_cells[str(meta["label"])] = cell.source
-                skip.add(index)
-        for index, cell in enumerate(cells):
-            if index in skip:
+    def _read_notebook(self, notebook) -> None:
+        notebook = nbformat.from_dict(notebook)  # a copy: the preprocessors change it
+        resources = {"unique_key": self.page.slug, "output_files_dir": "figures", "outputs": {}}
+        notebook, resources = CoalesceStreamsPreprocessor().preprocess(notebook, resources)
+        extract = ExtractOutputPreprocessor(extract_output_types=set(_IMAGES))
+        notebook, resources = extract.preprocess(notebook, resources)
+        self.files = resources["outputs"]
+        for cell in notebook.cells:
+            if cell.cell_type == "code":
+                line = (cell.metadata.get("longctx") or {}).get("line")
+                if line is not None:
+                    self.outputs[int(line)] = cell.get("outputs", [])
+        for expression, value in (notebook.metadata.get("longctx") or {}).get("inline", []):
+            self.values[expression].append(value)
+
+    def error(self, line: int, message: str) -> BookError:
+        return BookError(f"{self.document.display}:{line}: {message}")
+
+    # -- markdown lines --------------------------------------------------------------
+    def markdown(self) -> str:
+        items, _ = qmd.walk(self.document)
+        lines: list[str] = []
+        for item in items:
+            if isinstance(item, qmd.CellItem):
+                block = self.cell(item.cell)
+                if block:
+                    indent = item.cell.indent
+                    lines += ["", *(indent + text if text else text for text in block.split("\n")), ""]
                 continue
-            meta = cell.get("metadata", {}).get("longctx") or {}
-            info = meta.get("callout") if isinstance(meta.get("callout"), dict) else None
-            if callout is not None and (info is None or info.get("id") != callout["id"]):
-                parts.append(_close_callout(callout))
-                callout = None
-            if info is not None and callout is None:
-                callout = {**info, "pieces": []}
-            if cell.cell_type == "markdown":
-                piece = markdown_to_html(cell.source)
-                if callout is not None:
-                    callout["pieces"].append(_callout_inner(piece))
-                else:
-                    parts.append(f'<div class="cell markdown-cell">{piece}</div>')
-            elif cell.cell_type == "code":
-                piece = self.code_cell(index, cell)
-                if callout is not None:
-                    callout["pieces"].append(piece)
-                else:
-                    parts.append(piece)
-            # raw cells are meant for other formats; the web edition leaves them out
-        if callout is not None:
-            parts.append(_close_callout(callout))
-        return "\n".join(part for part in parts if part)
-
-    def references_as_text(self, code: str) -> str:
-        """`@eq-ch01-softmax` in a comment or docstring reads "Equation 1.1" in the web edition."""
-        if self.numbering is None:
-            return code
-
-        def replace(match: re.Match) -> str:
-            target = self.numbering.targets.get(match.group("label"))
-            return target.text if target is not None else match.group(0)
-
-        return _CODE_REFERENCE.sub(replace, code)
-
-    def code_cell(self, index: int, cell) -> str:
-        options = _cell_options(cell)
-        if options.get("include") is False:
-            return ""
-        code = self.references_as_text(strip_option_lines(cell.source))
-        blocks = []
-        if options.get("echo", True) is not False and code.strip():
-            highlighted = highlight(code, self.lexer, self.formatter)
-            if _truthy(options.get("code-fold", False)):
-                summary = html.escape(str(options.get("code-summary", "Code")))
-                blocks.append(
-                    f'<details class="code-fold"><summary>{summary}</summary>'
-                    f'<div class="cell-input">{highlighted}</div></details>'
-                )
+            if item.line == self.info.title_line:
+                continue  # the page's title is the layout's own heading
+            number = self.numbering.heading_numbers.get((self.document.display, item.line))
+            if item.kind == "heading" and not item.callout_title and number:
+                heading = item.heading  # its number goes in an attribute, for the filter to show
+                text = self.inline_values(heading.text, item.line)
+                lines.append(f'{"#" * heading.level} {text} {{{heading.attributes} number="{number}"}}')
             else:
-                blocks.append(f'<div class="cell-input">{highlighted}</div>')
-        self._figure_id_used = False
-        if options.get("output", True) is not False:
-            outputs = [
-                self.output(index, k, output, options)
-                for k, output in enumerate(_merge_streams(cell.get("outputs", [])))
-            ]
-            outputs = [item for item in outputs if item]
-            if outputs:
-                blocks.append('<div class="cell-output">' + "\n".join(outputs) + "</div>")
-        if not blocks:
-            return ""
-        return '<div class="cell code-cell">' + "\n".join(blocks) + "</div>"
+                lines.append(self.inline_values(item.text, item.line))
+        return "\n".join(lines) + "\n"
 
-    def output(self, index: int, k: int, output, options: dict) -> str:
-        kind = output.get("output_type")
-        if kind == "stream":
-            text = _collapse_carriage_returns(strip_ansi(_text_of(output.get("text", ""))))
-            if not text.strip():
-                return ""
-            name = "stderr" if output.get("name") == "stderr" else "stdout"
-            return f'<pre class="output-stream {name}">{html.escape(text.rstrip())}</pre>'
-        if kind == "error":
-            trace = "\n".join(output.get("traceback", []))
-            return f'<pre class="output-error">{ansi2html(trace)}</pre>'
-        data = output.get("data", {})
-        for mime in _OUTPUT_PRIORITY:
-            if mime in data:
-                return self.data(
-                    index, k, mime, data[mime], output.get("metadata", {}).get(mime, {}), options
+    def inline_values(self, text: str, line: int) -> str:
+        """`{python} expr` -> the value it had when the chapter was executed."""
+        if "{python}" not in text:
+            return text
+
+        def value(match: re.Match) -> str:
+            queue = self.values.get(match.group("expr"))
+            if not queue:
+                raise self.error(
+                    line,
+                    f"no value was recorded for `{{python}} {match.group('expr')}` in the executed notebook: "
+                    "run `python -m longctx.booktools execute` again",
                 )
-        return ""
+            return queue.popleft()
 
-    def data(self, index: int, k: int, mime: str, value, metadata: dict, options: dict) -> str:
-        label = str(options.get("longctx-label") or options.get("label") or "")
-        if mime.startswith("image/"):
-            return self.image(index, k, mime, value, metadata, options, label)
-        text = _text_of(value)
-        if mime == "text/markdown":
-            rendered = markdown_to_html(text)
-        elif mime == "text/html":
-            rendered = text
-        elif mime == "text/latex":
-            rendered = f'<div class="output-latex">{html.escape(text)}</div>'
-        else:
-            rendered = f'<pre class="output-text">{html.escape(strip_ansi(text))}</pre>'
-        if label.startswith("tbl-") and "<table" in rendered:
-            caption = self.caption(options, "tbl", "Table")
-            rendered = rendered.replace("<table", f"<table data-caption-from='{html.escape(label)}'", 1)
-            soup = BeautifulSoup(rendered, "html.parser")
-            table = soup.find("table")
-            if caption:
-                tag = soup.new_tag("caption")
-                tag.append(BeautifulSoup(caption, "html.parser"))
-                table.insert(0, tag)
-            del table["data-caption-from"]
-            table["id"] = label
-            rendered = str(soup)
-        return rendered
+        return qmd.INLINE_EXPRESSION.sub(value, text)
 
-    def caption(self, options: dict, prefix: str, word: str) -> str:
-        """ "Figure 3.2: caption" as HTML: the export's caption cell, else the cell's own caption."""
-        label = str(options.get("longctx-label") or options.get("label") or "")
-        number = options.get("longctx-number")
-        if label in self.caption_cells:
-            return _caption_html(self.caption_cells[label], word, number)
-        text = options.get("longctx-caption") or options.get(f"{prefix}-cap") or ""
-        caption = _inline_markdown(str(text)) if text else ""
-        if number:
-            caption = (
-                f"{word}\u00a0{html.escape(str(number))}: {caption}" if caption else f"{word}\u00a0{number}"
-            )
-        return caption
+    # -- cells ---------------------------------------------------------------------------
+    def cell(self, cell: qmd.Cell) -> str:
+        """What a reader sees of a fenced block; its lines keep their place (the caller re-indents)."""
+        if cell.is_python:
+            return self.python_cell(cell)
+        code = _dedent(cell, cell.code_lines if cell.executable else cell.lines)
+        if cell.executable and cell.lang == "mermaid":
+            diagram = _raw_html(f'<pre class="mermaid">{html.escape(code)}</pre>')
+            return self.float_figure(cell, [diagram]) if "fig-cap" in cell.options else diagram
+        return _raw_html(f'<div class="cell-input">{_highlighted(code, cell.lang)}</div>')
 
-    def image(self, index, k, mime, value, metadata, options, label) -> str:
-        self.figure_count += 1
-        extension = {"image/svg+xml": "svg", "image/png": "png", "image/jpeg": "jpg", "image/gif": "gif"}[
-            mime
-        ]
-        name = f"{self.page.slug}-{index:03d}-{k}.{extension}"
-        target = self.out / "figures" / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if mime == "image/svg+xml":
-            target.write_text(_text_of(value), encoding="utf-8")
-        else:
-            target.write_bytes(base64.b64decode(_text_of(value)))
-        alt = str(options.get("longctx-alt") or options.get("fig-alt") or "").strip()
-        is_figure = label.startswith("fig-")
-        caption = self.caption(options, "fig", "Figure") if is_figure else ""
-        if not alt:
-            alt = (
-                BeautifulSoup(caption, "html.parser").get_text()
-                if caption
-                else "A figure drawn by the code above."
-            )
-        size = ""
-        for attr in ("width", "height"):
-            if isinstance(metadata.get(attr), int | float):
-                size += f' {attr}="{int(metadata[attr])}"'
-        img = f'<img src="figures/{name}" alt="{html.escape(alt, quote=True)}"{size} loading="eager">'
-        if is_figure:
-            ident = "" if self._figure_id_used else f' id="{html.escape(label)}"'
-            self._figure_id_used = True
-            return f'<figure class="figure"{ident}>{img}<figcaption>{caption}</figcaption></figure>'
-        return f'<div class="output-image">{img}</div>'
+    def option(self, cell: qmd.Cell, name: str, default):
+        return cell.options.get(name, self.defaults.get(name, default))
 
-    _figure_id_used = False
+    def python_cell(self, cell: qmd.Cell) -> str:
+        if self.option(cell, "include", True) is False:
+            return ""
+        parts: list[str] = []
+        code = qmd.CROSS_REFERENCE.sub(self.reference_text, _dedent(cell, cell.code_lines)).strip("\n")
+        if self.option(cell, "echo", True) is not False and code.strip():
+            shown = f'<div class="cell-input">{_highlighted(code, "python")}</div>'
+            if str(cell.options.get("code-fold", False)).lower() == "true":
+                summary = html.escape(str(cell.options.get("code-summary", "Code")))
+                shown = f'<details class="code-fold"><summary>{summary}</summary>{shown}</details>'
+            parts.append(_raw_html(shown))
+        if self.option(cell, "output", True) is not False:
+            if cell.line not in self.outputs:
+                raise self.error(
+                    cell.line,
+                    "this cell is not in the executed notebook (the chapter changed since it was executed): "
+                    "run `python -m longctx.booktools execute` again",
+                )
+            outputs = self.cell_outputs(cell, self.outputs[cell.line])
+            if outputs:
+                parts.append(_div(".cell-output", outputs))
+        return _div(".cell", parts) if parts else ""
 
+    def reference_text(self, match: re.Match) -> str:
+        """`@eq-ch01-softmax` in code reads "Equation 1.1", as no reader should see a raw label."""
+        target = self.numbering.targets.get(match.group("label"))
+        return target.text if target is not None else match.group(0)
 
-_CAPTION_PREFIX = re.compile(
-    r"^\s*(?:\*\*|__)?(?P<word>Figure|Table)\s+(?P<number>[0-9A-Z]+(?:\.\d+)*)\s*:?\s*(?:\*\*|__)?\s*:?\s*"
-)
+    def cell_outputs(self, cell: qmd.Cell, outputs: list) -> list[str]:
+        label = cell.label or ""
+        figure = label.startswith("fig-") or (not label and "fig-cap" in cell.options)
+        table = label.startswith("tbl-")
+        pieces: list[str] = []
+        images: list[str] = []
+        figure_at = 0  # where the figure goes among the outputs: at its first image
+        for output in outputs:
+            kind = output.get("output_type")
+            if kind == "stream":
+                text = strip_ansi(output.get("text", "")).rstrip()
+                if text.strip():
+                    name = "stderr" if output.get("name") == "stderr" else "stdout"
+                    pieces.append(_raw_html(f'<pre class="output-stream {name}">{html.escape(text)}</pre>'))
+                continue
+            if kind == "error":
+                trace = ansi2html("\n".join(output.get("traceback", [])))
+                pieces.append(_raw_html(f'<pre class="output-error">{trace}</pre>'))
+                continue
+            data = output.get("data", {})
+            image = next((mime for mime in _IMAGES if mime in data), None)
+            if image is not None:
+                img = self.image(cell, output, image)
+                if figure:
+                    if not images:
+                        figure_at = len(pieces)
+                    images.append(img)
+                else:
+                    pieces.append(_raw_html(f'<div class="output-image">{img}</div>'))
+            elif "text/markdown" in data:
+                markdown = data["text/markdown"]
+                pieces.append(self.float_table(cell, markdown) if table else markdown)
+            elif "text/html" in data:
+                shown = data["text/html"]
+                if "<table" in shown:
+                    shown = f'<div class="table-scroll">{shown}</div>'
+                pieces.append(self.float_table(cell, _raw_html(shown)) if table else _raw_html(shown))
+            elif "text/latex" in data:
+                pieces.append(_raw_html(f'<div class="output-latex">{html.escape(data["text/latex"])}</div>'))
+            elif "text/plain" in data:
+                text = html.escape(strip_ansi(data["text/plain"]))
+                pieces.append(_raw_html(f'<pre class="output-text">{text}</pre>'))
+        if images:
+            pieces.insert(figure_at, self.float_figure(cell, [_raw_html("\n".join(images))]))
+        return pieces
 
-
-def _caption_html(markdown: str, word: str, number) -> str:
-    """The export's caption text ("**Figure 1.2:** Why ...") as "Figure 1.2: Why ..." in HTML."""
-    match = _CAPTION_PREFIX.match(markdown)
-    if match:
-        number = number or match.group("number")
-        markdown = markdown[match.end() :]
-    body = _inline_markdown(markdown.strip()) if markdown.strip() else ""
-    prefix = f"{word}\u00a0{html.escape(str(number))}" if number else ""
-    if prefix and body:
-        return f"{prefix}: {body}"
-    return prefix or body
-
-
-def _callout_inner(rendered: str) -> str:
-    """The content of one piece of a callout the export split across cells (without its wrapper and title)."""
-    soup = BeautifulSoup(rendered, "html.parser")
-    wrapper = soup.find("div", class_="callout")
-    if wrapper is None:
-        return rendered
-    title = wrapper.find(class_="callout-title")
-    if title is not None:
-        title.decompose()
-    return wrapper.decode_contents()
-
-
-def _close_callout(callout: dict) -> str:
-    kind = re.sub(r"[^a-z-]", "", str(callout.get("type") or "note")) or "note"
-    title = html.escape(str(callout.get("title") or kind.capitalize()))
-    inner = "\n".join(callout["pieces"])
-    if callout.get("collapse"):
-        return (
-            f'<details class="callout callout-{kind}"><summary class="callout-title">{title}</summary>'
-            f'<div class="callout-body">{inner}</div></details>'
+    def image(self, cell: qmd.Cell, output, mime: str) -> str:
+        path = output["metadata"]["filenames"][mime]
+        alt = str(cell.options.get("fig-alt") or "").strip() or "A figure drawn by the code above."
+        metadata = output.get("metadata", {}).get(mime, {})
+        size = "".join(
+            f' {name}="{int(metadata[name])}"' for name in ("width", "height") if isinstance(metadata.get(name), int | float)
         )
-    return (
-        f'<div class="callout callout-{kind}"><p class="callout-title">{title}</p>'
-        f'<div class="callout-body">{inner}</div></div>'
-    )
+        return f'<img src="{html.escape(path)}" alt="{html.escape(alt, quote=True)}"{size} loading="eager">'
+
+    def caption(self, cell: qmd.Cell, option: str) -> str:
+        text = self.inline_values(str(cell.options.get(option) or ""), cell.line)
+        return _div(".float-caption", [text]) if text else ""
+
+    def float_figure(self, cell: qmd.Cell, content: list[str]) -> str:
+        return _div(".float-figure", [*content, self.caption(cell, "fig-cap")], cell.label)
+
+    def float_table(self, cell: qmd.Cell, content: str) -> str:
+        return _div(".float-table", [content, self.caption(cell, "tbl-cap")], cell.label)
 
 
-def _static_table_captions(page: Page, soup: BeautifulSoup, numbering: Numbering | None) -> None:
-    """A "**Table 1.1:** ..." paragraph right after a table becomes that table's <caption> and id."""
-    labels = {}
-    if numbering is not None:
-        labels = {
-            target.number: target.label
-            for target in numbering.targets.values()
-            if target.kind == "table" and target.file == page.source
-        }
-    for paragraph in soup.find_all("p"):
-        first = paragraph.find(True)
-        text = paragraph.get_text()
-        match = re.match(r"^\s*Table\s+([0-9A-Z]+(?:\.\d+)*):", text)
-        if not match or first is None or first.name not in ("strong", "b"):
-            continue
-        previous = paragraph.find_previous_sibling(True)
-        if previous is None or previous.name != "table" or previous.find("caption") is not None:
-            continue
-        first.decompose()
-        caption = soup.new_tag("caption")
-        caption.append(f"Table\u00a0{match.group(1)}: ")
-        for position, child in enumerate(list(paragraph.contents)):
-            child = child.extract()
-            if position == 0 and isinstance(child, NavigableString):
-                child = NavigableString(str(child).lstrip(" :"))
-            caption.append(child)
-        previous.insert(0, caption)
-        label = labels.get(match.group(1))
-        if label and not previous.get("id"):
-            previous["id"] = label
-        paragraph.decompose()
-
-
-def _math_in(text: str) -> bool:
-    return bool(re.search(r"\$[^$]+\$|\\\(|\\\[|\\begin\{", text))
-
-
-def render_page(page: Page, out: Path, numbering: Numbering | None = None) -> None:
-    """Render `page.notebook` (or its markdown source) into `page.body` and collect its headings."""
-    if page.notebook is not None:
-        body = _Renderer(page, out, numbering).render()
-    else:
-        text = "\n\n".join(block.text for block in page.document.markdown)
-        body = f'<div class="cell markdown-cell">{markdown_to_html(text)}</div>'
-    soup = BeautifulSoup(body, "html.parser")
-    _assign_heading_ids(page, soup)
-    _static_table_captions(page, soup, numbering)
-    _wrap_tables(soup)
-    _fix_mermaid(soup)
-    page.has_mermaid = soup.select_one("pre.mermaid") is not None
-    page.has_math = _math_in(soup.get_text())
-    page.body = str(soup)
-
-
-def _plain(text: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", text.lower())
-
-
-def heading_ids(document: qmd.Document) -> list[tuple[qmd.Heading, str]]:
-    """Every section heading of a chapter with the id Quarto gives it: its label, else Pandoc's slug.
-
-    Headings that give a callout its title are not sections and are left out. The API
-    reference links to these ids, and the notebook edition gives its headings the same ones.
-    """
-    found: list[tuple[qmd.Heading, str]] = []
-    used: set[str] = set()
-    items, _ = qmd.walk(document)
-    for item in items:
-        if getattr(item, "kind", None) != "heading" or item.callout_title or item.in_math:
-            continue
-        heading = item.heading
-        ident = heading.label or pandoc_slug(heading.text)
-        base, n = ident, 1
-        while ident in used:
-            ident = f"{base}-{n}"
-            n += 1
-        used.add(ident)
-        found.append((heading, ident))
-    return found
-
-
-def _assign_heading_ids(page: Page, soup: BeautifulSoup) -> None:
-    """Give headings their Quarto ids (label, else slug); drop the page's own title heading."""
-    sources = heading_ids(page.document) if page.document is not None else []
-    used = {ident for _, ident in sources}
-    rendered = [
-        tag for tag in soup.find_all(re.compile(r"^h[1-6]$")) if tag.find_parent(class_="cell-output") is None
-    ]
-    cursor = 0
-    page.headings = []
-    title_done = False
-    for tag in rendered:
-        level = int(tag.name[1])
-        for anchor in tag.select("a.anchor-link"):
-            anchor.decompose()
-        text = tag.get_text().strip()
-        ident = None
-        # Match the rendered heading with the next source heading of the same level: the one
-        # whose text is the same among the next few, else simply the next one.
-        candidates = [probe for probe in range(cursor, len(sources)) if sources[probe][0].level == level][:4]
-        wanted = _plain(_clean_title(text, None))
-        chosen = next((probe for probe in candidates if _plain(sources[probe][0].text) == wanted), None)
-        if chosen is None and candidates:
-            # not the same text (a cross-reference in a heading reads differently once translated):
-            # take the next heading when the texts are alike, else this heading is the export's own
-            similar = difflib.SequenceMatcher(None, _plain(sources[candidates[0]][0].text), wanted).ratio()
-            chosen = candidates[0] if similar >= 0.5 else None
-        if chosen is not None:
-            ident = sources[chosen][1]
-            cursor = chosen + 1
-        if ident is None:
-            ident = base = pandoc_slug(_clean_title(text, None))
-            n = 1
-            while ident in used:
-                ident = f"{base}-{n}"
-                n += 1
-            used.add(ident)
-        if level == 1 and not title_done:
-            title_done = True
-            page.title_id = page.title_id or ident
-            tag.decompose()
-            continue
-        tag["id"] = ident
-        anchor = soup.new_tag(
-            "a", href=f"#{ident}", attrs={"class": "anchor-link", "aria-label": "Link to this section"}
-        )
-        anchor.string = "#"
-        tag.append(anchor)
-        page.headings.append((level, ident, text))
-
-
-def _wrap_tables(soup: BeautifulSoup) -> None:
-    for table in soup.find_all("table"):
-        if table.parent is not None and "table-scroll" in (table.parent.get("class") or []):
-            continue
-        wrapper = soup.new_tag("div", attrs={"class": "table-scroll"})
-        table.wrap(wrapper)
-
-
-def _fix_mermaid(soup: BeautifulSoup) -> None:
-    """Any Mermaid block still in a `<code class="language-mermaid">` becomes a `<pre class="mermaid">`."""
-    for code in soup.select("pre > code.language-mermaid"):
-        pre = code.parent
-        pre["class"] = ["mermaid"]
-        pre.string = code.get_text()
+def page_markdown(page: Page, numbering: Numbering, project_options: dict | None = None) -> tuple[str, dict]:
+    """Pandoc's input for a page and the image files its outputs need ("figures/NAME" -> bytes)."""
+    source = _PageSource(page, numbering, project_options or {})
+    return source.markdown(), source.files
 
 
 # ---------------------------------------------------------------------------
-# cross-page work: targets, cross-reference links, link rewriting
+# pandoc, once per page
 
 
-def _collect_targets(
-    pages: list[Page], numbering: Numbering
-) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
-    """(id -> page href) for every id, and ((kind, number) -> "page.html#id") for cross-references."""
-    ids: dict[str, str] = {}
-    numbers: dict[tuple[str, str], str] = {}
-    by_source = {page.source: page for page in pages}
-    for page in pages:
-        if page.title_id:
-            ids.setdefault(page.title_id, page.href)
-        if page.number is not None:
-            numbers[("chapter", page.number)] = page.href
-        soup = BeautifulSoup(page.body, "html.parser")
-        for tag in soup.find_all(id=True):
-            ids.setdefault(tag["id"], page.href)
-    kinds = {"section": "sec", "figure": "fig", "table": "tbl", "equation": "eq"}
-    for target in numbering.targets.values():
-        page = by_source.get(target.file)
-        if page is None or not target.number or target.kind not in kinds:
-            continue
-        if ids.get(target.label) == page.href:
-            numbers.setdefault((kinds[target.kind], target.number), f"{page.href}#{target.label}")
-    return ids, numbers
+def _targets_file(book: Book, pages: list[Page], folder: Path) -> Path:
+    """The JSON the filter reads: every label's reference text, number and page; the book's pages."""
+    targets = {}
+    for label, target in book.numbering.targets.items():
+        text = target.text
+        if target.kind in _NUMBERED_WORDS and target.number:
+            text = text.replace(" ", "\u00a0", 1)
+        targets[label] = {"text": text, "number": target.number, "href": target.href}
+    path = folder / "targets.json"
+    path.write_text(json.dumps({"targets": targets, "pages": [page.slug for page in pages]}), encoding="utf-8")
+    return path
 
 
-def _label_equations(page: Page, numbering: Numbering) -> None:
-    """Put an anchor with the label's id before each display equation tagged with its number."""
-    wanted = {
-        target.number: target.label
-        for target in numbering.targets.values()
-        if target.kind == "equation" and target.file == page.source and target.number
-    }
-    if not wanted:
-        return
-    soup = BeautifulSoup(page.body, "html.parser")
-    for text in list(soup.find_all(string=re.compile(r"\\tag\{"))):
-        if text.find_parent(["pre", "code", "script"]) is not None:
-            continue
-        value = str(text)
-        cuts: list[tuple[int, str]] = []
-        for match in re.finditer(r"\\tag\*?\{([^}]*)\}", value):
-            label = wanted.pop(match.group(1).strip(), None)
-            if label is not None:
-                opening = value.rfind("$$", 0, match.start())
-                cuts.append((max(opening, 0), label))
-        if not cuts:
-            continue
-        pieces: list = []
-        last = 0
-        for position, label in cuts:  # the anchor goes right before the equation's opening $$
-            pieces.append(NavigableString(value[last:position]))
-            pieces.append(soup.new_tag("span", id=label, attrs={"class": "eq-anchor"}))
-            last = position
-        pieces.append(NavigableString(value[last:]))
-        for piece in pieces:
-            text.insert_before(piece)
-        text.extract()
-    page.body = str(soup)
-
-
-def _rewrite_href(href: str, page: Page, ids: dict[str, str], slugs: set[str]) -> str:
-    if re.match(r"^[a-z][a-z0-9+.-]*:", href, re.IGNORECASE) or href.startswith("//"):
-        return href
-    path, _, fragment = href.partition("#")
-    if path:
-        name = Path(path).name
-        stem, suffix = Path(name).stem, Path(name).suffix
-        if suffix in (".qmd", ".ipynb") or (suffix == ".html" and stem in slugs):
-            path = f"{stem}.html" if stem in slugs else path
-    elif fragment and fragment in ids and ids[fragment] != page.href:
-        path = ids[fragment]
-    return f"{path}#{fragment}" if fragment else path
-
-
-def _link_crossrefs(soup: BeautifulSoup, numbers: dict[tuple[str, str], str], page: Page) -> None:
-    skip = (
-        "a",
-        "pre",
-        "code",
-        "script",
-        "style",
-        "figcaption",
-        "caption",
-        "h1",
-        "h2",
-        "h3",
-        "h4",
-        "h5",
-        "h6",
-        "title",
-    )
-    for text in list(soup.find_all(string=_CROSSREF)):
-        if text.find_parent(skip) is not None:
-            continue
-        pieces: list = []
-        last = 0
-        value = str(text)
-        maths = [span.span() for span in _MATH_SPAN.finditer(value)]
-        for match in _CROSSREF.finditer(value):
-            if any(start <= match.start() < end for start, end in maths):
-                continue  # never split a formula: MathJax reads each one from a single text node
-            kind = _CROSSREF_WORDS[match.group("word")]
-            target = numbers.get((kind, match.group("number")))
-            if target is None:
-                continue
-            if target.startswith(page.href + "#"):
-                target = target[len(page.href) :]
-            pieces.append(NavigableString(value[last : match.start()]))
-            link = soup.new_tag("a", href=target, attrs={"class": "crossref"})
-            link.string = match.group(0)
-            pieces.append(link)
-            last = match.end()
-        if not pieces:
-            continue
-        pieces.append(NavigableString(value[last:]))
-        for piece in pieces:
-            text.insert_before(piece)
-        text.extract()
+def _render(page: Page, markdown: str, book: Book, targets: Path) -> None:
+    arguments = [
+        "--from=markdown",
+        "--to=html5",
+        "--mathjax",
+        "--wrap=none",
+        "--standalone",
+        f"--template={TEMPLATE}",
+        "--toc",
+        "--toc-depth=2",
+        f"--lua-filter={FILTER}",  # before citeproc: labels are not citations
+        *citeproc_arguments(book.bibliography, book.csl),
+        "--metadata=link-citations:true",  # as Quarto: each citation links to its entry
+        f"--metadata=longctx-targets:{targets}",
+        f"--metadata=longctx-page:{page.href}",
+        f"--metadata=pagetitle:{page.slug}",
+    ]
+    text, warnings = run_pandoc(arguments, markdown, what=page.source)
+    for warning in warnings.strip().splitlines():
+        print(f"html: {page.source}: {warning}", file=sys.stderr)
+    sections, _, page.body = text.partition(_BODY_MARK)
+    page.sections = sections.strip()
 
 
 # ---------------------------------------------------------------------------
@@ -855,14 +439,8 @@ def _sidebar(pages: list[Page], current: Page) -> str:
         number = f'<span class="chapter-number">{html.escape(page.number)}</span>' if page.number else ""
         attrs = ' class="current" aria-current="page"' if page is current else ""
         entry = f'<li{attrs}><a href="{page.href}">{number}<span class="chapter-title">{html.escape(page.title)}</span></a>'
-        if page is current:
-            sections = [
-                f'<li><a href="#{ident}">{html.escape(text)}</a></li>'
-                for level, ident, text in page.headings
-                if level == 2
-            ]
-            if sections:
-                entry += '<ol class="sidebar-sections">' + "".join(sections) + "</ol>"
+        if page is current and page.sections:
+            entry += f'<div class="sidebar-sections">{page.sections}</div>'
         items.append(entry + "</li>")
     return '<ol class="sidebar-chapters">' + "".join(items) + "</ol>"
 
@@ -910,13 +488,13 @@ def _layout(pages: list[Page], index: int, book_title: str, subtitle: str) -> st
     if page.number is not None:
         kind = "Appendix" if page.appendix else "Chapter"
         heading = (
-            f'<h1 class="chapter-title" id="{html.escape(page.title_id or "top")}">'
+            f'<h1 class="chapter-title" id="{html.escape(page.title_id)}">'
             f'<span class="chapter-number" aria-label="{kind} {html.escape(page.number)}">{html.escape(page.number)}</span> '
             f"{html.escape(page.title)}</h1>"
         )
     else:
         sub = f'<p class="subtitle">{html.escape(subtitle)}</p>' if subtitle else ""
-        heading = f'<h1 class="book-cover-title" id="{html.escape(page.title_id or "top")}">{html.escape(book_title)}</h1>{sub}'
+        heading = f'<h1 class="book-cover-title" id="{html.escape(page.title_id)}">{html.escape(book_title)}</h1>{sub}'
     scripts = ['<script defer src="assets/book.js"></script>']
     if page.has_math:
         scripts.insert(0, '<script src="assets/mathjax-config.js"></script>')
@@ -991,7 +569,7 @@ def copy_assets(out: Path, node_modules: Path) -> None:
     assets = out / "assets"
     assets.mkdir(parents=True, exist_ok=True)
     for item in STATIC.iterdir():
-        if item.is_file():
+        if item.suffix in (".css", ".js"):
             shutil.copyfile(item, assets / item.name)
     (assets / "pygments.css").write_text(
         HtmlFormatter(style="friendly").get_style_defs(".highlight"), encoding="utf-8"
@@ -1000,27 +578,14 @@ def copy_assets(out: Path, node_modules: Path) -> None:
         destination = out / target
         destination.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(node_modules / source, destination)
-    license_file = node_modules / "mathjax" / "LICENSE"
-    if license_file.is_file():
-        shutil.copyfile(license_file, out / "assets" / "mathjax" / "LICENSE")
-    license_file = node_modules / "mermaid" / "LICENSE"
-    if license_file.is_file():
-        shutil.copyfile(license_file, out / "assets" / "mermaid" / "LICENSE")
+    for package in ("mathjax", "mermaid"):
+        license_file = node_modules / package / "LICENSE"
+        if license_file.is_file():
+            shutil.copyfile(license_file, out / "assets" / package / "LICENSE")
 
 
 # ---------------------------------------------------------------------------
 # the whole book
-
-
-def _book_titles(root: Path) -> tuple[str, str]:
-    import yaml
-
-    try:
-        config = yaml.safe_load((root / "_quarto.yml").read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
-        config = {}
-    book = config.get("book") or {}
-    return str(book.get("title") or "The book"), str(book.get("subtitle") or "")
 
 
 def build_book(
@@ -1029,38 +594,38 @@ def build_book(
     out: Path,
     *,
     node_modules: Path | None = None,
+    book: Book | None = None,
 ) -> list[Path]:
     """Write the notebook edition of the book into `out`; returns the pages written, in order."""
-    book = load_book(root)
-    node_modules = node_modules or ensure_node_modules(root)
-    numbering = compute_numbering(book)
-    pages = plan_pages(book, executed, numbering)
+    book = book or load_book(root)
+    node_modules = node_modules or ensure_node_modules(book.root)
+    pages = plan_pages(book, executed)
     if not pages:
-        raise BookError(
-            f"no executed notebooks in {executed}: run `python -m longctx.booktools execute` first"
-        )
+        raise BookError(f"no executed notebooks in {executed}: run `python -m longctx.booktools execute` first")
+    if book.numbering.problems:  # a chapter that does not parse
+        raise BookError("; ".join(str(problem) for problem in book.numbering.problems))
+    project_options = book.config.get("execute") or {}
+    sources = [page_markdown(page, book.numbering, project_options) for page in pages]
     if out.exists():
         for stale in ("figures", "assets"):
             shutil.rmtree(out / stale, ignore_errors=True)
         for stale in out.glob("*.html"):
             stale.unlink()
     out.mkdir(parents=True, exist_ok=True)
-    for page in pages:
-        render_page(page, out, numbering)
-        _label_equations(page, numbering)
-    ids, numbers = _collect_targets(pages, numbering)
-    slugs = {page.slug for page in pages}
-    for page in pages:
-        soup = BeautifulSoup(page.body, "html.parser")
-        _link_crossrefs(soup, numbers, page)
-        for anchor in soup.find_all("a", href=True):
-            anchor["href"] = _rewrite_href(anchor["href"], page, ids, slugs)
-        page.body = str(soup)
-    title, subtitle = _book_titles(root)
+    for _, files in sources:
+        for name, data in files.items():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_bytes(data)
+    with tempfile.TemporaryDirectory(prefix="longctx-html-") as folder:
+        targets = _targets_file(book, pages, Path(folder))
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            runs = [pool.submit(_render, page, markdown, book, targets) for page, (markdown, _) in zip(pages, sources, strict=True)]
+            for run in runs:
+                run.result()
     written = []
     for index, page in enumerate(pages):
         target = out / page.href
-        target.write_text(_layout(pages, index, title, subtitle), encoding="utf-8")
+        target.write_text(_layout(pages, index, book.title, book.subtitle), encoding="utf-8")
         written.append(target)
     copy_assets(out, node_modules)
     return written
@@ -1069,15 +634,11 @@ def build_book(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m longctx.booktools html",
-        description="Build the notebook edition of the book (HTML) from the executed notebooks.",
+        description="Build the notebook edition of the book (HTML) from its source and the executed notebooks.",
     )
-    parser.add_argument(
-        "--executed", default=None, help="folder of executed notebooks (default: _build/executed)"
-    )
+    parser.add_argument("--executed", default=None, help="folder of executed notebooks (default: _build/executed)")
     parser.add_argument("--out", default=None, help="output folder (default: _book)")
-    parser.add_argument(
-        "--root", default=None, help="the book's root (default: the folder holding _quarto.yml)"
-    )
+    parser.add_argument("--root", default=None, help="the book's root (default: the folder holding _quarto.yml)")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:
         argv = argv[1:]  # `python -m longctx.booktools html -- --out DIR`
@@ -1087,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         executed = Path(args.executed) if args.executed else root / "_build" / "executed"
         out = Path(args.out) if args.out else root / "_book"
         written = build_book(root, executed, out)
-    except (AssetError, BookError, qmd.QmdError) as exc:
+    except (AssetError, BookError, PandocError, qmd.QmdError) as exc:
         print(f"html: {exc}", file=sys.stderr)
         return 1
     print(f"html: wrote {len(written)} pages to {out}")

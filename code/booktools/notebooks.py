@@ -1,6 +1,8 @@
 """Export chapters as Jupyter notebooks that read cleanly without Quarto.
 
-What the export does (the notebook edition's HTML builder relies on it):
+The notebooks are what a reader runs in Jupyter and what `execute` runs to make the
+outputs the notebook edition shows (it renders the prose from the source, not from here).
+What the export does:
 
 - one notebook per file in `_quarto.yml`: `notebooks/<stem>.ipynb` (nbformat 4,
   kernelspec python3); notebook metadata `longctx`: source, number, title, kind;
@@ -9,8 +11,7 @@ What the export does (the notebook edition's HTML builder relies on it):
   fence), `source` (the qmd path); for figure/table cells also `label`, `number` ("3.2"),
   `caption`, `alt` and `kind` ("figure"/"table");
 - after a figure cell (before a table cell) a markdown cell "**Figure 3.2:** caption"
-  with metadata `longctx.role == "caption"` (and `label`), which an HTML builder that
-  draws captions from the code cell's metadata should skip;
+  with metadata `longctx.role == "caption"` (and `label`);
 - mermaid and other non-Python blocks stay in the markdown as fenced code;
 - markdown is split into cells at headings (levels 1-3), code cells and callouts;
 - headings get their numbers ("## 3.2 Grouped heads"; the chapter heading "# 3 Title",
@@ -19,8 +20,9 @@ What the export does (the notebook edition's HTML builder relies on it):
   "Equation 3.1", "Section 3.4" (a chapter label: "Chapter 3"/"Appendix A");
 - `$$ … $$ {#eq-x}` becomes `$$ … \\tag{3.1}$$`; pipe-table captions `: Cap {#tbl-x}`
   become "**Table 3.1:** Cap";
-- citations `[@key]`, `[@a; @b]`, narrative `@key` become "(Author Year)",
-  "(A 2020; B 2021)", "Author (Year)" from the bibliography;
+- citations `[@key]`, `[@a; @b]`, narrative `@key` become the text pandoc's citeproc
+  gives them in the Quarto edition's style: "(Vaswani et al. 2017)", "Su and Lu (2021)"
+  (all of a book's citations are formatted in one pandoc run);
 - callouts become `<div class="callout callout-note"><p class="callout-title">X</p>`
   … `</div>` (blank lines keep the markdown inside rendering); a callout holding code
   cells is split: its first markdown part has the title, later parts have the class
@@ -34,28 +36,36 @@ from __future__ import annotations
 import html
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from .bib import BibEntry, load_bibliography
+from .bib import bibliography_keys, render_citations
 from .book import Book, load_book, write_atomic
-from .numbering import ChapterInfo, Numbering, Target, compute_numbering
-from .qmd import Cell, CellItem, Div, Line, QmdError, walk
+from .numbering import ChapterInfo, Numbering, Target
+from .qmd import (
+    BRACKET,
+    BRACKET_ITEM,
+    CODE_SPAN,
+    CROSSREF_PREFIXES,
+    IMAGE_LABEL,
+    LABELLED_EQUATION,
+    PIPE_CAPTION,
+    REFERENCE,
+    Cell,
+    CellItem,
+    Div,
+    Line,
+    QmdError,
+    walk,
+)
 
 __all__ = ["export_book", "export_chapter", "translate_inline", "main_notebooks"]
 
-_KEY = r"[A-Za-z0-9_](?:[\w-]|[:.#$%&+?<>~/](?=\w))*"
-_CODE_SPAN = re.compile(r"(`+)(?:[^`]|(?!\1)`)*?\1(?!`)", re.DOTALL)
-_BRACKET = re.compile(r"\[(?P<body>[^\[\]]*?-?@" + _KEY + r"[^\[\]]*)\](?![(\[{])")
-_BRACKET_ITEM = re.compile(r"^(?P<prefix>.*?)(?P<minus>-)?@(?P<key>" + _KEY + r")(?P<suffix>.*)$", re.DOTALL)
-_NARRATIVE = re.compile(r"(?<![\w@\\`\[])(?P<minus>-)?@(?P<key>" + _KEY + ")")
-_CROSSREF_PREFIXES = ("fig-", "tbl-", "eq-", "sec-")
-_EQUATION = re.compile(r"\$\$(?P<body>(?:(?!\$\$).)*?)\$\$[ \t]*\{#(?P<label>eq-[^\s}]+)[^}]*\}", re.DOTALL)
-_PIPE_CAPTION = re.compile(r"^:[ \t]+(?P<caption>.*?)[ \t]*\{#(?P<label>tbl-[^\s}]+)[^}]*\}[ \t]*$")
-_IMAGE_FIGURE = re.compile(
-    r"!\[(?P<caption>[^\]]*)\]\((?P<path>[^)\s]+)(?P<title>\s+\"[^\"]*\")?\)\{(?P<attrs>[^}]*#(?P<label>fig-[^\s}]+)[^}]*)\}"
-)
 _FIG_ALT = re.compile(r"""fig-alt=(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)')""")
 NOTEBOOK_KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
+
+#: cite(citation as written, its keys) -> its text, or None to leave it as written.
+Cite = Callable[[str, list[str]], str | None]
 
 
 # ---------------------------------------------------------------------------
@@ -74,62 +84,47 @@ def _render_crossref(item: re.Match, target: Target) -> str:
     return text + suffix
 
 
-def _render_citation(item: re.Match, entry: BibEntry) -> str:
-    prefix = item.group("prefix")
-    suffix = item.group("suffix")
-    if item.group("minus"):
-        core = entry.year
-    else:
-        core = f"{entry.author_text} {entry.year}"
-    return f"{prefix}{core}{suffix}"
-
-
-def _translate_bracket(match: re.Match, targets: dict[str, Target], bib: dict[str, BibEntry]) -> str:
-    items = [_BRACKET_ITEM.match(part) for part in match.group("body").split(";")]
+def _translate_bracket(match: re.Match, targets: dict[str, Target], cite: Cite) -> str:
+    items = [BRACKET_ITEM.match(part) for part in match.group("body").split(";")]
     if not items or any(item is None for item in items):
         return match.group(0)
     keys = [item.group("key") for item in items]
-    if all(key.startswith(_CROSSREF_PREFIXES) for key in keys):
+    if all(key.startswith(CROSSREF_PREFIXES) for key in keys):
         if any(key not in targets for key in keys):
             return match.group(0)
         return ", ".join(_render_crossref(item, targets[item.group("key")]) for item in items)
-    if all(key in bib for key in keys):
-        return "(" + "; ".join(_render_citation(item, bib[item.group("key")]).strip() for item in items) + ")"
-    return match.group(0)
+    rendered = cite(match.group(0), keys)
+    return match.group(0) if rendered is None else rendered
 
 
-def _translate_narrative(match: re.Match, targets: dict[str, Target], bib: dict[str, BibEntry]) -> str:
+def _translate_narrative(match: re.Match, targets: dict[str, Target], cite: Cite) -> str:
     key = match.group("key")
-    if key.startswith(_CROSSREF_PREFIXES):
+    if key.startswith(CROSSREF_PREFIXES):
         target = targets.get(key)
         if target is None:
             return match.group(0)
         return (target.number or target.title) if match.group("minus") else target.text
-    entry = bib.get(key)
-    if entry is None:
-        return match.group(0)
-    if match.group("minus"):
-        return entry.year
-    return f"{entry.author_text} ({entry.year})"
+    rendered = cite(match.group(0), [key])
+    return match.group(0) if rendered is None else rendered
 
 
-def translate_inline(text: str, targets: dict[str, Target], bib: dict[str, BibEntry]) -> str:
+def translate_inline(text: str, targets: dict[str, Target], cite: Cite) -> str:
     """Cross-references and citations -> text, leaving code spans (and `{python}`) alone."""
     out = []
     position = 0
-    for span in _CODE_SPAN.finditer(text):
-        out.append(_translate_prose(text[position : span.start()], targets, bib))
+    for span in CODE_SPAN.finditer(text):
+        out.append(_translate_prose(text[position : span.start()], targets, cite))
         out.append(span.group(0))
         position = span.end()
-    out.append(_translate_prose(text[position:], targets, bib))
+    out.append(_translate_prose(text[position:], targets, cite))
     return "".join(out)
 
 
-def _translate_prose(text: str, targets: dict[str, Target], bib: dict[str, BibEntry]) -> str:
+def _translate_prose(text: str, targets: dict[str, Target], cite: Cite) -> str:
     if "@" not in text:
         return text
-    text = _BRACKET.sub(lambda m: _translate_bracket(m, targets, bib), text)
-    return _NARRATIVE.sub(lambda m: _translate_narrative(m, targets, bib), text)
+    text = BRACKET.sub(lambda m: _translate_bracket(m, targets, cite), text)
+    return REFERENCE.sub(lambda m: _translate_narrative(m, targets, cite), text)
 
 
 # ---------------------------------------------------------------------------
@@ -143,12 +138,12 @@ def _notebook_module():
 
 
 class _Builder:
-    def __init__(self, info: ChapterInfo, numbering: Numbering, bib: dict[str, BibEntry]):
+    def __init__(self, info: ChapterInfo, numbering: Numbering, cite: Cite):
         self.info = info
         self.doc = info.document
         self.numbering = numbering
         self.targets = numbering.targets
-        self.bib = bib
+        self.cite = cite
         self.cells: list[dict] = []
         self.segments: list[tuple[str, str]] = []  # ("md", line) or ("raw", fenced text)
         self.context: Div | None = None  # the innermost open callout of the buffered lines
@@ -158,7 +153,7 @@ class _Builder:
 
     # -- helpers -------------------------------------------------------------
     def inline(self, text: str) -> str:
-        return translate_inline(text, self.targets, self.bib)
+        return translate_inline(text, self.targets, self.cite)
 
     def callout_meta(self, callout: Div, part: str) -> dict:
         ident = self.started.setdefault(id(callout), f"callout-{len(self.started) + 1}")
@@ -215,7 +210,7 @@ class _Builder:
             trailing = body[len(stripped) :]
             return f"$${stripped} \\tag{{{target.number}}}{trailing}$$"
 
-        return _EQUATION.sub(equation, text)
+        return LABELLED_EQUATION.sub(equation, text)
 
     def set_context(self, callout: Div | None) -> None:
         if callout is not self.context:
@@ -252,18 +247,20 @@ class _Builder:
             self.segments.append(("md", f"{'#' * heading.level} {prefix}{heading.text}"))
             return
         if item.kind == "text" and not item.in_math:
-            caption = _PIPE_CAPTION.match(item.text)
+            caption = PIPE_CAPTION.match(item.text)
             if caption is not None:
                 target = self.targets.get(caption.group("label"))
                 name = target.text if target is not None else "Table"
                 self.segments += [("md", ""), ("md", f"**{name}:** {caption.group('caption')}"), ("md", "")]
                 return
             if "{#fig-" in item.text:
-                self.segments.append(("md", _IMAGE_FIGURE.sub(self.image, item.text)))
+                self.segments.append(("md", IMAGE_LABEL.sub(self.image, item.text)))
                 return
         self.segments.append(("md", item.text))
 
     def image(self, match: re.Match) -> str:
+        if not match.group("label").startswith("fig-"):
+            return match.group(0)
         target = self.targets.get(match.group("label"))
         alt_match = _FIG_ALT.search(match.group("attrs"))
         alt = (alt_match.group("dq") or alt_match.group("sq") or "") if alt_match else match.group("caption")
@@ -359,11 +356,11 @@ class _Builder:
 KIND_NAMES_SHORT = {"figure": "Figure", "table": "Table"}
 
 
-def export_chapter(info: ChapterInfo, numbering: Numbering, bib: dict[str, BibEntry]):
-    """The notebook (an nbformat NotebookNode) for one parsed chapter."""
+def export_chapter(info: ChapterInfo, numbering: Numbering, cite: Cite):
+    """The notebook (an nbformat NotebookNode) for one parsed chapter; `cite` gives citations their text."""
     if info.document is None:
         raise ValueError(f"{info.display} has no parsed document")
-    return _Builder(info, numbering, bib).build()
+    return _Builder(info, numbering, cite).build()
 
 
 def _write_if_changed(path: Path, text: str) -> bool:
@@ -386,10 +383,9 @@ def export_book(
         ("FILE:LINE: message") that stopped a chapter from being exported.
     """
     nbformat = _notebook_module()
-    numbering = compute_numbering(book)
+    numbering = book.numbering
     problems = [str(exc) for exc in numbering.problems]
-    bib_problems: list[str] = []
-    bib = load_bibliography(book.bibliography, bib_problems)
+    keys = bibliography_keys(book.bibliography)
     wanted = None
     if files:
         wanted = set()
@@ -399,7 +395,7 @@ def export_book(
                 problems.append(f"{name}:0: not a file listed in _quarto.yml")
             else:
                 wanted.add(entry.path)
-    paths = []
+    chapters = []
     for info in numbering.chapters:
         if wanted is not None and info.display not in wanted:
             continue
@@ -410,7 +406,21 @@ def export_book(
                     file=sys.stderr,
                 )
             continue
-        notebook = export_chapter(info, numbering, bib)
+        chapters.append(info)
+    # Every citation of these chapters, formatted by citeproc in one pandoc run.
+    citations: dict[str, str | None] = {}
+
+    def collect(source: str, cited: list[str]) -> None:
+        if all(key in keys for key in cited):
+            citations.setdefault(source, None)
+
+    for info in chapters:
+        export_chapter(info, numbering, collect)
+    texts = render_citations(list(citations), book.bibliography, csl=book.csl, what="notebooks")
+    citations.update(zip(citations, texts, strict=True))
+    paths = []
+    for info in chapters:
+        notebook = export_chapter(info, numbering, lambda source, _keys: citations.get(source))
         text = nbformat.writes(notebook) + "\n"
         path = out / f"{Path(info.display).stem}.ipynb"
         _write_if_changed(path, text)

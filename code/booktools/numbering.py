@@ -8,20 +8,30 @@
 - Figures, tables and equations are numbered per chapter in order of appearance:
   Figure 3.2, Table 3.1, Equation 3.1.
 
-`book_numbering(root)` gives every label's number, kind, file and title: the notebook
-export, `check` and the notebook edition's API reference all use it.
+`book.numbering` (a `Book`'s cached property) parses every listed file once and numbers
+the book; the notebook export, `check`, the notebook edition and its API reference all
+read it. `book_numbering(root)` gives every label's number, kind, file and title.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .book import Book, ChapterEntry, load_book
-from .qmd import CellItem, Document, Line, QmdError, parse_file, walk
+from .qmd import (
+    EQUATION_LABEL,
+    IMAGE_LABEL,
+    PIPE_CAPTION,
+    CellItem,
+    Document,
+    Line,
+    QmdError,
+    parse_file,
+    walk,
+)
 
-__all__ = ["ChapterInfo", "Numbering", "Target", "book_numbering", "compute_numbering", "KIND_NAMES"]
+__all__ = ["ChapterInfo", "Numbering", "Target", "book_numbering", "compute_numbering", "page_name", "KIND_NAMES"]
 
 KIND_NAMES = {
     "figure": "Figure",
@@ -31,11 +41,11 @@ KIND_NAMES = {
 }
 LABEL_KINDS = {"fig": "figure", "tbl": "table", "eq": "equation", "sec": "section"}
 
-PIPE_CAPTION = re.compile(r"^:[ \t]+(?P<caption>.*?)[ \t]*\{#(?P<label>tbl-[^\s}]+)[^}]*\}[ \t]*$")
-IMAGE_FIGURE = re.compile(
-    r"!\[(?P<caption>[^\]]*)\]\((?P<path>[^)\s]+)(?:\s+\"[^\"]*\")?\)\{(?P<attrs>[^}]*#(?P<label>fig-[^\s}]+)[^}]*)\}"
-)
-EQUATION_LABEL = re.compile(r"\$\$[ \t]*\{#(?P<label>eq-[^\s}]+)[^}]*\}")
+
+
+def page_name(path: str) -> str:
+    """The web page a listed file becomes in both editions' flat naming: `ch03-long-context.html`."""
+    return f"{Path(path).stem}.html"
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,12 @@ class Target:
             return self.title or self.label
         return f"{KIND_NAMES[self.kind]} {self.number}"
 
+    @property
+    def href(self) -> str:
+        """Where a link to it goes: the chapter's page, or the page and the label's id."""
+        page = page_name(self.file)
+        return page if self.kind == "chapter" else f"{page}#{self.label}"
+
 
 @dataclass
 class ChapterInfo:
@@ -70,6 +86,7 @@ class ChapterInfo:
     title: str = ""
     label: str | None = None
     document: Document | None = None
+    title_line: int = 0  # the line of the level-1 heading that titles it (0: none)
 
     @property
     def display(self) -> str:
@@ -151,7 +168,7 @@ def compute_numbering(book: Book, documents: dict[str, Document] | None = None) 
         if doc is not None:
             front_title = doc.front_matter.get("title")
             title = h1.text if h1 is not None else (str(front_title) if front_title else "")
-        info = ChapterInfo(entry, number, title, h1.label if h1 is not None else None, doc)
+        info = ChapterInfo(entry, number, title, h1.label if h1 is not None else None, doc, h1.line if h1 else 0)
         numbering.chapters.append(info)
         if doc is not None:
             _number_document(numbering, info, doc)
@@ -221,11 +238,15 @@ def _number_document(numbering: Numbering, info: ChapterInfo, doc: Document) -> 
             label = caption.group("label")
             _add(numbering, Target(label, "table", next_number("table"), doc.display, line.line, caption.group("caption")))
             continue
-        for match in IMAGE_FIGURE.finditer(line.text):
+        for match in IMAGE_LABEL.finditer(line.text):
             label = match.group("label")
-            _add(numbering, Target(label, "figure", next_number("figure"), doc.display, line.line, match.group("caption")))
+            if label.startswith("fig-"):
+                caption = match.group("caption")
+                _add(numbering, Target(label, "figure", next_number("figure"), doc.display, line.line, caption))
         for match in EQUATION_LABEL.finditer(line.text):
-            _add(numbering, Target(match.group("label"), "equation", next_number("equation"), doc.display, line.line, ""))
+            if match.group("label").startswith("eq-"):
+                label = match.group("label")
+                _add(numbering, Target(label, "equation", next_number("equation"), doc.display, line.line, ""))
 
 
 def book_numbering(root: Path | str | None = None) -> dict[str, Target]:
@@ -233,4 +254,4 @@ def book_numbering(root: Path | str | None = None) -> dict[str, Target]:
 
     Example: `book_numbering()["sec-ch03-rope"].text == "Section 3.4"`.
     """
-    return compute_numbering(load_book(root)).targets
+    return load_book(root).numbering.targets

@@ -14,12 +14,26 @@ as ``chapters/FILE.qmd:LINE: what is wrong``.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import yaml
 
 __all__ = [
+    "BRACKET",
+    "BRACKET_ITEM",
+    "CITATION_KEY",
+    "CODE_SPAN",
+    "CROSSREF_PREFIXES",
+    "CROSS_REFERENCE",
+    "EQUATION_LABEL",
+    "IMAGE_LABEL",
+    "INLINE_EXPRESSION",
+    "LABELLED_EQUATION",
+    "PIPE_CAPTION",
+    "REFERENCE",
     "Cell",
     "CellItem",
     "Div",
@@ -33,6 +47,7 @@ __all__ = [
     "parse_options",
     "parse_attributes",
     "parse_heading",
+    "pandoc_slug",
     "walk",
 ]
 
@@ -44,6 +59,38 @@ _OPTION_PREFIXES = ("#|", "%%|", "//|")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _HEADING = re.compile(r"^(?P<hashes>#{1,6})[ \t]+(?P<text>.*?)[ \t]*$")
 _ATTRS = re.compile(r"[ \t]*\{(?P<attrs>[^{}]*)\}[ \t]*$")
+
+# Quarto's syntax inside markdown. Each pattern is defined here once; numbering, check, the
+# notebook export, execution and the notebook edition import them.
+#: A citation key or label after `@`, as Pandoc reads it (inner punctuation must precede a word character).
+CITATION_KEY = r"[A-Za-z0-9_](?:[\w-]|[:.#$%&+?<>~/](?=\w))*"
+#: An inline code span (`` `x` ``, ``` ``x`` ```): its text is never a reference.
+CODE_SPAN = re.compile(r"(`+)(?:[^`]|(?!\1)`)*?\1(?!`)", re.DOTALL)
+#: `@key` or `-@key` anywhere in prose (inside brackets too), not in an e-mail address.
+REFERENCE = re.compile(r"(?<![\w@\\`])(?P<minus>-)?@(?P<key>" + CITATION_KEY + ")")
+#: A bracketed citation or cross-reference: `[@a]`, `[see @a, p. 3; @b]`, `[-@a]`.
+BRACKET = re.compile(r"\[(?P<body>[^\[\]]*?-?@" + CITATION_KEY + r"[^\[\]]*)\](?![(\[{])")
+#: One item of a bracket's `;`-separated list: prefix, optional `-`, key, suffix.
+BRACKET_ITEM = re.compile(r"^(?P<prefix>.*?)(?P<minus>-)?@(?P<key>" + CITATION_KEY + r")(?P<suffix>.*)$", re.DOTALL)
+#: The label prefixes of cross-references (anything else after `@` is a citation).
+CROSSREF_PREFIXES = ("fig-", "tbl-", "eq-", "sec-")
+#: A cross-reference label after `@` in code or a docstring (`@eq-ch03-kvbytes`).
+CROSS_REFERENCE = re.compile(r"@(?P<label>(?:fig|tbl|eq|sec)-[A-Za-z0-9_-]*[A-Za-z0-9])")
+#: The attribute block closing a display equation, `$$ {#eq-x}` (any label: `check` wants `eq-`).
+EQUATION_LABEL = re.compile(r"\$\$[ \t]*\{[^}]*#(?P<label>[^\s}]+)[^}]*\}")
+#: A whole labelled display equation, `$$ body $$ {#eq-x}`, across lines.
+LABELLED_EQUATION = re.compile(
+    r"\$\$(?P<body>(?:(?!\$\$).)*?)\$\$[ \t]*\{#(?P<label>eq-[^\s}]+)[^}]*\}", re.DOTALL
+)
+#: An image with a label, `![caption](path "title"){#fig-x fig-alt="..."}` (any label).
+IMAGE_LABEL = re.compile(
+    r"!\[(?P<caption>[^\]]*)\]\((?P<path>[^)\s]+)(?P<title>\s+\"[^\"]*\")?\)"
+    r"\{(?P<attrs>[^}]*#(?P<label>[^\s}]+)[^}]*)\}"
+)
+#: A pipe table's caption line with its label, `: Caption {#tbl-x}`.
+PIPE_CAPTION = re.compile(r"^:[ \t]+(?P<caption>.*?)[ \t]*\{#(?P<label>tbl-[^\s}]+)[^}]*\}[ \t]*$")
+#: An inline expression, `` `{python} expr` ``: its value replaces it when the book is built.
+INLINE_EXPRESSION = re.compile(r"`\{python\}[ \t]+(?P<expr>[^`]+?)[ \t]*`")
 
 
 class QmdError(Exception):
@@ -188,6 +235,43 @@ class Document:
 
     def error(self, line: int, message: str) -> QmdError:
         return QmdError(self.display, line, message)
+
+    @cached_property
+    def section_ids(self) -> list[tuple[Heading, str]]:
+        """Every section heading with the id Pandoc (and so Quarto) gives it: its label, else its slug.
+
+        Headings that give a callout its title are not sections and are left out, but their
+        slugs are taken, as Pandoc takes them before the callout consumes the heading.
+        Computed once per document (the API reference asks for it once per entry).
+        """
+        found: list[tuple[Heading, str]] = []
+        used: set[str] = set()
+        items, _ = walk(self)
+        for item in items:
+            if not isinstance(item, Line) or item.kind != "heading" or item.in_math:
+                continue
+            heading = item.heading
+            ident = heading.label or pandoc_slug(heading.text)
+            base, number = ident, 1
+            while ident in used:
+                ident = f"{base}-{number}"
+                number += 1
+            used.add(ident)
+            if not item.callout_title:
+                found.append((heading, ident))
+        return found
+
+
+def pandoc_slug(text: str) -> str:
+    """The identifier Pandoc gives a heading that has no label (its `auto_identifiers` rule)."""
+    text = re.sub(r"`([^`]*)`", r"\1", text)
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # a link keeps its text
+    text = re.sub(r"[*$]", "", text)
+    text = unicodedata.normalize("NFC", text).lower()
+    text = "".join(ch for ch in text if ch.isalnum() or ch in "_-. \n\t")
+    text = re.sub(r"\s+", "-", text.strip())
+    text = re.sub(r"^[^a-z]+", "", text)
+    return text or "section"
 
 
 def parse_heading(text: str, line: int = 0) -> Heading | None:

@@ -4,55 +4,44 @@
 """Code saved from chapters/ch03-long-context.qmd ("Attention, Position, and Long Context")."""
 
 
-# chapters/ch03-long-context.qmd:93
-import json
-import math
+# chapters/ch03-long-context.qmd:115
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from longctx import ch01, support
-
-#: Bytes per number for the ``torch_dtype`` strings found in config.json files.
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
-
-
-def _positive_int(value: Any, what: str) -> int:
-    """Return ``value`` if it is a positive int, else raise ValueError naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be a positive integer (got {value!r})")
-    return value
+from longctx.support import check_int, describe
 
 
 @dataclass(frozen=True)
 class KVConfig:
-    """The architectural numbers that fix how many bytes a KV cache holds.
+    """The architectural numbers that fix a KV cache's size (Equation 3.1).
 
-    Every field is a factor of @eq-ch03-kvbytes. A standard layer caches
-    ``2 * kv_heads * head_dim`` numbers per token, one key and one value per KV
-    head; a latent layer caches ``latent_rank + rope_key_dim`` numbers instead.
-    ``windowed_layers`` of the ``layers`` keep only their last ``window`` tokens.
+    A standard layer caches ``2 * kv_heads * head_dim`` numbers per token.
+    A latent (MLA) cache gives ``latent_rank`` instead of ``kv_heads`` and
+    caches ``latent_rank + rope_key_dim`` numbers per token. A window makes
+    ``windowed_layers`` of the ``layers`` keep only their last ``window``
+    tokens.
 
     Args:
-        name: Label used in tables and plots.
+        name: Label for tables and plots.
         layers: Attention layers, L.
-        query_heads: Query heads, H_q. They do not enter the byte count; they
-            are kept so the ratio H_kv / H_q can be read off.
+        query_heads: Query heads, H_q (they set no bytes; kept for H_kv/H_q).
         head_dim: Width of one head, d_h.
-        bytes_per_scalar: Bytes per stored number, s (2 for bf16 or fp16).
-        kv_heads: Key-value heads, H_kv, for a standard cache; None for a latent one.
-        latent_rank: Width r of the cached latent (MLA); None for a standard cache.
-        rope_key_dim: Width d_R of a decoupled rotary key cached beside the latent.
-        window: Width W of the sliding window of the windowed layers, or None.
-        windowed_layers: How many of the layers use that window (0 for none).
+        bytes_per_scalar: Bytes per stored number, s.
+        kv_heads: Key-value heads H_kv of a standard cache, else None.
+        latent_rank: Width r of a latent cache, else None.
+        rope_key_dim: Width d_R of a rotary key cached beside the latent.
+        window: Width W of the windowed layers, or None.
+        windowed_layers: How many layers use that window (0 for none).
 
     Raises:
-        ValueError: If a count is not a positive integer, if both or neither of
-            ``kv_heads`` and ``latent_rank`` are given, if ``kv_heads`` does not
-            divide ``query_heads``, or if the window fields contradict each other.
+        TypeError: If a count is not an int.
+        ValueError: If a count is out of range, both or neither of
+            ``kv_heads`` and ``latent_rank`` are given, ``kv_heads`` does
+            not divide ``query_heads``, or the window fields disagree.
     """
 
-    name: str                        # label
+    name: str
     layers: int                      # L
     query_heads: int                 # H_q
     head_dim: int                    # d_h
@@ -64,481 +53,685 @@ class KVConfig:
     windowed_layers: int = 0         # layers that keep only W tokens
 
     def __post_init__(self) -> None:
-        for field_name in ("layers", "query_heads", "head_dim", "bytes_per_scalar"):
-            _positive_int(getattr(self, field_name), field_name)
+        for field in ("layers", "query_heads", "head_dim", "bytes_per_scalar"):
+            check_int(field, getattr(self, field), minimum=1)
         if (self.kv_heads is None) == (self.latent_rank is None):
-            raise ValueError("give exactly one of kv_heads (standard cache) and latent_rank (latent cache)")
+            raise ValueError("give exactly one of kv_heads (standard cache) "
+                             "and latent_rank (latent cache)")
         if self.kv_heads is not None:
-            _positive_int(self.kv_heads, "kv_heads")
+            check_int("kv_heads", self.kv_heads, minimum=1)
             if self.query_heads % self.kv_heads:
-                raise ValueError(f"kv_heads must divide query_heads (got {self.query_heads} and {self.kv_heads})")
+                raise ValueError(f"kv_heads must divide query_heads (got "
+                                 f"{self.query_heads} and {self.kv_heads})")
         else:
-            _positive_int(self.latent_rank, "latent_rank")
-        if isinstance(self.rope_key_dim, bool) or not isinstance(self.rope_key_dim, int) or self.rope_key_dim < 0:
-            raise ValueError(f"rope_key_dim must be a non-negative integer (got {self.rope_key_dim!r})")
-        if isinstance(self.windowed_layers, bool) or not isinstance(self.windowed_layers, int) \
-                or not 0 <= self.windowed_layers <= self.layers:
-            raise ValueError(f"windowed_layers must be an integer in 0..{self.layers} (got {self.windowed_layers!r})")
+            check_int("latent_rank", self.latent_rank, minimum=1)
+        check_int("rope_key_dim", self.rope_key_dim, minimum=0)
+        check_int("windowed_layers", self.windowed_layers, minimum=0,
+                  maximum=self.layers)
         if self.window is not None:
-            _positive_int(self.window, "window")
+            check_int("window", self.window, minimum=1)
         elif self.windowed_layers:
             raise ValueError("windowed_layers > 0 needs a window width")
 
     def cached_scalars_per_layer_token(self) -> int:
-        """Return how many numbers one layer stores per token: 2*H_kv*d_h, or r + d_R for a latent cache."""
+        """Return the numbers a layer stores per token: 2*H_kv*d_h or r+d_R."""
         if self.latent_rank is None:
-            return 2 * self.kv_heads * self.head_dim      # one key and one value per KV head
+            return 2 * self.kv_heads * self.head_dim    # a key and a value
         return self.latent_rank + self.rope_key_dim
 
     @classmethod
-    def from_hf_config(cls, mapping: Mapping[str, Any], *, name: str | None = None,
+    def from_hf_config(cls, mapping: Mapping[str, Any], *,
+                       name: str | None = None,
                        bytes_per_scalar: int | None = None) -> "KVConfig":
-        """Return the KVConfig that a Hugging Face ``config.json`` mapping describes.
+        """Return the KVConfig that a Hugging Face ``config.json`` describes.
 
-        Fields read: ``num_hidden_layers``, ``num_attention_heads``,
-        ``num_key_value_heads`` (absent means one per query head, as in
-        transformers), ``head_dim`` (else ``hidden_size // num_attention_heads``),
-        ``torch_dtype`` (or ``dtype``), ``kv_lora_rank`` and ``qk_rope_head_dim``
-        for a latent cache, and ``sliding_window``. Which layers use the window
-        comes from ``layer_types``, else ``sliding_window_pattern`` (every p-th
-        layer global), else every layer (the Mistral convention; ``model_type``
-        ``gemma2`` alternates). ``use_sliding_window: false`` turns the window
-        off. A nested ``text_config`` is read in place of the outer mapping.
+        The fields are read by ``read_head_fields`` (layers, heads, widths,
+        dtype), ``read_latent_fields`` (a latent cache) and
+        ``read_window_fields`` (sliding windows). A nested ``text_config``
+        is read in place of the outer mapping.
 
         Args:
             mapping: The parsed config.json.
             name: Label; defaults to the ``_source`` field or ``model_type``.
-            bytes_per_scalar: Cache width s; defaults to the width of torch_dtype.
-
-        Returns:
-            The matching KVConfig.
+            bytes_per_scalar: Cache width s; defaults to torch_dtype's.
 
         Raises:
             TypeError: If ``mapping`` is not a mapping.
             ValueError: If a required field is missing or unusable.
         """
         if not isinstance(mapping, Mapping):
-            raise TypeError(f"mapping must be a dict-like config (got {type(mapping).__name__})")
+            raise TypeError("mapping must be a dict-like config.json "
+                            f"(got {describe(mapping)})")
         if isinstance(mapping.get("text_config"), Mapping):
             mapping = {**mapping, **mapping["text_config"]}
-
-        def need(key: str) -> Any:
-            if mapping.get(key) is None:
-                raise ValueError(f"config is missing required field {key!r}")
-            return mapping[key]
-
-        layers = _positive_int(need("num_hidden_layers"), "num_hidden_layers")
-        query_heads = _positive_int(need("num_attention_heads"), "num_attention_heads")
-        if mapping.get("head_dim") is not None:
-            head_dim = mapping["head_dim"]
-        else:
-            head_dim = _positive_int(need("hidden_size"), "hidden_size") // query_heads
-        if bytes_per_scalar is None:
-            dtype = mapping.get("torch_dtype", mapping.get("dtype"))
-            if dtype is None:
-                raise ValueError("config is missing required field 'torch_dtype' (or pass bytes_per_scalar)")
-            if dtype not in DTYPE_BYTES:
-                raise ValueError(f"unknown torch_dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
-            bytes_per_scalar = DTYPE_BYTES[dtype]
-        window, windowed = mapping.get("sliding_window"), 0
-        if mapping.get("use_sliding_window") is False:
-            window = None
-        if window is not None:
-            if isinstance(mapping.get("layer_types"), list):
-                windowed = sum(kind == "sliding_attention" for kind in mapping["layer_types"])
-            else:
-                pattern = mapping.get("sliding_window_pattern")
-                if pattern is None and mapping.get("model_type") == "gemma2":
-                    pattern = 2
-                windowed = layers if pattern is None else layers - layers // pattern
-            if windowed == 0:
-                window = None
-        label = name or mapping.get("_source") or mapping.get("model_type") or "unnamed"
-        common = dict(name=label, layers=layers, query_heads=query_heads, head_dim=head_dim,
-                      bytes_per_scalar=bytes_per_scalar, window=window, windowed_layers=windowed)
-        if mapping.get("kv_lora_rank") is not None:
-            return cls(latent_rank=mapping["kv_lora_rank"], rope_key_dim=mapping.get("qk_rope_head_dim") or 0,
-                       **common)
-        return cls(kv_heads=mapping.get("num_key_value_heads") or query_heads, **common)
+        fields = read_head_fields(mapping, bytes_per_scalar)
+        latent = read_latent_fields(mapping)
+        if latent:                       # a latent cache has no KV heads
+            fields["kv_heads"] = None
+        fields |= latent | read_window_fields(mapping, fields["layers"])
+        label = (name or mapping.get("_source") or mapping.get("model_type")
+                 or "unnamed")
+        return cls(name=label, **fields)
 
 
 def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
-    """Payload bytes of an append-only, unquantized KV cache, by @eq-ch03-kvbytes.
+    """Payload bytes of an append-only, unquantized KV cache (Equation 3.1).
 
-    Global layers keep all ``tokens``; windowed layers keep ``min(tokens, window)``.
-    This is tensor payload only: allocator padding, attention workspaces and
-    copies made by tensor parallelism come on top.
+    Global layers keep all ``tokens``; windowed layers keep
+    ``min(tokens, window)``. Tensor payload only: allocator padding,
+    attention workspaces and tensor-parallel copies come on top.
 
     Args:
         config: The cache architecture.
         tokens: Tokens kept per sequence, T (>= 0).
         batch: Sequences cached at once, B (>= 1).
 
-    Returns:
-        The number of bytes.
-
     Raises:
-        ValueError: For negative ``tokens`` or a ``batch`` below 1.
+        TypeError: If ``config`` is not a KVConfig or a count not an int.
+        ValueError: If ``tokens`` is negative or ``batch`` below 1.
     """
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        raise ValueError(f"tokens must be a non-negative integer (got {tokens!r})")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a positive integer (got {batch!r})")
-    kept = (config.layers - config.windowed_layers) * tokens          # global layers: T each
-    if config.windowed_layers:
-        kept += config.windowed_layers * min(tokens, config.window)   # windowed layers: min(T, W)
-    return batch * kept * config.cached_scalars_per_layer_token() * config.bytes_per_scalar
+    if not isinstance(config, KVConfig):
+        raise TypeError(f"config must be a KVConfig (got {describe(config)})")
+    tokens = check_int("tokens", tokens, minimum=0)
+    batch = check_int("batch", batch, minimum=1)
+    global_layers = config.layers - config.windowed_layers
+    kept = global_layers * tokens                             # T per layer
+    if config.windowed_layers:                                # min(T, W)
+        kept += config.windowed_layers * min(tokens, config.window)
+    width = config.cached_scalars_per_layer_token()           # 2*H_kv*d_h
+    return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:348
+# chapters/ch03-long-context.qmd:308
+import json
+
+from longctx import support
+
+#: Bytes per number for the ``torch_dtype`` strings of config.json files.
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
+               "float8_e4m3fn": 1, "int8": 1}
+
+#: The config excerpts shipped in data/configs/, in the chapter's order.
+MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite",
+                      "mistral-7b-v0.1", "gemma-3-1b")
+
+
 def load_model_config(name: str) -> dict[str, Any]:
-    """Return the shipped config.json excerpt ``data/configs/<name>.json`` as a dict.
-
-    Args:
-        name: File stem, for example ``"llama-3.1-8b"``.
+    """Return the shipped excerpt ``data/configs/<name>.json`` as a dict.
 
     Raises:
-        ValueError: If no excerpt of that name is shipped (the message lists those that are).
+        TypeError: If ``name`` is not a string.
+        ValueError: If no excerpt of that name is shipped (the message
+            lists those that are).
     """
     folder = support.data_path("configs")
     shipped = sorted(path.stem for path in folder.glob("*.json"))
-    if name not in shipped:
-        raise ValueError(f"no shipped model config named {name!r}; shipped: {shipped}")
+    support.check_choice("name", name, shipped)
     with (folder / f"{name}.json").open(encoding="utf-8") as handle:
         return json.load(handle)
 
 
-#: The config excerpts shipped in data/configs/, in the order the chapter uses them.
-MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite", "mistral-7b-v0.1", "gemma-3-1b")
+def _config_int(mapping: Mapping[str, Any], key: str) -> int:
+    """Return the positive int ``mapping[key]``; ValueError if it is absent."""
+    if mapping.get(key) is None:
+        raise ValueError(f"config is missing required field {key!r}")
+    return check_int(key, mapping[key], minimum=1)
 
 
-# chapters/ch03-long-context.qmd:504
+def read_head_fields(mapping: Mapping[str, Any],
+                     bytes_per_scalar: int | None = None) -> dict[str, Any]:
+    """Return layers, query_heads, kv_heads, head_dim and bytes_per_scalar.
+
+    Reads ``num_hidden_layers``, ``num_attention_heads``,
+    ``num_key_value_heads`` (absent means one per query head, as in
+    transformers), ``head_dim`` (else ``hidden_size // num_attention_heads``)
+    and ``torch_dtype`` (or ``dtype``), unless ``bytes_per_scalar`` is given.
+
+    Raises:
+        ValueError: If a field is missing or unusable.
+    """
+    layers = _config_int(mapping, "num_hidden_layers")
+    query_heads = _config_int(mapping, "num_attention_heads")
+    if mapping.get("head_dim") is not None:
+        head_dim = _config_int(mapping, "head_dim")
+    else:
+        head_dim = _config_int(mapping, "hidden_size") // query_heads
+    kv_heads = query_heads
+    if mapping.get("num_key_value_heads") is not None:
+        kv_heads = _config_int(mapping, "num_key_value_heads")
+    if bytes_per_scalar is None:
+        dtype = mapping.get("torch_dtype", mapping.get("dtype"))
+        if dtype is None:
+            raise ValueError("config is missing required field 'torch_dtype' "
+                             "(or pass bytes_per_scalar)")
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown torch_dtype {dtype!r}; "
+                             f"known: {sorted(DTYPE_BYTES)}")
+        bytes_per_scalar = DTYPE_BYTES[dtype]
+    return dict(layers=layers, query_heads=query_heads, kv_heads=kv_heads,
+                head_dim=head_dim, bytes_per_scalar=bytes_per_scalar)
+
+
+# chapters/ch03-long-context.qmd:443
 import torch
 from torch import Tensor, nn
 
+from longctx import ch01
+from longctx.support import check_number, check_tensor
+
 
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
-    """Return (B, H_kv*groups, T, d_h): each KV head copied for every query head of its group.
+    """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
-    Query head ``h`` reads KV head ``h // groups`` (@eq-ch03-gqa-ratio). The
-    copy is materialized; ``grouped_attention`` avoids it.
+    Query head ``h`` reads KV head ``h // groups`` (Equation 3.2). The
+    copies are materialized; ``grouped_attention`` avoids them.
 
     Raises:
-        ValueError: If ``groups`` is not a positive integer or ``x`` is not 4-D.
+        TypeError: If ``x`` is not a tensor or ``groups`` not an int.
+        ValueError: If ``x`` is not 4-D or ``groups`` is below 1.
     """
-    _positive_int(groups, "groups")
-    if x.dim() != 4:
-        raise ValueError(f"x must have shape (B, H_kv, T, d_h) (got {tuple(x.shape)})")
+    check_tensor("x", x, dims=4)
+    groups = check_int("groups", groups, minimum=1)
     batch, kv_heads, length, width = x.shape
-    return x[:, :, None].expand(batch, kv_heads, groups, length, width).reshape(batch, kv_heads * groups, length, width)
+    copies = x[:, :, None].expand(batch, kv_heads, groups, length, width)
+    return copies.reshape(batch, kv_heads * groups, length, width)
 
 
-def grouped_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Return grouped-query attention, (B, H_q, T_q, d_v), without copying KV heads.
+def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
+                      mask: Tensor | None = None) -> Tensor:
+    """Return grouped-query attention, (B, H_q, T_q, d_v), copying no head.
 
     Args:
         query: (B, H_q, T_q, d_h).
         key: (B, H_kv, T_k, d_h) with H_kv dividing H_q.
         value: (B, H_kv, T_k, d_v).
-        mask: Optional bool mask broadcastable to (B, H_q, T_q, T_k); True = may attend.
+        mask: Optional bool mask broadcastable to (B, H_q, T_q, T_k);
+            True where a query may read a key.
 
     Raises:
-        ValueError: If a tensor is not 4-D or the head counts do not divide.
+        TypeError: If an input is not a floating tensor (the mask: bool).
+        ValueError: If the shapes do not fit together.
     """
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        raise ValueError("query, key and value must be 4-D: (B, heads, T, d_h)")
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        check_tensor(name, tensor, dims=4, floating=True)
     batch, query_heads, query_len, width = query.shape
     kv_heads, key_len = key.size(1), key.size(2)
-    if value.size(1) != kv_heads or query_heads % kv_heads:
-        raise ValueError(f"key/value heads must divide query heads (got {query_heads} and {kv_heads})")
+    if key.shape[:3] != value.shape[:3] or key.size(0) != batch:
+        raise ValueError("key and value must share (B, H_kv, T_k) with the "
+                         f"query's B (got {tuple(key.shape)}, "
+                         f"{tuple(value.shape)}, batch {batch})")
+    if key.size(-1) != width or query_heads % kv_heads:
+        raise ValueError(f"key heads must divide query heads and widths match"
+                         f" (got query {tuple(query.shape)}, "
+                         f"key {tuple(key.shape)})")
     groups = query_heads // kv_heads
-    # The g query heads of a group become g * T_q rows over one KV head: a view, since head h = kv * g + j.
-    # (Giving key a size-1 group axis and broadcasting looks equivalent, but torch.matmul then expands
-    # and flattens the key, which copies it once per query head.)
-    q = query.reshape(batch, kv_heads, groups * query_len, width)   # (B, H_kv, g*T_q, d_h)
+    # Head h = kv * g + j, so a group's g heads are adjacent: a view.
+    q = query.reshape(batch, kv_heads, groups * query_len, width)
+    # q: (B, H_kv, g*T_q, d_h)
     if mask is not None:
-        mask = mask.expand(batch, query_heads, query_len, key_len)   # the small bool mask may be copied
-        mask = mask.reshape(batch, kv_heads, groups * query_len, key_len)
-    out, _ = ch01.scaled_dot_product_attention(q, key, value, mask)  # (B, H_kv, g*T_q, d_v), key read once
+        check_tensor("mask", mask, dims=(2, 3, 4), dtype=torch.bool)
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        if mask.size(-2) != query_len or mask.size(-1) != key_len:
+            raise ValueError(f"mask must end in ({query_len}, {key_len}) "
+                             f"(got {tuple(mask.shape)})")
+        if mask.size(1) == 1:    # shared by all heads: once per group row
+            mask = mask.repeat(1, 1, groups, 1)       # (B|1, 1, g*T_q, T_k)
+        else:                    # one mask per query head: same view as q
+            mask = mask.reshape(mask.size(0), kv_heads, groups * query_len,
+                                key_len)              # (B|1, H_kv, g*T_q, T_k)
+    out, _ = ch01.scaled_dot_product_attention(q, key, value, mask)
+    # out: (B, H_kv, g*T_q, d_v), each stored head read once
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
+# chapters/ch03-long-context.qmd:539
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
 
+def causal_rows(query_len: int, key_len: int, *,
+                device: torch.device | str | None = None) -> Tensor:
+    """Return the causal-mask rows that the last ``query_len`` queries need.
+
+    A bool (query_len, key_len) tensor, True where query i (at position
+    key_len - query_len + i) may read key j. A decode step (query_len 1)
+    builds one row of T entries, never the T x T mask.
+
+    Raises:
+        TypeError: If a length is not an int.
+        ValueError: If a length is not positive or query_len > key_len.
+    """
+    query_len = check_int("query_len", query_len, minimum=1)
+    key_len = check_int("key_len", key_len, minimum=query_len)
+    first = key_len - query_len
+    query_at = torch.arange(first, key_len, device=device)[:, None]  # (T_q, 1)
+    keys = torch.arange(key_len, device=device)[None, :]             # (1, T_k)
+    return keys <= query_at                                         # (T_q, T_k)
+
+
 def decode_token_by_token(layer: nn.Module, x: Tensor) -> Tensor:
-    """Outputs (B, T, d_model) of ``layer`` fed one token of ``x`` at a time through its own cache.
+    """Return ``layer``'s outputs (B, T, d) for ``x`` fed one token at a time.
 
     ``layer(x, cache) -> (output, cache)`` is the protocol of this chapter's
     attention layers; comparing the result with ``layer(x)[0]`` checks that
-    cached decoding computes the same function as a full pass.
+    cached decoding computes the same function as one full pass.
+
+    Raises:
+        TypeError: If ``x`` is not a tensor.
+        ValueError: If ``x`` is not (B, T, d).
     """
+    check_tensor("x", x, dims=3)
     outputs, state = [], None
-    for position in range(x.shape[1]):
+    for position in range(x.size(1)):
         out, state = layer(x[:, position:position + 1], state)
         outputs.append(out)
     return torch.cat(outputs, dim=1)
 
 
-def _offset_causal_mask(query_len: int, key_len: int, device: torch.device | None = None) -> Tensor:
-    """Return the causal mask rows for the last ``query_len`` of ``key_len`` positions."""
-    return ch01.causal_mask(key_len, device=device)[key_len - query_len:]
-
-
 class GroupedQueryAttention(nn.Module):
     """Causal self-attention whose ``kv_heads`` dial spans MHA, GQA and MQA.
 
-    ``query_heads`` query heads share ``kv_heads`` key-value heads, and only the
-    ``kv_heads`` heads are cached, so the cache shrinks by ``kv_heads / query_heads``
-    (@eq-ch03-gqa-ratio) while the output shape stays the same.
-
-    Args:
-        d_model: Model width.
-        query_heads: Query heads; must divide ``d_model``.
-        kv_heads: Key-value heads; must divide ``query_heads``.
+    ``query_heads`` query heads share ``kv_heads`` key-value heads, and only
+    those are cached, so the cache shrinks by ``kv_heads / query_heads``
+    (Equation 3.2) while the output shape stays the same.
 
     Raises:
-        ValueError: If a count is not positive or a divisibility condition fails.
+        TypeError: If a count is not an int.
+        ValueError: If a count is not positive or does not divide.
     """
 
     def __init__(self, d_model: int, query_heads: int, kv_heads: int):
-        for count, what in ((d_model, "d_model"), (query_heads, "query_heads"), (kv_heads, "kv_heads")):
-            _positive_int(count, what)
+        d_model = check_int("d_model", d_model, minimum=1)
+        query_heads = check_int("query_heads", query_heads, minimum=1)
+        kv_heads = check_int("kv_heads", kv_heads, minimum=1)
         if d_model % query_heads:
-            raise ValueError(f"query_heads must divide d_model (got {d_model} and {query_heads})")
+            raise ValueError(f"query_heads must divide d_model "
+                             f"(got {d_model} and {query_heads})")
         if query_heads % kv_heads:
-            raise ValueError(f"kv_heads must divide query_heads (got {query_heads} and {kv_heads})")
+            raise ValueError(f"kv_heads must divide query_heads "
+                             f"(got {query_heads} and {kv_heads})")
         super().__init__()
-        self.d_model, self.query_heads, self.kv_heads = d_model, query_heads, kv_heads
-        self.head_dim = d_model // query_heads
-        kv_width = kv_heads * self.head_dim                       # H_kv * d_h: all that is cached per token
+        self.d_model, self.query_heads = d_model, query_heads
+        self.kv_heads, self.head_dim = kv_heads, d_model // query_heads
+        kv_width = kv_heads * self.head_dim      # H_kv * d_h: what is cached
         self.query = nn.Linear(d_model, d_model, bias=False)
         self.output = nn.Linear(d_model, d_model, bias=False)
         self.key = nn.Linear(d_model, kv_width, bias=False)
         self.value = nn.Linear(d_model, kv_width, bias=False)
 
-    def forward(self, x: Tensor, cache: KVPair | None = None) -> tuple[Tensor, KVPair]:
-        """Return (output (B, T, d_model), cache) for new tokens ``x`` (B, T, d_model).
+    def forward(self, x: Tensor,
+                cache: KVPair | None = None) -> tuple[Tensor, KVPair]:
+        """Return (output (B, T, d_model), cache) for new tokens ``x``.
 
-        ``cache`` is the (keys, values) pair returned by the previous call, each
-        (B, kv_heads, T_past, d_h); the returned pair has the new tokens appended.
+        ``cache`` is the (keys, values) pair the previous call returned,
+        each (B, kv_heads, T_past, d_h); the new tokens are appended.
 
         Raises:
-            ValueError: If ``x`` is not (B, T, d_model).
+            TypeError: If ``x`` or ``cache`` is of the wrong kind.
+            ValueError: If ``x`` is not (B, T, d_model) or ``cache`` does
+                not fit this layer and batch.
         """
-        if x.dim() != 3 or x.size(-1) != self.d_model:
-            raise ValueError(f"x must have shape (B, T, {self.d_model}) (got {tuple(x.shape)})")
-        q = ch01.split_heads(self.query(x), self.query_heads)    # (B, H_q, T, d_h)
-        k = ch01.split_heads(self.key(x), self.kv_heads)         # (B, H_kv, T, d_h)
-        v = ch01.split_heads(self.value(x), self.kv_heads)       # (B, H_kv, T, d_h)
-        if cache is not None:
+        check_tensor("x", x, dims=3, floating=True)
+        if x.size(-1) != self.d_model:
+            raise ValueError(f"x must have shape (B, T, {self.d_model}) "
+                             f"(got {tuple(x.shape)})")
+        if cache is not None:                  # (keys, values) of this layer
+            if not isinstance(cache, tuple | list) or len(cache) != 2:
+                raise TypeError("cache must be a (keys, values) pair "
+                                f"(got {describe(cache)})")
+            want = (x.size(0), self.kv_heads, self.head_dim)
+            for name, part in zip(("cache keys", "cache values"), cache,
+                                      strict=True):
+                check_tensor(name, part, dims=4, floating=True)
+                if (part.size(0), part.size(1), part.size(3)) != want:
+                    raise ValueError(f"{name} must have shape ({want[0]}, "
+                                     f"{want[1]}, T_past, {want[2]}) "
+                                     f"(got {tuple(part.shape)})")
+        q = ch01.split_heads(self.query(x), self.query_heads)  # (B,H_q,T,d_h)
+        k = ch01.split_heads(self.key(x), self.kv_heads)       # (B,H_kv,T,d_h)
+        v = ch01.split_heads(self.value(x), self.kv_heads)     # (B,H_kv,T,d_h)
+        if cache is not None:                  # append to the stored tokens
             past_keys, past_values = cache
-            k = torch.cat([past_keys, k], dim=2)                 # (B, H_kv, T_past + T, d_h)
+            k = torch.cat([past_keys, k], dim=2)     # (B, H_kv, T_past+T, d_h)
             v = torch.cat([past_values, v], dim=2)
-        out = grouped_attention(q, k, v, _offset_causal_mask(x.size(1), k.size(2), x.device))
+        visible = causal_rows(x.size(1), k.size(2), device=x.device)
+        out = grouped_attention(q, k, v, visible)
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:783
-class ToyLatentKVAttention(nn.Module):
-    """Causal attention that caches one low-rank latent per token, MLA-style (@eq-ch03-latent).
+# chapters/ch03-long-context.qmd:825
+def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
+    """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
-    ``latent_down`` maps each token to a rank-``latent_rank`` latent, which is
-    all that is cached; ``key_up`` and ``value_up`` rebuild per-head keys and
-    values from it at read time. With ``rope_key_dim > 0`` a decoupled rotary
-    key (``rope_key``, shared by all heads) is rotated with ``apply_rope`` and
-    cached beside the latent, and each head gets a rotary query part
-    (``rope_query``). The up-projections are not absorbed.
+    Reads ``kv_lora_rank`` (the latent width r) and ``qk_rope_head_dim``
+    (the rotary key width d_R, 0 if absent); a config without
+    ``kv_lora_rank`` has a standard cache and gives an empty dict.
+
+    Raises:
+        ValueError: If a field is present but not a usable integer.
+    """
+    if mapping.get("kv_lora_rank") is None:
+        return {}
+    rank = check_int("kv_lora_rank", mapping["kv_lora_rank"], minimum=1)
+    rope = check_int("qk_rope_head_dim", mapping.get("qk_rope_head_dim") or 0,
+                     minimum=0)
+    return {"latent_rank": rank, "rope_key_dim": rope}
+
+
+# chapters/ch03-long-context.qmd:878
+class ToyLatentKVAttention(nn.Module):
+    """Causal attention that caches one low-rank latent per token (MLA).
+
+    ``latent_down`` maps each token to a rank-``latent_rank`` latent, the
+    only thing cached (Equation 3.3); ``key_up`` and ``value_up`` rebuild
+    per-head keys and values from it at read time. With ``rope_key_dim > 0``
+    a decoupled rotary key (``rope_key``, shared by all heads) is rotated by
+    ``apply_rope`` with bands of base ``rope_base`` and cached beside the
+    latent, and each head gets a rotary query part (``rope_query``). The
+    up-projections are not absorbed.
 
     Args:
         d_model: Model width.
         query_heads: Heads; must divide ``d_model``.
         latent_rank: Cached latent width r.
         rope_key_dim: Width d_R of the decoupled rotary key (0 or even).
+        rope_base: Base b of the rotary key's bands (> 1).
 
     Raises:
-        ValueError: If a size is not positive, heads do not divide the width,
-            or ``rope_key_dim`` is negative or odd.
+        TypeError: If a size is not an int or ``rope_base`` not a number.
+        ValueError: If a size is out of range, the heads do not divide the
+            width, or ``rope_key_dim`` is odd.
     """
 
-    def __init__(self, d_model: int, query_heads: int, latent_rank: int,  # r
-                 rope_key_dim: int = 0):                                  # d_R; 0 = no rotary key
-        for count, what in ((d_model, "d_model"), (query_heads, "query_heads"), (latent_rank, "latent_rank")):
-            _positive_int(count, what)
+    def __init__(self, d_model: int, query_heads: int,
+                 latent_rank: int,                # r
+                 rope_key_dim: int = 0,           # d_R; 0 = no rotary key
+                 rope_base: float = 10_000.0):    # b of the rotary bands
+        d_model = check_int("d_model", d_model, minimum=1)
+        query_heads = check_int("query_heads", query_heads, minimum=1)
+        latent_rank = check_int("latent_rank", latent_rank, minimum=1)
+        rope_key_dim = check_int("rope_key_dim", rope_key_dim, minimum=0)
         if d_model % query_heads:
-            raise ValueError(f"query_heads must divide d_model (got {d_model} and {query_heads})")
-        if isinstance(rope_key_dim, bool) or not isinstance(rope_key_dim, int) or rope_key_dim < 0 or rope_key_dim % 2:
-            raise ValueError(f"rope_key_dim must be 0 or a positive even integer (got {rope_key_dim!r})")
+            raise ValueError(f"query_heads must divide d_model "
+                             f"(got {d_model} and {query_heads})")
+        if rope_key_dim % 2:
+            raise ValueError(f"rope_key_dim must be 0 or even "
+                             f"(got {rope_key_dim})")
         super().__init__()
-        self.d_model, self.query_heads, self.head_dim = d_model, query_heads, d_model // query_heads
-        self.rope_key_dim = rope_key_dim                              # d_R
-        self.latent_rank = latent_rank                                # r
+        self.d_model, self.query_heads = d_model, query_heads
+        self.head_dim = d_model // query_heads
+        self.latent_rank = latent_rank                                 # r
+        self.rope_key_dim = rope_key_dim                               # d_R
+        self.rope_base = check_number("rope_base", rope_base, above=1)  # b
         self.query = nn.Linear(d_model, d_model, bias=False)
         self.latent_down = nn.Linear(d_model, latent_rank, bias=False)
         self.key_up = nn.Linear(latent_rank, d_model, bias=False)
         self.value_up = nn.Linear(latent_rank, d_model, bias=False)
         self.output = nn.Linear(d_model, d_model, bias=False)
         if rope_key_dim:
-            self.rope_query = nn.Linear(d_model, query_heads * rope_key_dim, bias=False)
+            self.rope_query = nn.Linear(d_model, query_heads * rope_key_dim,
+                                        bias=False)
             self.rope_key = nn.Linear(d_model, rope_key_dim, bias=False)
 
     def latent_width(self) -> int:
-        """Return the numbers cached per token, r + d_R (@eq-ch03-kvbytes's width for a latent cache)."""
+        """Return the numbers cached per token, r + d_R."""
         return self.latent_rank + self.rope_key_dim
 
-    def forward(self, x: Tensor, cache: Tensor | None = None, *, start: int | None = None) -> tuple[Tensor, Tensor]:
-        """Return (output (B, T, d_model), cache (B, T_past + T, r + d_R)) for new tokens ``x``.
+    def forward(self, x: Tensor, cache: Tensor | None = None, *,
+                start: int | None = None) -> tuple[Tensor, Tensor]:
+        """Return (output (B, T, d_model), cache (B, T_past + T, r + d_R)).
 
         Args:
             x: New tokens, (B, T, d_model).
             cache: The latent returned by the previous call, or None.
-            start: Position of the first new token for the rotary key; defaults
-                to the cache length (the only correct value; exposed so an
-                exercise can break it).
+            start: Position of the first new token for the rotary key;
+                defaults to the cache length (the only correct value; it is
+                exposed so that an exercise can break it).
 
         Raises:
+            TypeError: If ``x`` or ``cache`` is not a floating tensor.
             ValueError: If ``x`` or ``cache`` has the wrong shape.
         """
-        if x.dim() != 3 or x.size(-1) != self.d_model:
-            raise ValueError(f"x must have shape (B, T, {self.d_model}) (got {tuple(x.shape)})")
-        if cache is not None and (cache.dim() != 3 or cache.size(-1) != self.latent_width()):
-            raise ValueError(f"cache must have shape (B, T_past, {self.latent_width()}) (got {tuple(cache.shape)})")
-        query_len = x.size(1)
-        past = 0 if cache is None else cache.size(1)
-        fresh = self.latent_down(x)                                           # (B, T, r)
-        if self.rope_key_dim:
-            positions = torch.arange(query_len, device=x.device) + (past if start is None else start)
-            bands = 10_000.0 ** -(torch.arange(0, self.rope_key_dim, 2, dtype=torch.float64) / self.rope_key_dim)
-            fresh = torch.cat((fresh, apply_rope(self.rope_key(x), positions, bands)), dim=-1)  # (B, T, r + d_R)
-        latent = fresh if cache is None else torch.cat((cache, fresh), dim=1)  # (B, T_k, r + d_R)
-        content = latent[..., :self.latent_rank]
-        q = ch01.split_heads(self.query(x), self.query_heads)                 # (B, H, T, d_h)
-        k = ch01.split_heads(self.key_up(content), self.query_heads)          # (B, H, T_k, d_h), rebuilt
-        v = ch01.split_heads(self.value_up(content), self.query_heads)        # (B, H, T_k, d_h), rebuilt
-        if self.rope_key_dim:
-            q_rot = apply_rope(ch01.split_heads(self.rope_query(x), self.query_heads), positions, bands)
-            k_rot = latent[:, None, :, self.latent_rank:].expand(-1, self.query_heads, -1, -1)
-            q, k = torch.cat((q, q_rot), dim=-1), torch.cat((k, k_rot), dim=-1)  # content + rotary score terms
-        out, _ = ch01.scaled_dot_product_attention(q, k, v, _offset_causal_mask(query_len, latent.size(1), x.device))
+        latent, positions = self.extend_latent(x, cache, start=start)
+        content = latent[..., :self.latent_rank]           # (B, T_k, r)
+        heads = self.query_heads
+        q = ch01.split_heads(self.query(x), heads)         # (B, H, T, d_h)
+        k = ch01.split_heads(self.key_up(content), heads)  # (B, H, T_k, d_h)
+        v = ch01.split_heads(self.value_up(content), heads)
+        if self.rope_key_dim:              # content + rotary score terms
+            q_rot = self.rotary_queries(x, positions)      # (B, H, T, d_R)
+            k_rot = latent[:, None, :, self.latent_rank:]  # (B, 1, T_k, d_R)
+            k_rot = k_rot.expand(-1, heads, -1, -1)        # a view per head
+            q = torch.cat((q, q_rot), dim=-1)
+            k = torch.cat((k, k_rot), dim=-1)
+        visible = causal_rows(x.size(1), latent.size(1), device=x.device)
+        out, _ = ch01.scaled_dot_product_attention(q, k, v, visible)
         return self.output(ch01.merge_heads(out)), latent
 
+    def rotary_bands(self) -> Tensor:
+        """Return the rotary key's band frequencies, (d_R/2,) float64."""
+        bands, _ = inverse_frequencies(self.rope_key_dim, base=self.rope_base)
+        return bands
 
-# chapters/ch03-long-context.qmd:923
+    def extend_latent(self, x: Tensor, cache: Tensor | None = None, *,
+                      start: int | None = None) -> tuple[Tensor, Tensor]:
+        """Return (latent, positions): the cache with ``x`` appended.
+
+        The new tokens' latents (and, with ``rope_key_dim > 0``, their
+        rotated rotary keys) are appended to ``cache``, giving
+        (B, T_past + T, r + d_R). ``positions`` (T,) are the new tokens'
+        positions, from ``start`` or the cache length. Every forward pass
+        of a latent layer begins here.
+
+        Raises:
+            TypeError: If ``x`` or ``cache`` is not a floating tensor.
+            ValueError: If ``x`` or ``cache`` has the wrong shape.
+        """
+        check_tensor("x", x, dims=3, floating=True)
+        if x.size(-1) != self.d_model:
+            raise ValueError(f"x must have shape (B, T, {self.d_model}) "
+                             f"(got {tuple(x.shape)})")
+        past = 0
+        if cache is not None:
+            check_tensor("cache", cache, dims=3, floating=True)
+            width = self.latent_width()
+            if cache.size(-1) != width:
+                raise ValueError(f"cache must have shape (B, T_past, {width}) "
+                                 f"(got {tuple(cache.shape)})")
+            if cache.size(0) != x.size(0):
+                raise ValueError(f"cache must hold x's batch of {x.size(0)} "
+                                 f"(got {tuple(cache.shape)})")
+            past = cache.size(1)
+        if start is not None:
+            start = check_int("start", start, minimum=0)
+        first = past if start is None else start
+        positions = torch.arange(x.size(1), device=x.device) + first
+        fresh = self.latent_down(x)                              # (B, T, r)
+        if self.rope_key_dim:
+            rotated = apply_rope(self.rope_key(x), positions,
+                                 self.rotary_bands())            # (B, T, d_R)
+            fresh = torch.cat((fresh, rotated), dim=-1)          # (B, T, r+d_R)
+        if cache is None:
+            return fresh, positions
+        return torch.cat((cache, fresh), dim=1), positions     # (B, T_k, r+d_R)
+
+    def rotary_queries(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Return each head's rotated rotary query, (B, H, T, d_R)."""
+        per_head = ch01.split_heads(self.rope_query(x), self.query_heads)
+        return apply_rope(per_head, positions, self.rotary_bands())
+
+
+# chapters/ch03-long-context.qmd:1130
+def read_window_fields(mapping: Mapping[str, Any],
+                       layers: int) -> dict[str, int]:
+    """Return window and windowed_layers for a config's sliding window, or {}.
+
+    Reads ``sliding_window`` (W). Which of the ``layers`` use it comes from
+    ``layer_types`` (count of ``"sliding_attention"``), else
+    ``sliding_window_pattern`` p (every p-th layer global), else every
+    layer; ``model_type`` ``"gemma2"`` alternates (p = 2).
+    ``use_sliding_window: false`` turns the window off.
+
+    Raises:
+        ValueError: If a field is present but not a usable integer.
+    """
+    window = mapping.get("sliding_window")
+    if window is None or mapping.get("use_sliding_window") is False:
+        return {}
+    window = check_int("sliding_window", window, minimum=1)
+    if isinstance(mapping.get("layer_types"), list):
+        kinds = mapping["layer_types"]
+        windowed = sum(kind == "sliding_attention" for kind in kinds)
+    else:
+        pattern = mapping.get("sliding_window_pattern")
+        if pattern is None and mapping.get("model_type") == "gemma2":
+            pattern = 2
+        if pattern is None:
+            windowed = layers                          # every layer
+        else:
+            pattern = check_int("sliding_window_pattern", pattern, minimum=1)
+            windowed = layers - layers // pattern      # every p-th is global
+    if windowed == 0:
+        return {}
+    return {"window": window, "windowed_layers": windowed}
+
+
+# chapters/ch03-long-context.qmd:1194
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
-                    sinks: int = 0, *, device: torch.device | str | None = None) -> Tensor:
-    """Boolean (seq_len, seq_len) grid: True where query row i may read key column j.
+                    sinks: int = 0, *,
+                    query_len: int | None = None,
+                    device: torch.device | str | None = None) -> Tensor:
+    """Return a bool grid, True where a query row may read a key column.
 
-    ``window=None`` gives Chapter 1's causal mask. A finite ``window`` W keeps,
-    for query i, the keys j with i - W < j <= i; ``sinks`` keeps the first
-    ``sinks`` positions visible as well (the StreamingLLM pattern).
+    ``window=None`` gives the causal mask. A finite ``window`` W keeps, for
+    the query at position i, the keys j with i - W < j <= i; ``sinks``
+    keeps the first ``sinks`` positions visible as well (StreamingLLM).
+    With ``query_len`` only the rows of the last ``query_len`` positions
+    are built, (query_len, seq_len): what a decode step needs.
 
     Args:
-        seq_len: Sequence length (>= 1).
-        window: Sliding-window width W (>= 1), or None for full causal attention.
-        sinks: Initial positions that stay visible (>= 0; used only with a window).
+        seq_len: Sequence length, the number of keys (>= 1).
+        window: Window width W (>= 1), or None for full causal attention.
+        sinks: Initial positions that stay visible (>= 0; with a window).
+        query_len: Rows to build, for the last positions (1..seq_len);
+            None builds every row, a (seq_len, seq_len) grid.
         device: Where to build the mask (default: the CPU).
 
     Raises:
+        TypeError: If a count is not an int.
         ValueError: If an argument is out of range.
     """
-    _positive_int(seq_len, "seq_len")
+    seq_len = check_int("seq_len", seq_len, minimum=1)
     if window is not None:
-        _positive_int(window, "window")
-    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
-        raise ValueError(f"sinks must be a non-negative integer (got {sinks!r})")
-    causal = ch01.causal_mask(seq_len, device=device)
+        window = check_int("window", window, minimum=1)
+    sinks = check_int("sinks", sinks, minimum=0)
+    rows = seq_len
+    if query_len is not None:
+        rows = check_int("query_len", query_len, minimum=1, maximum=seq_len)
+    visible = causal_rows(rows, seq_len, device=device)           # (T_q, T)
     if window is None:
-        return causal
-    query = torch.arange(seq_len, device=device)[:, None]
+        return visible
+    query = torch.arange(seq_len - rows, seq_len, device=device)[:, None]
     key = torch.arange(seq_len, device=device)[None, :]
-    return causal & ((query - key < window) | (key < sinks))
+    return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:1167
-def apply_rope(vectors: Tensor, positions: Tensor | list[int], frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
-    """Rotated copy of ``vectors``: pair (2j, 2j+1) of row t turned by positions[t] * frequencies[j] (@eq-ch03-rope).
+# chapters/ch03-long-context.qmd:1511
+def apply_rope(vectors: Tensor, positions: Tensor | list[int],
+               frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
+    """Return ``vectors`` rotated by RoPE (Equation 3.4).
 
-    The rotation keeps norms, and a query rotated at m and a key rotated at n
-    have a dot product that depends only on n - m (@eq-ch03-rope-relative).
-    Angles are computed in float64 and the result has the dtype of ``vectors``.
+    Pair (2j, 2j+1) of row t turns by ``positions[t] * frequencies[j]``.
+    Lengths are kept (times ``magnitude``), and a query rotated at m and a
+    key rotated at n have a dot product that depends only on n - m
+    (Equation 3.5). Angles are computed in float64; the result has the
+    dtype of ``vectors``.
 
     Args:
         vectors: (..., T, d_R) queries or keys, d_R even.
         positions: (T,) integer positions, one per row.
-        frequencies: (d_R / 2,) band frequencies, e.g. from ``inverse_frequencies``.
-        magnitude: Factor applied to the result (YaRN's attention factor; 1 keeps norms).
+        frequencies: (d_R / 2,) band frequencies (``inverse_frequencies``).
+        magnitude: Factor applied to the result (YaRN's; 1 keeps lengths).
 
     Raises:
-        ValueError: If d_R is odd, the frequency count is not d_R / 2, or the
-            position count is not T.
+        TypeError: If an input is of the wrong kind.
+        ValueError: If d_R is odd, the frequency count is not d_R / 2, or
+            the position count is not T.
     """
+    check_tensor("vectors", vectors, min_dims=2, floating=True)
+    check_tensor("frequencies", frequencies, dims=1, floating=True)
+    magnitude = check_number("magnitude", magnitude)
+    positions = torch.as_tensor(positions)
+    if positions.is_floating_point() or positions.is_complex():
+        raise TypeError("positions must be integers "
+                        f"(got {describe(positions)})")
     width = vectors.size(-1)
     if width % 2:
         raise ValueError(f"the rotary dimension must be even (got {width})")
-    if frequencies.dim() != 1 or 2 * frequencies.numel() != width:
-        raise ValueError(f"need {width // 2} frequencies for width {width} (got shape {tuple(frequencies.shape)})")
-    positions = torch.as_tensor(positions)
-    if vectors.dim() < 2 or positions.dim() != 1 or positions.numel() != vectors.size(-2):
-        raise ValueError(f"need one position per row: {vectors.size(-2) if vectors.dim() > 1 else 'a (T, d) input'} "
+    if 2 * frequencies.numel() != width:
+        raise ValueError(f"need {width // 2} frequencies for width {width} "
+                         f"(got shape {tuple(frequencies.shape)})")
+    if positions.dim() != 1 or positions.numel() != vectors.size(-2):
+        raise ValueError(f"need one position per row, {vectors.size(-2)} "
                          f"(got positions of shape {tuple(positions.shape)})")
-    angles = positions.to(frequencies.device, torch.float64)[:, None] * frequencies.to(torch.float64)  # m * omega_j
-    cos = angles.cos().to(vectors.device, vectors.dtype)                               # (T, d_R/2)
+    angles = (positions.to(frequencies.device, torch.float64)[:, None]
+              * frequencies.to(torch.float64))                  # m * omega_j
+    cos = angles.cos().to(vectors.device, vectors.dtype)         # (T, d_R/2)
     sin = angles.sin().to(vectors.device, vectors.dtype)
-    x_even, x_odd = vectors[..., 0::2], vectors[..., 1::2]                             # x_{2j}, x_{2j+1}
-    new_even = x_even * cos - x_odd * sin                                              # first row of R_j(m)
-    new_odd = x_even * sin + x_odd * cos                                               # second row of R_j(m)
-    turned = torch.stack([new_even, new_odd], dim=-1)                                  # re-interleave the pairs
-    return turned.flatten(-2) * magnitude
+    x_even, x_odd = vectors[..., 0::2], vectors[..., 1::2]      # x_2j, x_2j+1
+    new_even = x_even * cos - x_odd * sin                  # first row of R_j
+    new_odd = x_even * sin + x_odd * cos                   # second row of R_j
+    turned = torch.stack([new_even, new_odd], dim=-1)      # (..., T, d_R/2, 2)
+    return turned.flatten(-2) * magnitude                  # (..., T, d_R)
 
 
-# chapters/ch03-long-context.qmd:1254
-def apply_rope_rotate_half(vectors: Tensor, positions: Tensor, frequencies: Tensor,
-                           magnitude: float = 1.0) -> Tensor:
-    """Return ``vectors`` rotated in the rotate-half layout: coordinate j pairs with j + d_R/2.
-
-    This is the layout of Hugging Face's Llama code; it equals ``apply_rope`` on
-    coordinates permuted by ``interleaved_to_half_order``.
-
-    Raises:
-        ValueError: On the same bad inputs as ``apply_rope``.
-    """
-    order = interleaved_to_half_order(vectors.size(-1))
-    inverse = torch.argsort(order)
-    # Undo the permutation, rotate in the interleaved layout, permute back.
-    return apply_rope(vectors[..., inverse], positions, frequencies, magnitude)[..., order]
-
-
+# chapters/ch03-long-context.qmd:1614
 def interleaved_to_half_order(width: int) -> Tensor:
-    """Return the index order (0, 2, 4, ..., 1, 3, 5, ...) that maps the interleaved layout to rotate-half.
+    """Return the order (0, 2, 4, ..., 1, 3, 5, ...) from interleaved to half.
 
     Raises:
+        TypeError: If ``width`` is not an int.
         ValueError: If ``width`` is not a positive even integer.
     """
-    _positive_int(width, "width")
+    width = check_int("width", width, minimum=2)
     if width % 2:
         raise ValueError(f"width must be even (got {width})")
     return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
 
 
-# chapters/ch03-long-context.qmd:1439
-#: The RoPE construction names ``inverse_frequencies`` understands.
-ROPE_METHODS = ("rope", "pi", "ntk", "yarn")
+def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
+                           frequencies: Tensor,
+                           magnitude: float = 1.0) -> Tensor:
+    """Return ``vectors`` rotated in the rotate-half layout (j pairs j + d_R/2).
+
+    The layout of Hugging Face's Llama code; it equals ``apply_rope`` on
+    coordinates reordered by ``interleaved_to_half_order``.
+
+    Raises:
+        TypeError: On the same bad inputs as ``apply_rope``.
+        ValueError: On the same bad inputs as ``apply_rope``.
+    """
+    check_tensor("vectors", vectors, min_dims=2, floating=True)
+    order = interleaved_to_half_order(vectors.size(-1))
+    inverse = torch.argsort(order)
+    # Back to the interleaved order, rotate there, and reorder again.
+    turned = apply_rope(vectors[..., inverse], positions, frequencies,
+                        magnitude)
+    return turned[..., order]
 
 
-def _check_rope_args(dim: int, base: float, factor: float) -> None:
-    """Raise ValueError unless dim is an even integer >= 4, base > 1 and factor >= 1."""
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim % 2 or dim < 4:
-        raise ValueError(f"rotary dim must be an even integer >= 4 (got {dim!r})")
-    if not base > 1:
-        raise ValueError(f"base must be greater than 1 (got {base!r})")
-    if not factor >= 1:
-        raise ValueError(f"factor must be >= 1 (got {factor!r})")
+# chapters/ch03-long-context.qmd:1847
+import math
+
+from longctx.support import check_choice
+
+#: The RoPE constructions ``inverse_frequencies`` understands.
+ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
 
 
 def ntk_base(base: float, factor: float, dim: int) -> float:
-    """Raised base b' = b * a^(d_R / (d_R - 2)) of NTK-aware scaling (@eq-ch03-ntk).
+    """Raised base b' = b * a^(d_R / (d_R - 2)) of NTK scaling (Equation 3.6).
 
     Args:
         base: Original base b (> 1).
@@ -546,129 +739,289 @@ def ntk_base(base: float, factor: float, dim: int) -> float:
         dim: Rotary width d_R (even, >= 4).
 
     Raises:
+        TypeError: If an argument is of the wrong type.
         ValueError: If dim is odd or below 4, base <= 1, or factor < 1.
     """
-    _check_rope_args(dim, base, factor)
+    base = check_number("base", base, above=1)
+    factor = check_number("factor", factor, minimum=1)
+    dim = check_int("dim", dim, minimum=4)
+    if dim % 2:
+        raise ValueError(f"dim must be an even integer >= 4 (got {dim})")
     return base * factor ** (dim / (dim - 2))
 
 
-def yarn_correction_dim(turns: float, dim: int, base: float, original_context: int) -> float:
-    """Return the (fractional) band index j(beta) that turns ``turns`` times within T_0 (@eq-ch03-yarn)."""
-    return dim * math.log(original_context / (turns * 2 * math.pi)) / (2 * math.log(base))
+def yarn_correction_dim(turns: float, dim: int, base: float,
+                        original_context: int) -> float:
+    """Return the fractional band index j(beta) (Equation 3.7).
 
-
-def inverse_frequencies(dim: int,                # d_R, even
-                        *,
-                        method: str = "rope",           # one of ROPE_METHODS
-                        base: float = 10_000.0,         # b
-                        factor: float = 1.0,            # a = T_1 / T_0
-                        original_context: int = 2_048,  # T_0, used by YaRN
-                        beta_fast: float = 32.0,        # YaRN: keep bands turning more often than this
-                        beta_slow: float = 1.0,         # YaRN: interpolate bands turning less often
-                        ) -> tuple[Tensor, float]:
-    """Band frequencies (dim/2,) in float64 and a magnitude, for one RoPE construction.
-
-    ``rope``: omega_j = base^(-2j/dim) (@eq-ch03-rope). ``pi``: all bands / factor.
-    ``ntk``: the bands of ``ntk_base`` (@eq-ch03-ntk). ``yarn``: the ramp blend
-    of @eq-ch03-yarn, with magnitude 0.1 ln(factor) + 1; every other method
-    returns magnitude 1.
-
-    Args:
-        dim: Rotary width d_R (even, >= 4).
-        method: One of ``ROPE_METHODS``.
-        base: Base b (> 1).
-        factor: Extension factor a (>= 1).
-        original_context: Trained length T_0 (YaRN only).
-        beta_fast: Turns within T_0 above which YaRN keeps a band (YaRN only).
-        beta_slow: Turns within T_0 below which YaRN interpolates a band (YaRN only).
+    The band that makes ``turns`` turns over ``original_context``
+    positions: d_R ln(T_0 / (2 pi beta)) / (2 ln b).
 
     Raises:
-        ValueError: If dim, base or factor is out of range, the method is
-            unknown, or (YaRN) original_context or the betas are unusable.
+        TypeError: If an argument is of the wrong type.
+        ValueError: If turns <= 0, dim < 2, base <= 1 or T_0 < 1.
     """
-    _check_rope_args(dim, base, factor)
-    if method not in ROPE_METHODS:
-        raise ValueError(f"unknown RoPE method {method!r}; choose one of {ROPE_METHODS}")
-    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim           # 2j / d_R
-    plain = base ** -exponents                                               # omega_j
+    turns = check_number("turns", turns, above=0)
+    dim = check_int("dim", dim, minimum=2)
+    base = check_number("base", base, above=1)
+    original_context = check_int("original_context", original_context,
+                                 minimum=1)
+    ratio = original_context / (turns * 2 * math.pi)
+    return dim * math.log(ratio) / (2 * math.log(base))
+
+
+def _yarn_magnitude(factor: float, mscale: float = 1.0) -> float:
+    """Return YaRN's 0.1 * mscale * ln(a) + 1, or 1 when a <= 1."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def inverse_frequencies(dim: int,                      # d_R, even
+                        *,
+                        method: str = "rope",          # one of ROPE_METHODS
+                        base: float = 10_000.0,        # b
+                        factor: float = 1.0,           # a = T_1 / T_0
+                        original_context: int = 2_048,  # T_0 (YaRN, Llama 3)
+                        beta_fast: float = 32.0,       # YaRN: keep above
+                        beta_slow: float = 1.0,        # YaRN: divide below
+                        low_freq_factor: float = 1.0,   # Llama 3: l
+                        high_freq_factor: float = 4.0,  # Llama 3: h
+                        ) -> tuple[Tensor, float]:
+    """Return (band frequencies (dim/2,) float64, magnitude) for one method.
+
+    ``rope``: omega_j = base^(-2j/dim) (Equation 3.4). ``pi``: every band
+    divided by ``factor``. ``ntk``: the bands of ``ntk_base`` (Equation
+    3.6). ``yarn``: the ramp of Equation 3.7, with magnitude
+    0.1 ln(factor) + 1. ``llama3``: the wavelength bands of Equation 3.8.
+    Every method but YaRN returns magnitude 1.
+
+    Raises:
+        TypeError: If an argument is of the wrong type.
+        ValueError: If an argument is out of range or the method unknown.
+    """
+    dim = check_int("dim", dim, minimum=2)
+    if dim % 2:
+        raise ValueError(f"dim must be even (got {dim})")
+    check_choice("method", method, ROPE_METHODS)
+    base = check_number("base", base, above=1)
+    factor = check_number("factor", factor, minimum=1)
+    original_context = check_int("original_context", original_context,
+                                 minimum=1)
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2j/d_R
+    plain = base ** -exponents                                       # omega_j
     if method == "rope":
         return plain, 1.0
     if method == "pi":
         return plain / factor, 1.0
     if method == "ntk":
         return ntk_base(base, factor, dim) ** -exponents, 1.0
-    _positive_int(original_context, "original_context")
-    if not beta_fast > beta_slow > 0:
-        raise ValueError(f"need beta_fast > beta_slow > 0 (got {beta_fast} and {beta_slow})")
-    low = max(math.floor(yarn_correction_dim(beta_fast, dim, base, original_context)), 0)
-    high = min(math.ceil(yarn_correction_dim(beta_slow, dim, base, original_context)), dim - 1)
+    if method == "yarn":
+        ramp = _yarn_ramp(dim, base, original_context, beta_fast, beta_slow)
+        bands = (1 - ramp) * plain + ramp * plain / factor    # Equation 3.7
+        return bands, _yarn_magnitude(factor)
+    low = check_number("low_freq_factor", low_freq_factor, above=0)
+    high = check_number("high_freq_factor", high_freq_factor, above=low)
+    wavelength = 2 * math.pi / plain                               # lambda_j
+    share = (original_context / wavelength - low) / (high - low)   # s_j
+    blended = (1 - share) * plain / factor + share * plain    # Equation 3.8
+    bands = torch.where(wavelength > original_context / low,   # long: / a
+                        plain / factor, blended)
+    bands = torch.where(wavelength < original_context / high,  # short: keep
+                        plain, bands)
+    return bands, 1.0
+
+
+def _yarn_ramp(dim: int, base: float, original_context: int,
+               beta_fast: float, beta_slow: float) -> Tensor:
+    """Return YaRN's ramp gamma_j, (dim/2,) float64 (Equation 3.7)."""
+    beta_fast = check_number("beta_fast", beta_fast, above=0)
+    beta_slow = check_number("beta_slow", beta_slow, above=0)
+    if not beta_fast > beta_slow:
+        raise ValueError(f"need beta_fast > beta_slow "
+                         f"(got {beta_fast} and {beta_slow})")
+    low = math.floor(yarn_correction_dim(beta_fast, dim, base,
+                                         original_context))
+    high = math.ceil(yarn_correction_dim(beta_slow, dim, base,
+                                         original_context))
+    low, high = max(low, 0), min(high, dim - 1)        # j_low, j_high
     if low == high:
-        high += 0.001                                          # avoid dividing by zero, as the reference does
-    band_index = torch.arange(dim // 2, dtype=torch.float64)                 # j
-    ramp = torch.clamp((band_index - low) / (high - low), 0.0, 1.0)          # gamma_j
-    magnitude = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-    return plain * (1 - ramp) + (plain / factor) * ramp, magnitude
+        high += 0.001                    # as the reference does, to avoid 0/0
+    band = torch.arange(dim // 2, dtype=torch.float64)             # j
+    return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:1734
-def retrieval_probe(method: str | tuple[Tensor, float], *,
-                    seed: int = 1_700,          # one generator feeds every draw
-                    trials: int = 256,          # per depth
-                    context: int = 128,         # T_1
-                    original_context: int = 32,  # T_0; factor = T_1 / T_0
-                    dim: int = 32,              # rotary width of the probe vectors
-                    ) -> list[dict[str, float]]:
-    """Top-1 needle retrieval by depth under one RoPE construction: 21 rows, one per depth.
+# chapters/ch03-long-context.qmd:2060
+#: The ``rope_scaling`` types ``rope_from_config`` understands.
+ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 
-    At each of 21 depths (0%, 5%, ..., 100% of ``context - 2``), ``trials``
-    trials draw a content vector c, a query c + 0.15 noise at the last
-    position, a needle c + 0.15 noise at the depth, and standard-normal
-    distractor keys everywhere else (drawn as their scores, which have the
-    same distribution); query and needle are rotated with the
-    bands of ``method`` at factor ``context / original_context``, and a trial
-    is a hit when the needle has the top score. There are no learned weights:
-    the curve isolates rotary phase; it is not a language-model benchmark.
 
-    Args:
-        method: A name in ``ROPE_METHODS``, or a (frequencies, magnitude) pair.
-        seed: Seed of the single generator all draws come from.
-        trials: Trials per depth.
-        context: Sequence length T_1.
-        original_context: Trained length T_0 (the factor is context / original_context).
-        dim: Rotary width of the probe vectors.
+def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
+    """Return (frequencies, magnitude) of the RoPE a config.json describes.
 
-    Returns:
-        21 dicts with ``depth_percent``, ``accuracy`` and ``standard_error``
-        (the binomial sqrt(p(1 - p) / trials)).
+    Reads ``rope_theta``; the rotary width from ``qk_rope_head_dim``
+    (DeepSeek's rotary key), else ``head_dim``, else ``hidden_size //
+    num_attention_heads``, times ``partial_rotary_factor``; and
+    ``rope_scaling`` (or ``rope_parameters``), typed by ``rope_type`` or
+    ``type``: none or ``default`` gives plain bands, ``linear`` is PI,
+    ``yarn`` and ``llama3`` as ``inverse_frequencies`` builds them. T_0 is
+    ``original_max_position_embeddings`` (top level first, then in the
+    scaling), else ``max_position_embeddings``. YaRN's magnitude is
+    ``attention_factor`` if given, else m(mscale) / m(mscale_all_dim) when
+    both are set, else m(1), where m(s) = 0.1 s ln(a) + 1. A nested
+    ``text_config`` is read in place of the outer mapping; Gemma's local
+    base (``rope_local_base_freq``) is not read.
 
     Raises:
-        ValueError: If a size is not a positive integer, context < original_context
-            or < 2, or the method is unknown or its bands do not fit ``dim``.
+        TypeError: If ``mapping`` or its scaling is not a mapping.
+        ValueError: If the scaling type is unknown, or a field needed is
+            missing or out of range.
     """
-    for count, what in ((trials, "trials"), (context, "context"), (original_context, "original_context")):
-        _positive_int(count, what)
-    if context < 2 or context < original_context:
-        raise ValueError(f"context must be >= 2 and >= original_context (got {context} and {original_context})")
-    if isinstance(method, str):
-        frequencies, magnitude = inverse_frequencies(dim, method=method, factor=context / original_context,
-                                                     original_context=original_context)
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"mapping must be a dict-like config.json "
+                        f"(got {describe(mapping)})")
+    if isinstance(mapping.get("text_config"), Mapping):
+        mapping = {**mapping, **mapping["text_config"]}
+    scaling = mapping.get("rope_scaling") or mapping.get("rope_parameters")
+    scaling = {} if scaling is None else scaling
+    if not isinstance(scaling, Mapping):
+        raise TypeError(f"rope_scaling must be a mapping or None "
+                        f"(got {describe(scaling)})")
+    base = mapping.get("rope_theta") or scaling.get("rope_theta") or 10_000.0
+    if mapping.get("qk_rope_head_dim"):
+        dim = _config_int(mapping, "qk_rope_head_dim")
     else:
+        heads = _config_int(mapping, "num_attention_heads")
+        dim = (_config_int(mapping, "head_dim") if mapping.get("head_dim")
+               else _config_int(mapping, "hidden_size") // heads)
+        share = check_number("partial_rotary_factor",
+                             mapping.get("partial_rotary_factor", 1.0),
+                             above=0, maximum=1)
+        dim = int(dim * share)
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    check_choice("rope_scaling type", kind, ROPE_SCALING_TYPES)
+    if kind == "default":
+        return inverse_frequencies(dim, base=base)
+    original = (mapping.get("original_max_position_embeddings")
+                or scaling.get("original_max_position_embeddings")
+                or mapping.get("max_position_embeddings"))
+    factor = scaling.get("factor")
+    if factor is None and kind == "yarn" and original:   # a = T_1 / T_0
+        factor = _config_int(mapping, "max_position_embeddings") / original
+    if factor is None:
+        raise ValueError(f"rope_scaling of type {kind!r} needs a 'factor'")
+    if kind == "linear":
+        return inverse_frequencies(dim, method="pi", base=base, factor=factor)
+    if original is None:
+        raise ValueError("config is missing required field "
+                         "'original_max_position_embeddings'")
+    if kind == "llama3":
+        return inverse_frequencies(
+            dim, method="llama3", base=base, factor=factor,
+            original_context=original,
+            low_freq_factor=scaling.get("low_freq_factor", 1.0),
+            high_freq_factor=scaling.get("high_freq_factor", 4.0))
+    if scaling.get("truncate", True) is not True:
+        raise ValueError("rope_scaling 'truncate: false' is not supported")
+    bands, magnitude = inverse_frequencies(
+        dim, method="yarn", base=base, factor=factor,
+        original_context=original,
+        beta_fast=scaling.get("beta_fast") or 32.0,
+        beta_slow=scaling.get("beta_slow") or 1.0)
+    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if scaling.get("attention_factor") is not None:
+        magnitude = check_number("attention_factor",
+                                 scaling["attention_factor"], above=0)
+    elif mscale and mscale_all:                     # DeepSeek's two fields
+        magnitude = (_yarn_magnitude(factor, mscale)
+                     / _yarn_magnitude(factor, mscale_all))
+    return bands, magnitude
+
+
+# chapters/ch03-long-context.qmd:2402
+def retrieval_probe(method: str | tuple[Tensor, float], *,
+                    seed: int = 1_700,           # one generator for all draws
+                    trials: int = 256,           # per depth
+                    context: int = 128,          # T_1
+                    original_context: int = 32,  # T_0; factor T_1 / T_0
+                    dim: int = 32,               # rotary width
+                    ) -> list[dict[str, float]]:
+    """Return needle retrieval by depth under one RoPE construction, 21 rows.
+
+    At each depth (0%, 5%, ..., 100% of ``context - 2``), ``trials`` trials
+    draw a content vector c, a query c + 0.15 noise at the last position, a
+    needle c + 0.15 noise at the depth, and standard-normal distractor keys
+    everywhere else (drawn as their scores, which have the same
+    distribution). Query and needle are rotated with the bands of
+    ``method`` at factor ``context / original_context``. No weights are
+    learned: the curve isolates rotary phase; it is no language-model test.
+
+    Args:
+        method: A name in ``ROPE_METHODS``, or a (frequencies, magnitude)
+            pair such as ``inverse_frequencies`` returns.
+        seed: Seed of the one generator all draws come from.
+        trials: Trials per depth.
+        context: Sequence length T_1 (>= 2).
+        original_context: Trained length T_0 (1..context).
+        dim: Rotary width of the probe vectors (even).
+
+    Returns:
+        21 dicts with ``depth_percent``; ``accuracy``, the share of trials
+        whose top score is the needle's; ``standard_error``, the binomial
+        sqrt(p(1 - p) / trials); and ``needle_weight``, the mean softmax
+        weight (scores / sqrt(dim)) on the needle. A magnitude scales every
+        score alike: it can move ``needle_weight`` but never ``accuracy``.
+
+    Raises:
+        TypeError: If an argument is of the wrong kind.
+        ValueError: If a size is out of range, or the method is unknown or
+            its bands do not fit ``dim``.
+    """
+    seed = check_int("seed", seed, minimum=0)
+    trials = check_int("trials", trials, minimum=1)
+    context = check_int("context", context, minimum=2)
+    original_context = check_int("original_context", original_context,
+                                 minimum=1, maximum=context)
+    dim = check_int("dim", dim, minimum=2)
+    if dim % 2:
+        raise ValueError(f"dim must be even (got {dim})")
+    if isinstance(method, str):
+        frequencies, magnitude = inverse_frequencies(
+            dim, method=method, factor=context / original_context,
+            original_context=original_context)
+    elif isinstance(method, tuple | list) and len(method) == 2:
         frequencies, magnitude = method
-        if frequencies.dim() != 1 or 2 * frequencies.numel() != dim:
-            raise ValueError(f"custom bands must have shape ({dim // 2},) for dim {dim} (got {tuple(frequencies.shape)})")
+        check_tensor("method's frequencies", frequencies, dims=1,
+                     floating=True)
+        magnitude = check_number("method's magnitude", magnitude, above=0)
+        if 2 * frequencies.numel() != dim:
+            raise ValueError(f"custom bands must have shape ({dim // 2},) "
+                             f"for dim {dim} (got {tuple(frequencies.shape)})")
+    else:
+        raise TypeError(f"method must be a name or a (frequencies, magnitude)"
+                        f" pair (got {describe(method)})")
     depths = torch.linspace(0, 1, 21, dtype=torch.float64)
-    needle_at = torch.round(depths * (context - 2)).long()                        # (D,) needle positions
+    needle_at = torch.round(depths * (context - 2)).long()      # (D,)
     gen = torch.Generator().manual_seed(seed)
-    content = torch.randn(depths.numel(), trials, dim, generator=gen)             # (D, N, dim)
+    content = torch.randn(depths.numel(), trials, dim, generator=gen)
     query = content + 0.15 * torch.randn(content.shape, generator=gen)
     needle = content + 0.15 * torch.randn(content.shape, generator=gen)
-    query_rot = apply_rope(query[:, :, None], torch.tensor([context - 1]), frequencies, magnitude)[:, :, 0]
-    needle_rot = apply_rope(needle.transpose(0, 1), needle_at, frequencies, magnitude).transpose(0, 1)
-    # A distractor key is magnitude * (standard normal vector), in any rotation; its score against
-    # query_rot is therefore normal with standard deviation magnitude * |query_rot|. Draw the scores.
-    spread = magnitude * query_rot.norm(dim=-1, keepdim=True)                     # (D, N, 1)
-    scores = spread * torch.randn(depths.numel(), trials, context, generator=gen)  # (D, N, T)
-    scores.scatter_(2, needle_at[:, None, None].expand(-1, trials, 1), (needle_rot * query_rot).sum(-1, keepdim=True))
-    accuracy = (scores.argmax(-1) == needle_at[:, None]).double().mean(-1)       # (D,)
-    return [{"depth_percent": round(100 * depth), "accuracy": p, "standard_error": math.sqrt(p * (1 - p) / trials)}
-            for depth, p in zip(depths.tolist(), accuracy.tolist(), strict=True)]
+    query_rot = apply_rope(query[:, :, None], [context - 1], frequencies,
+                           magnitude)[:, :, 0]                   # (D, N, dim)
+    needle_rot = apply_rope(needle.transpose(0, 1), needle_at, frequencies,
+                            magnitude).transpose(0, 1)           # (D, N, dim)
+    # A distractor is magnitude * (standard normal vector) in any rotation,
+    # so its score is normal with sd magnitude * |query_rot|: draw scores.
+    spread = magnitude * query_rot.norm(dim=-1, keepdim=True)    # (D, N, 1)
+    scores = spread * torch.randn(depths.numel(), trials, context,
+                                  generator=gen)                 # (D, N, T)
+    at = needle_at[:, None, None].expand(-1, trials, 1)          # (D, N, 1)
+    needle_score = (needle_rot * query_rot).sum(-1, keepdim=True)
+    scores.scatter_(2, at, needle_score)
+    accuracy = (scores.argmax(-1) == needle_at[:, None]).double().mean(-1)
+    weights = ch01.softmax(scores / math.sqrt(dim), dim=-1)      # (D, N, T)
+    needle_weight = weights.gather(2, at)[..., 0].double().mean(-1)  # (D,)
+    rows = zip(depths.tolist(), accuracy.tolist(), needle_weight.tolist(),
+               strict=True)
+    return [{"depth_percent": round(100 * depth), "accuracy": p,
+             "standard_error": math.sqrt(p * (1 - p) / trials),
+             "needle_weight": weight}
+            for depth, p, weight in rows]

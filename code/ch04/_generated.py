@@ -4,45 +4,53 @@
 """Code saved from chapters/ch04-efficient-architectures.qmd ("Efficient architectures: windows, sums, states and compressed caches")."""
 
 
-# chapters/ch04-efficient-architectures.qmd:32
+# chapters/ch04-efficient-architectures.qmd:64
 import math
 from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from longctx import ch01, ch02, ch03
+from longctx.support import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    check_tensor,
+    describe,
+)
 
 RUNNING_EXAMPLE = ch03.KVConfig(
-    name="Llama-3-8B shape", layers=32, query_heads=32, kv_heads=8, head_dim=128, bytes_per_scalar=2
+    name="Llama-3-8B shape", layers=32, query_heads=32, kv_heads=8,
+    head_dim=128, bytes_per_scalar=2,
 )
-"""The chapter's running example: 32 layers, 8 KV heads of width 128, 16-bit numbers."""
-
-GB = 10**9
-KIB = 1024
+"""The chapter's running example: 32 layers, 8 KV heads of 128, 2 bytes."""
 
 
-# chapters/ch04-efficient-architectures.qmd:292
-def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict[str, int]:
-    """Return both bills of a context: score pairs and KV-cache bytes (@eq-ch04-bills).
+# chapters/ch04-efficient-architectures.qmd:127
+def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
+    """Return both bills of a T-token context (Equation 4.1).
 
     Args:
-        tokens: context length T (>= 0).
-        config: the model's cache shape; defaults to `RUNNING_EXAMPLE`.
+        tokens: Context length T (>= 0).
+        config: The cache's shape; None means RUNNING_EXAMPLE.
 
     Returns:
-        dict with `tokens`, `pairs_per_head_per_layer` (T², every query with every key),
-        `causal_pairs_per_head_per_layer` (T(T+1)/2) and `kv_bytes` (Chapter 3's `kv_bytes`).
+        A dict with ``tokens``; ``pairs_per_head_per_layer``, T^2 (every
+        query with every key); ``causal_pairs_per_head_per_layer``,
+        T(T+1)/2; and ``kv_bytes``, Chapter 3's ``kv_bytes``.
 
     Raises:
-        TypeError: tokens is not an int. ValueError: tokens is negative.
+        TypeError: tokens is not an int, or config is not a KVConfig.
+        ValueError: tokens is negative.
     """
-    if isinstance(tokens, bool) or not isinstance(tokens, int):
-        raise TypeError(f"tokens must be an int (got {type(tokens).__name__})")
-    if tokens < 0:
-        raise ValueError(f"tokens must be >= 0 (got {tokens})")
+    tokens = check_int("tokens", tokens, minimum=0)
     config = RUNNING_EXAMPLE if config is None else config
+    if not isinstance(config, ch03.KVConfig):
+        raise TypeError(
+            f"config must be a ch03.KVConfig (got {describe(config)})")
     return {
         "tokens": tokens,
         "pairs_per_head_per_layer": tokens * tokens,
@@ -51,680 +59,1060 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict[str, 
     }
 
 
-BILL_CONTEXTS = (8_192, 131_072, 1_048_576)
-
-
-# chapters/ch04-efficient-architectures.qmd:441
+# chapters/ch04-efficient-architectures.qmd:285
 def pairs_computed(mask: Tensor) -> int:
-    """Return how many query-key scores a Boolean mask asks for (its True entries)."""
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool tensor (got {mask.dtype})")
+    """Return how many query-key scores a bool mask asks for: its True cells."""
+    check_tensor("mask", mask, dtype=torch.bool)
     return int(mask.sum())
 
 
 def receptive_field(mask: Tensor, layers: int) -> Tensor:
-    """Return a bool (T, T) tensor: True where input j can reach output i after `layers` layers.
+    """Return a bool (T, T) grid: True where input j reaches output i.
 
-    One layer moves information along the mask's edges; `layers` layers compose
-    the mask with itself that many times (a Boolean matrix power).
+    One layer carries information along the mask's True cells; ``layers``
+    layers compose the mask with itself that many times, a Boolean matrix
+    power. With ``layers=0`` every token hears only itself.
 
     Raises:
-        ValueError: mask is not square, or layers < 0.
+        TypeError: mask is not a bool tensor, or layers is not an int.
+        ValueError: mask is not square (T, T), or layers < 0.
     """
-    if mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
-        raise ValueError(f"mask must be square (T, T) (got shape {tuple(mask.shape)})")
-    if layers < 0:
-        raise ValueError(f"layers must be >= 0 (got {layers})")
+    check_tensor("mask", mask, dims=2, dtype=torch.bool)
+    if mask.shape[0] != mask.shape[1]:
+        raise ValueError(
+            f"mask must be square (T, T) (got {tuple(mask.shape)})")
+    layers = check_int("layers", layers, minimum=0)
     step = mask.to(torch.float64)
-    heard = torch.eye(mask.shape[0], dtype=torch.float64)  # before any layer: only itself
+    heard = torch.eye(mask.shape[0], dtype=torch.float64, device=mask.device)
     for _ in range(layers):
-        heard = ((step @ heard) > 0).to(torch.float64)
+        heard = ((step @ heard) > 0).to(torch.float64)  # one more hop
     return heard.bool()
 
 
 def window_reach(window: int, layers: int) -> int:
-    """Return L (w - 1): how far back a stack of windowed layers can carry information (@eq-ch04-window)."""
-    if window < 1:
-        raise ValueError(f"window must be >= 1 (got {window})")
-    if layers < 0:
-        raise ValueError(f"layers must be >= 0 (got {layers})")
+    """Return L (w - 1): how far back L windowed layers carry (Equation 4.2)."""
+    window = check_int("window", window, minimum=1)
+    layers = check_int("layers", layers, minimum=0)
     return layers * (window - 1)
 
 
 def hops_needed(distance: int, window: int) -> int:
-    """Return the fewest windowed layers that carry a token `distance` positions forward."""
-    if window < 2:
-        raise ValueError(f"window must be >= 2 for information to move (got {window})")
-    if distance < 0:
-        raise ValueError(f"distance must be >= 0 (got {distance})")
-    return math.ceil(distance / (window - 1))
+    """Return ceil(distance / (w - 1)): layers needed to carry a token back."""
+    distance = check_int("distance", distance, minimum=0)
+    window = check_int("window", window, minimum=2)
+    return -(-distance // (window - 1))  # ceil(distance / (w - 1)), exactly
 
 
-# chapters/ch04-efficient-architectures.qmd:574
+# chapters/ch04-efficient-architectures.qmd:424
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
-    """Return which token sits in each of the `window` slots after `tokens_seen` tokens (-1 = empty)."""
-    if window < 1:
-        raise ValueError(f"window must be >= 1 (got {window})")
-    if tokens_seen < 0:
-        raise ValueError(f"tokens_seen must be >= 0 (got {tokens_seen})")
+    """Return the token in each of ``window`` ring slots (-1 = still empty).
+
+    Token t is written to slot t mod window, over the token that left.
+    """
+    tokens_seen = check_int("tokens_seen", tokens_seen, minimum=0)
+    window = check_int("window", window, minimum=1)
     slots = [-1] * window
     for token in range(max(0, tokens_seen - window), tokens_seen):
-        slots[token % window] = token  # token t always lands in slot t mod w
+        slots[token % window] = token
     return slots
 
 
 def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
-    """Raise ValueError unless query and key are (..., T, d) alike and value is (..., T, d_v)."""
+    """Raise unless query, key are (..., T, d) alike and value (..., T, d_v)."""
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        check_tensor(name, tensor, floating=True, min_dims=2, nonempty=True)
     if query.shape != key.shape or key.shape[:-1] != value.shape[:-1]:
         raise ValueError(
-            "query and key must have equal shapes (..., T, d) and value (..., T, d_v) "
-            f"(got {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)})"
-        )
+            "query and key must have equal shapes (..., T, d) and value "
+            f"(..., T, d_v) (got {tuple(query.shape)}, {tuple(key.shape)}"
+            f" and {tuple(value.shape)})")
 
 
-def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor, window: int) -> tuple[Tensor, int]:
-    """Return (outputs, largest buffer length) of token-by-token decoding with a rolling KV buffer.
+def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
+                          window: int) -> tuple[Tensor, int]:
+    """Return (outputs, most entries held) of decoding with a ring of w slots.
 
-    The buffer has `window` slots; token t overwrites slot t mod window. The outputs equal
-    masked attention with `ch03.visibility_mask(T, window=window)` (@eq-ch04-window).
+    Token t overwrites slot t mod w. The outputs equal attention masked with
+    ``ch03.visibility_mask(T, window=w)`` (Equation 4.2).
 
     Args:
         query, key: (..., T, d). value: (..., T, d_v). window: w >= 1.
 
     Raises:
-        ValueError: window < 1, or the shapes of query, key and value do not match.
+        TypeError: an input is not a floating tensor, or window not an int.
+        ValueError: window < 1, an input is empty, or the shapes disagree.
     """
-    if window < 1:
-        raise ValueError(f"window must be >= 1 (got {window})")
     _check_qkv(query, key, value)
-    *lead, tokens, _ = key.shape
-    key_buffer = key.new_zeros(*lead, window, key.shape[-1])  # (..., w, d): all the memory there is
-    value_buffer = value.new_zeros(*lead, window, value.shape[-1])
-    outputs, largest = [], 0
+    window = check_int("window", window, minimum=1)
+    *lead, tokens, width = key.shape
+    key_ring = key.new_zeros(*lead, window, width)  # (..., w, d): all there is
+    value_ring = value.new_zeros(*lead, window, value.shape[-1])
+    outputs, most = [], 0
     for t in range(tokens):
-        slot = t % window
-        key_buffer[..., slot, :] = key[..., t, :]
-        value_buffer[..., slot, :] = value[..., t, :]
-        filled = min(t + 1, window)  # slots 0 .. filled-1 hold the last `filled` tokens
-        largest = max(largest, filled)
+        key_ring[..., t % window, :] = key[..., t, :]
+        value_ring[..., t % window, :] = value[..., t, :]
+        held = min(t + 1, window)  # slots 0 .. held-1 are filled
+        most = max(most, held)
         out, _ = ch01.scaled_dot_product_attention(
-            query[..., t : t + 1, :], key_buffer[..., :filled, :], value_buffer[..., :filled, :]
-        )
+            query[..., t : t + 1, :], key_ring[..., :held, :],
+            value_ring[..., :held, :])
         outputs.append(out)
-    return torch.cat(outputs, dim=-2), largest
+    return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch04-efficient-architectures.qmd:709
-def global_local_mask(
-    seq_len: int, window: int, global_tokens: tuple[int, ...] = (0,), *, causal: bool = True
-) -> Tensor:
-    """Return a bool (T, T) mask: a window plus global tokens that everyone reads and that read everyone.
+# chapters/ch04-efficient-architectures.qmd:572
+def global_local_mask(seq_len: int, window: int,
+                      global_tokens: tuple[int, ...] = (0,), *,
+                      causal: bool = True) -> Tensor:
+    """Return a bool (T, T) mask: a window plus tokens that read and are read.
 
-    With causal=True nothing reads the future, so a global token at position g reads
-    only tokens 0..g; with causal=False (an encoder, as in Longformer and BigBird) the
-    window is the band |i - j| < w and the global rows and columns are full.
+    Every token reads the global tokens and the global tokens read every
+    token. With ``causal=True`` nothing reads the future, so a global token
+    at g reads tokens 0..g and is read by tokens g..T-1. With
+    ``causal=False`` (an encoder, as in Longformer and BigBird) the window is
+    the band |i - j| < w and the global rows and columns are full.
 
     Raises:
-        ValueError: seq_len < 0, window < 1, or a global token outside 0..seq_len-1.
+        TypeError: a count is not an int, global_tokens is not a tuple or
+            list of ints, or causal is not a bool.
+        ValueError: seq_len < 1, window < 1, or a global token is outside
+            0..seq_len-1.
     """
-    if seq_len < 0:
-        raise ValueError(f"seq_len must be >= 0 (got {seq_len})")
-    if window < 1:
-        raise ValueError(f"window must be >= 1 (got {window})")
-    if any(not 0 <= g < seq_len for g in global_tokens):
-        raise ValueError(f"global tokens must lie in 0..{seq_len - 1} (got {tuple(global_tokens)})")
-    distance = torch.arange(seq_len)[:, None] - torch.arange(seq_len)[None, :]  # i - j
+    seq_len = check_int("seq_len", seq_len, minimum=1)
+    window = check_int("window", window, minimum=1)
+    causal = check_bool("causal", causal)
+    if not isinstance(global_tokens, tuple | list):
+        raise TypeError("global_tokens must be a tuple of ints "
+                        f"(got {describe(global_tokens)})")
+    chosen = [check_int("global_tokens", g, minimum=0, maximum=seq_len - 1)
+              for g in global_tokens]
+    distance = torch.arange(seq_len)[:, None] - torch.arange(seq_len)  # i - j
     mask = distance.abs() < window
-    glob = list(global_tokens)
-    mask[:, glob] = True  # everyone reads the global tokens
-    mask[glob, :] = True  # and the global tokens read everyone
+    mask[:, chosen] = True  # everyone reads the global tokens
+    mask[chosen, :] = True  # and they read everyone
     if causal:
         mask &= distance >= 0
     return mask
 
 
 def strided_mask(seq_len: int, stride: int) -> Tensor:
-    """Return the causal strided mask of @eq-ch04-strided: the last `stride` keys plus every stride-th one."""
-    if seq_len < 0:
-        raise ValueError(f"seq_len must be >= 0 (got {seq_len})")
-    if stride < 1:
-        raise ValueError(f"stride must be >= 1 (got {stride})")
-    distance = torch.arange(seq_len)[:, None] - torch.arange(seq_len)[None, :]
+    """Return the causal strided mask of Equation 4.3.
+
+    Query i reads the last ``stride`` keys and every stride-th key before.
+    """
+    seq_len = check_int("seq_len", seq_len, minimum=1)
+    stride = check_int("stride", stride, minimum=1)
+    distance = torch.arange(seq_len)[:, None] - torch.arange(seq_len)  # i - j
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:888
-def sliding_window_block_mask(seq_len: int, window: int, block_size: int) -> Tensor:
-    """Return a bool (n_blocks, n_blocks) mask: True where a query block and a key block share a visible pair.
+# chapters/ch04-efficient-architectures.qmd:788
+def sliding_window_block_mask(seq_len: int, window: int,
+                              block_size: int) -> Tensor:
+    """Return the bool (n, n) tile mask of a causal window, n = ceil(T / b).
 
-    Visible means 0 <= i - j < window (the causal window of `ch03.visibility_mask`).
-    The last block may be shorter when block_size does not divide seq_len.
+    Tile (q, k) is True when query block q and key block k share a pair
+    with 0 <= i - j < window. No T x T mask is built; the last block may be
+    shorter.
 
     Raises:
-        ValueError: seq_len < 0, window < 1 or block_size < 1.
+        TypeError: an argument is not an int.
+        ValueError: an argument is below 1.
     """
-    if seq_len < 0:
-        raise ValueError(f"seq_len must be >= 0 (got {seq_len})")
-    if window < 1:
-        raise ValueError(f"window must be >= 1 (got {window})")
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1 (got {block_size})")
-    n_blocks = math.ceil(seq_len / block_size)
-    start = torch.arange(n_blocks) * block_size  # first token of each block
-    end = torch.clamp(start + block_size, max=seq_len) - 1  # last token of each block
-    # some i in the query block and j in the key block with 0 <= i - j < window:
-    latest_query_not_before_key = end[:, None] >= start[None, :]
-    earliest_query_close_enough = start[:, None] - end[None, :] < window
-    return latest_query_not_before_key & earliest_query_close_enough
+    seq_len = check_int("seq_len", seq_len, minimum=1)
+    window = check_int("window", window, minimum=1)
+    block_size = check_int("block_size", block_size, minimum=1)
+    n_blocks = -(-seq_len // block_size)
+    first = torch.arange(n_blocks) * block_size  # first token of each block
+    last = torch.clamp(first + block_size, max=seq_len) - 1  # and its last
+    # some i in the query block and j in the key block with 0 <= i - j < w:
+    not_all_future = last[:, None] >= first[None, :]
+    not_all_too_old = first[:, None] - last[None, :] < window
+    return not_all_future & not_all_too_old
 
 
-def expand_block_mask(block_mask: Tensor, block_size: int, seq_len: int) -> Tensor:
-    """Return the bool (T, T) token mask that a block mask stands for (every pair in a touched tile)."""
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1 (got {block_size})")
-    tiles = block_mask.repeat_interleave(block_size, dim=0).repeat_interleave(block_size, dim=1)
+def expand_block_mask(block_mask: Tensor, block_size: int,
+                      seq_len: int) -> Tensor:
+    """Return the bool (T, T) token mask of a tile mask: every pair of a
+    marked tile.
+
+    Raises:
+        TypeError: block_mask is not a bool tensor, or a count not an int.
+        ValueError: block_mask is not (n, n) with n = ceil(T / block_size).
+    """
+    block_size = check_int("block_size", block_size, minimum=1)
+    seq_len = check_int("seq_len", seq_len, minimum=1)
+    check_tensor("block_mask", block_mask, dims=2, dtype=torch.bool)
+    n_blocks = -(-seq_len // block_size)
+    if tuple(block_mask.shape) != (n_blocks, n_blocks):
+        raise ValueError(
+            f"block_mask must have shape ({n_blocks}, {n_blocks}) for "
+            f"seq_len={seq_len}, block_size={block_size} "
+            f"(got {tuple(block_mask.shape)})")
+    tiles = block_mask.repeat_interleave(block_size, dim=0)
+    tiles = tiles.repeat_interleave(block_size, dim=1)
     return tiles[:seq_len, :seq_len]
 
 
-def block_sparse_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    block_mask: Tensor,
-    block_size: int,
-    *,
-    token_mask: Tensor | None = None,
-) -> Tensor:
-    """Return attention outputs computed only on the tiles `block_mask` marks.
+def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
+                           block_mask: Tensor, block_size: int, *,
+                           token_mask: Tensor | None = None) -> Tensor:
+    """Return attention outputs computed on the tiles ``block_mask`` marks.
 
-    Without `token_mask` the result equals dense attention with
-    `expand_block_mask(block_mask, block_size, T)`; with it (which must lie inside the
-    marked tiles) it equals dense attention with `token_mask`. Queries that see no key
-    get a zero output, as in `ch01.scaled_dot_product_attention`.
+    Without ``token_mask`` the result equals dense attention with
+    ``expand_block_mask(block_mask, block_size, T)``; with it (it must lie
+    inside the marked tiles) it equals dense attention with ``token_mask``.
+    A query that sees no key gets a zero output, as in Chapter 1.
 
     Args:
-        query, key: (..., T, d); value: (..., T, d_v); block_mask: bool (n_blocks, n_blocks)
-        with n_blocks = ceil(T / block_size); token_mask: optional bool (T, T).
+        query, key: (..., T, d). value: (..., T, d_v).
+        block_mask: bool (n, n) with n = ceil(T / block_size).
+        block_size: tokens per block.
+        token_mask: optional bool (T, T).
 
     Raises:
-        ValueError: mismatched shapes, block_size < 1, a block mask of the wrong shape,
-        or a token mask that reaches outside the marked tiles.
+        TypeError: a tensor has the wrong dtype, or block_size is not an int.
+        ValueError: shapes disagree, an input is empty, block_size < 1, or
+            token_mask allows a pair outside the marked tiles.
     """
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1 (got {block_size})")
     _check_qkv(query, key, value)
+    block_size = check_int("block_size", block_size, minimum=1)
     tokens = query.shape[-2]
-    n_blocks = math.ceil(tokens / block_size)
-    if block_mask.dtype != torch.bool or tuple(block_mask.shape) != (n_blocks, n_blocks):
+    n_blocks = -(-tokens // block_size)
+    check_tensor("block_mask", block_mask, dims=2, dtype=torch.bool)
+    if tuple(block_mask.shape) != (n_blocks, n_blocks):
         raise ValueError(
-            f"block_mask must be bool of shape ({n_blocks}, {n_blocks}) for T={tokens}, "
-            f"block_size={block_size} (got {block_mask.dtype} {tuple(block_mask.shape)})"
-        )
+            f"block_mask must have shape ({n_blocks}, {n_blocks}) for "
+            f"T={tokens}, block_size={block_size} "
+            f"(got {tuple(block_mask.shape)})")
     if token_mask is not None:
+        check_tensor("token_mask", token_mask, dims=2, dtype=torch.bool)
         if tuple(token_mask.shape) != (tokens, tokens):
-            raise ValueError(f"token_mask must have shape ({tokens}, {tokens}) (got {tuple(token_mask.shape)})")
-        if (token_mask.cpu() & ~expand_block_mask(block_mask.cpu(), block_size, tokens)).any():
-            raise ValueError("token_mask allows pairs outside the tiles block_mask marks")
+            raise ValueError(
+                f"token_mask must have shape ({tokens}, {tokens}) "
+                f"(got {tuple(token_mask.shape)})")
+        allowed = expand_block_mask(block_mask.cpu(), block_size, tokens)
+        if (token_mask.cpu() & ~allowed).any():
+            raise ValueError("token_mask allows pairs outside the marked tiles")
         token_mask = token_mask.to(query.device)
     output = query.new_zeros(*query.shape[:-1], value.shape[-1])
-    for q_block in range(n_blocks):
-        rows = slice(q_block * block_size, min(tokens, (q_block + 1) * block_size))
-        key_blocks = block_mask[q_block].nonzero().flatten().tolist()
-        if not key_blocks:
+    for row_block, marked in enumerate(block_mask.tolist()):
+        rows = slice(row_block * block_size, (row_block + 1) * block_size)
+        columns = [torch.arange(k * block_size,
+                                min(tokens, (k + 1) * block_size))
+                   for k, is_marked in enumerate(marked) if is_marked]
+        if not columns:
             continue
-        columns = torch.cat(
-            [torch.arange(k * block_size, min(tokens, (k + 1) * block_size)) for k in key_blocks]
-        ).to(query.device)
+        columns = torch.cat(columns).to(query.device)  # the marked tiles' keys
         mask = None if token_mask is None else token_mask[rows][:, columns]
         out, _ = ch01.scaled_dot_product_attention(
-            query[..., rows, :], key[..., columns, :], value[..., columns, :], mask
-        )
+            query[..., rows, :], key[..., columns, :], value[..., columns, :],
+            mask)
         output[..., rows, :] = out
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1077
+# chapters/ch04-efficient-architectures.qmd:1002
 def feature_map(x: Tensor) -> Tensor:
-    """Return phi(x) = elu(x) + 1, element-wise: x + 1 above zero, e^x at or below; always > 0."""
+    """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
+    check_tensor("x", x, floating=True)
     return F.elu(x) + 1.0
 
 
 def linear_attention_weights(query: Tensor, key: Tensor) -> Tensor:
-    """Return the (..., T, T) causal weights linear attention implies: phi(q_i).phi(k_j), rows summing to 1."""
+    """Return the causal (..., T, T) weights linear attention implies.
+
+    Entry (i, j) is phi(q_i) . phi(k_j) for j <= i, each row scaled to sum
+    to 1 (the left side of Equation 4.4).
+    """
+    for name, tensor in (("query", query), ("key", key)):
+        check_tensor(name, tensor, floating=True, min_dims=2, nonempty=True)
     if query.shape != key.shape:
-        raise ValueError(f"query and key must have equal shapes (got {tuple(query.shape)}, {tuple(key.shape)})")
-    scores = feature_map(query) @ feature_map(key).transpose(-2, -1)  # (..., T, T), all positive
-    scores = scores * ch01.causal_mask(query.shape[-2], device=query.device)  # the future adds nothing
+        raise ValueError("query and key must have equal shapes "
+                         f"(got {tuple(query.shape)} and {tuple(key.shape)})")
+    scores = feature_map(query) @ feature_map(key).transpose(-2, -1)  # (T, T)
+    causal = ch01.causal_mask(query.shape[-2], device=query.device)
+    scores = scores * causal  # the future contributes nothing
     return scores / scores.sum(dim=-1, keepdim=True)
 
 
-def linear_attention_quadratic(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
-    """Return linear attention computed the quadratic way: all T x T weights, then a weighted sum of values."""
+def linear_attention_quadratic(query: Tensor, key: Tensor,
+                               value: Tensor) -> Tensor:
+    """Return linear attention the quadratic way: T x T weights, then values."""
     _check_qkv(query, key, value)
     return linear_attention_weights(query, key) @ value
 
 
 LinearAttentionState = tuple[Tensor, Tensor]
-"""The recurrent state of linear attention: the pot S and the running key total z."""
+"""Linear attention's state: S (..., d_k, d_v) and z (..., d_k)."""
 
 
 def linear_attention_recurrent(
-    query: Tensor, key: Tensor, value: Tensor, state: LinearAttentionState | None = None
+    query: Tensor, key: Tensor, value: Tensor,
+    state: LinearAttentionState | None = None,
 ) -> tuple[Tensor, LinearAttentionState]:
-    """Return (outputs, (S, z)): linear attention one token at a time with a fixed-size state (@eq-ch04-linear).
+    """Return (outputs, (S, z)): linear attention one token at a time.
 
-    S (..., d_k, d_v) sums phi(k_j) v_j^T and z (..., d_k) sums phi(k_j). Passing the returned
-    state back in continues the sequence, which is how generation uses it.
+    S sums phi(k_j) v_j^T and z sums phi(k_j) (Equation 4.4). Passing the
+    returned state back in continues the sequence, as generation does.
+
+    Raises:
+        TypeError: an input is not a floating tensor, or state is not a pair.
+        ValueError: shapes disagree, an input is empty, or the state's
+            shapes are not (..., d_k, d_v) and (..., d_k) for these inputs.
     """
     _check_qkv(query, key, value)
     *lead, tokens, d_k = key.shape
+    d_v = value.shape[-1]
     if state is None:
-        pot = key.new_zeros(*lead, d_k, value.shape[-1])
-        total = key.new_zeros(*lead, d_k)
+        summed = key.new_zeros(*lead, d_k, d_v)  # S
+        total = key.new_zeros(*lead, d_k)  # z
     else:
-        pot, total = state
+        if not isinstance(state, tuple | list) or len(state) != 2:
+            raise TypeError(
+                f"state must be a pair (S, z) (got {describe(state)})")
+        summed = check_tensor("state[0]", state[0], floating=True)
+        total = check_tensor("state[1]", state[1], floating=True)
+        if (tuple(summed.shape) != (*lead, d_k, d_v)
+                or tuple(total.shape) != (*lead, d_k)):
+            raise ValueError(
+                f"state must hold S of shape {(*lead, d_k, d_v)} and z of "
+                f"shape {(*lead, d_k)} (got {tuple(summed.shape)} and "
+                f"{tuple(total.shape)})")
     outputs = []
     for t in range(tokens):
         phi_k = feature_map(key[..., t, :])  # (..., d_k)
-        pot = pot + phi_k.unsqueeze(-1) * value[..., t, :].unsqueeze(-2)  # add phi(k) v^T
-        total = total + phi_k
+        summed = summed + phi_k[..., :, None] * value[..., t, None, :]  # S
+        total = total + phi_k  # z
         phi_q = feature_map(query[..., t, :])
-        numerator = (phi_q.unsqueeze(-1) * pot).sum(dim=-2)  # phi(q)^T S, shape (..., d_v)
-        denominator = (phi_q * total).sum(dim=-1, keepdim=True)  # phi(q)^T z
+        numerator = (phi_q[..., :, None] * summed).sum(dim=-2)  # (..., d_v)
+        denominator = (phi_q * total).sum(dim=-1, keepdim=True)  # (..., 1)
         outputs.append(numerator / denominator)
-    return torch.stack(outputs, dim=-2), (pot, total)
+    return torch.stack(outputs, dim=-2), (summed, total)
 
 
-def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor, chunk_size: int = 64) -> Tensor:
-    """Return linear attention for a whole sequence in chunks, never building a T x T matrix.
+def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
+                             chunk_size: int = 64) -> Tensor:
+    """Return linear attention in chunks, never building a T x T matrix.
 
-    Inside a chunk the weights are a (chunk, chunk) causal block; everything before the
-    chunk arrives through the running state (S, z) of @eq-ch04-linear.
+    Inside a chunk the weights are a (c, c) causal block; earlier chunks
+    arrive through the running state (S, z) of Equation 4.4.
     """
     _check_qkv(query, key, value)
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1 (got {chunk_size})")
+    chunk_size = check_int("chunk_size", chunk_size, minimum=1)
     *lead, tokens, d_k = key.shape
-    pot = key.new_zeros(*lead, d_k, value.shape[-1])
-    total = key.new_zeros(*lead, d_k)
+    summed = key.new_zeros(*lead, d_k, value.shape[-1])  # S
+    total = key.new_zeros(*lead, d_k)  # z
     outputs = []
     for start in range(0, tokens, chunk_size):
-        phi_q = feature_map(query[..., start : start + chunk_size, :])  # (..., c, d_k)
-        phi_k = feature_map(key[..., start : start + chunk_size, :])
-        v = value[..., start : start + chunk_size, :]
-        inside = (phi_q @ phi_k.transpose(-2, -1)) * ch01.causal_mask(phi_q.shape[-2], device=query.device)
-        numerator = phi_q @ pot + inside @ v  # earlier chunks through the pot, this chunk directly
-        denominator = phi_q @ total.unsqueeze(-1) + inside.sum(dim=-1, keepdim=True)
+        chunk = slice(start, start + chunk_size)
+        phi_q = feature_map(query[..., chunk, :])  # (..., c, d_k)
+        phi_k = feature_map(key[..., chunk, :])
+        v = value[..., chunk, :]
+        causal = ch01.causal_mask(phi_q.shape[-2], device=query.device)
+        inside = (phi_q @ phi_k.transpose(-2, -1)) * causal  # (..., c, c)
+        numerator = phi_q @ summed + inside @ v  # earlier chunks, then this
+        denominator = phi_q @ total[..., None] + inside.sum(-1, keepdim=True)
         outputs.append(numerator / denominator)
-        pot = pot + phi_k.transpose(-2, -1) @ v
+        summed = summed + phi_k.transpose(-2, -1) @ v
         total = total + phi_k.sum(dim=-2)
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1239
+# chapters/ch04-efficient-architectures.qmd:1210
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
-    `mean_of_row_max` averages each row's largest weight over the last `last_rows` rows;
-    `max` is the single largest weight in those rows.
+    ``mean_of_row_max`` averages each row's largest weight over the last
+    ``last_rows`` rows; ``max`` is the largest weight in those rows.
     """
-    if weights.dim() != 2 or not 1 <= last_rows <= weights.shape[0]:
-        raise ValueError(f"need a (T, T) matrix and 1 <= last_rows <= T (got {tuple(weights.shape)}, {last_rows})")
+    check_tensor("weights", weights, dims=2, floating=True)
+    last_rows = check_int("last_rows", last_rows, minimum=1,
+                          maximum=weights.shape[0])
     tail = weights[-last_rows:]
-    return {"mean_of_row_max": tail.amax(dim=-1).mean().item(), "max": tail.max().item()}
+    return {"mean_of_row_max": tail.amax(dim=-1).mean().item(),
+            "max": tail.max().item()}
 
 
-def sharpness_comparison(query_scale: float, seed: int = 11, tokens: int = 10, width: int = 8) -> dict:
-    """Return softmax and linear-attention weights on one random draw, with the weight_sharpness of each.
+def sharpness_comparison(query_scale: float, seed: int = 11,
+                         tokens: int = 10, width: int = 8) -> dict:
+    """Return softmax and linear weights on one random draw, and how sharp.
 
-    Keys and base queries are standard normal; the queries are multiplied by `query_scale`.
+    Keys and base queries are standard normal; queries are then multiplied
+    by ``query_scale``. Returns ``softmax`` and ``linear`` (each a
+    ``weight_sharpness`` dict) and ``weights``, the two (T, T) matrices.
     """
+    query_scale = check_number("query_scale", query_scale, above=0)
+    seed = check_int("seed", seed, minimum=0)
+    tokens = check_int("tokens", tokens, minimum=5)
+    width = check_int("width", width, minimum=1)
     generator = torch.Generator().manual_seed(seed)
     keys = torch.randn(tokens, width, generator=generator)
     queries = query_scale * torch.randn(tokens, width, generator=generator)
-    _, softmax_weights = ch01.scaled_dot_product_attention(queries, keys, keys, ch01.causal_mask(tokens))
+    _, softmax_weights = ch01.scaled_dot_product_attention(
+        queries, keys, keys, ch01.causal_mask(tokens))
     linear_weights = linear_attention_weights(queries, keys)
-    return {
-        "softmax": weight_sharpness(softmax_weights), "linear": weight_sharpness(linear_weights),
-        "weights": (softmax_weights, linear_weights),
-    }
+    return {"softmax": weight_sharpness(softmax_weights),
+            "linear": weight_sharpness(linear_weights),
+            "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1351
-def _as_float(values, dtype: torch.dtype = torch.float64) -> Tensor:
-    """Return `values` as a float tensor: float tensors as they are, everything else in `dtype`."""
-    if isinstance(values, Tensor) and values.is_floating_point():
-        return values
-    return torch.as_tensor(values, dtype=dtype)
-
-
-def _ssm_parameters(A, B, C) -> tuple[Tensor, Tensor, Tensor]:
-    A = torch.atleast_2d(_as_float(A))
-    B = torch.atleast_1d(_as_float(B)).to(A.dtype)
-    C = torch.atleast_1d(_as_float(C)).to(A.dtype)
+# chapters/ch04-efficient-architectures.qmd:1340
+def _check_ssm(A: Tensor, B: Tensor, C: Tensor) -> None:
+    """Raise unless A is (N, N), B and C are (N,), floating, of one dtype."""
+    check_tensor("A", A, dims=2, floating=True)
+    check_tensor("B", B, dims=1, floating=True, nonempty=True)
+    check_tensor("C", C, dims=1, floating=True)
     n = B.shape[0]
     if A.shape != (n, n) or C.shape != (n,):
         raise ValueError(
-            f"A must be (N, N), B and C (N,) for the same N (got {tuple(A.shape)}, {tuple(B.shape)}, {tuple(C.shape)})"
-        )
-    return A, B, C
+            "A must be (N, N) and B, C (N,) for one N (got "
+            f"{tuple(A.shape)}, {tuple(B.shape)} and {tuple(C.shape)})")
+    if not A.dtype == B.dtype == C.dtype:
+        raise TypeError(f"A, B and C must share one dtype (got {A.dtype}, "
+                        f"{B.dtype} and {C.dtype})")
 
 
-def ssm_recurrent(x, A, B, C) -> Tensor:
-    """Return y_t = C h_t with h_t = A h_{t-1} + B x_t, one step at a time (@eq-ch04-ssm).
+def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
+    """Return y_t = C h_t with h_t = A h_{t-1} + B x_t, step by step
+    (Equation 4.5).
 
     Args:
-        x: a single channel, shape (T,).
-        A: state matrix, (N, N); a plain number means N = 1.
-        B: input vector, (N,); C: readout vector, (N,); plain numbers allowed.
+        x: one channel of inputs, (T,).
+        A: the state matrix, (N, N). B: input weights, (N,). C: readout, (N,).
+
+    Raises:
+        TypeError: an input is not a floating tensor, or the dtypes differ.
+        ValueError: x is not a non-empty (T,), or the shapes do not match.
     """
-    A, B, C = _ssm_parameters(A, B, C)
-    x = _as_float(x).to(A.dtype)
-    if x.dim() != 1:
-        raise ValueError(f"x must be one channel of shape (T,) (got {tuple(x.shape)})")
-    state = torch.zeros_like(B)  # N numbers, whatever the length
+    _check_ssm(A, B, C)
+    check_tensor("x", x, dims=1, dtype=A.dtype, nonempty=True)
+    state = torch.zeros_like(B)  # h before the start: N numbers, at any T
     outputs = []
     for x_t in x:
         state = A @ state + B * x_t
         outputs.append(C @ state)
-    return torch.stack(outputs) if outputs else x.new_zeros(0)
+    return torch.stack(outputs)
 
 
-def ssm_kernel(A, B, C, length: int) -> Tensor:
-    """Return the impulse response C A^k B for k = 0 .. length-1 (@eq-ch04-ssm)."""
-    if length < 0:
-        raise ValueError(f"length must be >= 0 (got {length})")
-    A, B, C = _ssm_parameters(A, B, C)
-    kernel, power_times_B = [], B.clone()
+def ssm_kernel(A: Tensor, B: Tensor, C: Tensor, length: int) -> Tensor:
+    """Return the kernel C A^k B for k = 0 .. length-1 (Equation 4.5)."""
+    _check_ssm(A, B, C)
+    length = check_int("length", length, minimum=1)
+    kernel, power_times_B = [], B
     for _ in range(length):
         kernel.append(C @ power_times_B)
-        power_times_B = A @ power_times_B
-    return torch.stack(kernel) if kernel else B.new_zeros(0)
+        power_times_B = A @ power_times_B  # A^(k+1) B
+    return torch.stack(kernel)
 
 
-def ssm_convolution(x, A, B, C) -> Tensor:
-    """Return the outputs of `ssm_recurrent` as one causal convolution with the kernel (FFT, O(T log T))."""
-    A, B, C = _ssm_parameters(A, B, C)
-    x = _as_float(x).to(A.dtype)
-    if x.dim() != 1:
-        raise ValueError(f"x must be one channel of shape (T,) (got {tuple(x.shape)})")
+def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
+    """Return ``ssm_recurrent``'s outputs as one causal convolution with the
+    kernel, through the FFT in O(T log T)."""
+    _check_ssm(A, B, C)
+    check_tensor("x", x, dims=1, dtype=A.dtype, nonempty=True)
     tokens = x.shape[0]
     kernel = ssm_kernel(A, B, C, tokens)
-    size = 2 * tokens  # zero-padding so the circular FFT product is a plain (linear) convolution
+    size = 2 * tokens  # zero padding makes the FFT's circular product linear
     spectrum = torch.fft.rfft(x, n=size) * torch.fft.rfft(kernel, n=size)
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1516
+# chapters/ch04-efficient-architectures.qmd:1522
 def _check_scan(a: Tensor, b: Tensor) -> None:
+    """Raise unless a and b are non-empty floating tensors of one shape."""
+    check_tensor("a", a, floating=True, min_dims=1, nonempty=True)
+    check_tensor("b", b, floating=True, min_dims=1, nonempty=True)
     if a.shape != b.shape:
-        raise ValueError(f"a and b must have the same shape (..., T) (got {tuple(a.shape)} and {tuple(b.shape)})")
-    if a.dim() == 0:
-        raise ValueError("a and b need a time dimension (their last dimension)")
+        raise ValueError("a and b must have the same shape (..., T) (got "
+                         f"{tuple(a.shape)} and {tuple(b.shape)})")
+    if a.dtype != b.dtype:
+        raise TypeError(
+            f"a and b must share one dtype (got {a.dtype} and {b.dtype})")
 
 
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
-    """Return every h_t = a_t h_{t-1} + b_t (h before the start = 0) with a plain loop over time.
+    """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
-    Time is the last dimension; leading dimensions are independent channels. The loop
-    runs on Python floats (double precision), the fastest plain loop Python offers.
+    Time is the last dimension. The loop runs over time and updates all
+    leading dimensions (channels, batch) together at each step; it is made
+    of differentiable tensor operations, so gradients flow through it.
     """
     _check_scan(a, b)
-    a_rows = a.reshape(-1, a.shape[-1]).tolist()
-    b_rows = b.reshape(-1, b.shape[-1]).tolist()
+    state = torch.zeros_like(b[..., 0])  # h before the first step
     states = []
-    for a_row, b_row in zip(a_rows, b_rows, strict=True):
-        state, row = 0.0, []
-        for a_t, b_t in zip(a_row, b_row, strict=True):
-            state = a_t * state + b_t
-            row.append(state)
-        states.append(row)
-    return torch.tensor(states, dtype=b.dtype, device=b.device).reshape(b.shape)
+    for t in range(b.shape[-1]):
+        state = a[..., t] * state + b[..., t]
+        states.append(state)
+    return torch.stack(states, dim=-1)
 
 
-def discretize(delta: Tensor | float, a: float = -1.0, b: float = 1.0) -> tuple[Tensor, Tensor]:
-    """Return (A_bar, B_bar) = (e^(delta a), (e^(delta a) - 1) / a * b), the zero-order hold (@eq-ch04-selective).
+def step_sizes(markers: Tensor, sharpness: float = 10.0,
+               bias: float = -5.0) -> Tensor:
+    """Return delta_t = softplus(sharpness * marker_t + bias) (Equation 4.6)."""
+    check_tensor("markers", markers, floating=True)
+    sharpness = check_number("sharpness", sharpness)
+    bias = check_number("bias", bias)
+    return F.softplus(sharpness * markers + bias)
+
+
+def discretize(delta: Tensor, a: float = -1.0,
+               b: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Return the zero-order hold of Equation 4.6, (A_bar, B_bar) =
+    (e^(delta a), (e^(delta a) - 1) / a * b).
 
     Raises:
+        TypeError: delta is not a floating tensor, or a, b are not numbers.
         ValueError: a is not negative, or a step size is negative.
     """
-    if not a < 0:
-        raise ValueError(f"a must be negative so the state decays (got {a})")
-    delta = _as_float(delta)
+    check_tensor("delta", delta, floating=True)
+    a = check_number("a", a, below=0)
+    b = check_number("b", b)
     if (delta < 0).any():
-        raise ValueError("step sizes delta must be >= 0")
+        raise ValueError(f"delta must be >= 0 (got {delta.min().item():g})")
     keep = torch.exp(delta * a)
     return keep, (keep - 1.0) / a * b
 
 
-def step_sizes(markers, sharpness: float = 10.0, bias: float = -5.0) -> Tensor:
-    """Return delta_t = softplus(sharpness * marker_t + bias): large for marked tokens, tiny otherwise."""
-    return F.softplus(sharpness * _as_float(markers) + bias)
-
-
-def selective_ssm(x, delta, a: float = -1.0, b: float = 1.0, *, readout: float = 1.0) -> Tensor:
-    """Return the outputs c h_t of a one-channel SSM whose every step has its own delta_t (@eq-ch04-selective)."""
-    x, delta = _as_float(x), _as_float(delta)
+def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
+                  *, readout: float = 1.0) -> Tensor:
+    """Return c h_t for a one-channel SSM whose every step has its own delta_t
+    (Equation 4.6), time last; the recurrence runs in ``sequential_scan``.
+    """
+    check_tensor("x", x, floating=True, min_dims=1, nonempty=True)
+    check_tensor("delta", delta, dtype=x.dtype)
     if x.shape != delta.shape:
-        raise ValueError(f"x and delta must have the same shape (got {tuple(x.shape)} and {tuple(delta.shape)})")
+        raise ValueError("x and delta must have the same shape (got "
+                         f"{tuple(x.shape)} and {tuple(delta.shape)})")
+    readout = check_number("readout", readout)
     keep, write = discretize(delta, a, b)
-    return readout * sequential_scan(keep, write * x)  # h_t = keep_t h_{t-1} + write_t x_t
+    return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-RECALL_VALUES = (0.3, -0.5, 7.0, 0.8, -0.2, 0.6, -0.9, 0.4, 0.1, -0.3, 0.5, -0.6)
-"""The recall task: small noise, a marked 7 at position 2, then nine more noise values."""
-RECALL_MARKERS = (0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-
-
-def selective_recall() -> float:
-    """Return the selective SSM's final state on the recall task: how much of the 7 survives."""
-    return selective_ssm(RECALL_VALUES, step_sizes(RECALL_MARKERS))[-1].item()
-
-
-def fixed_step_recall(delta: float) -> float:
-    """Return the final state on the recall task with one fixed delta for every token (like S4)."""
-    return selective_ssm(RECALL_VALUES, torch.full((len(RECALL_VALUES),), float(delta)))[-1].item()
-
-
-# chapters/ch04-efficient-architectures.qmd:1720
+# chapters/ch04-efficient-architectures.qmd:1764
 def scan_rounds(length: int) -> int:
-    """Return the rounds a Hillis-Steele scan needs for `length` steps: ceil(log2 length)."""
-    if length < 0:
-        raise ValueError(f"length must be >= 0 (got {length})")
-    return max(0, math.ceil(math.log2(length))) if length > 0 else 0
+    """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
+
+    Exact integer arithmetic: T - 1 written in binary has that many digits.
+    """
+    length = check_int("length", length, minimum=0)
+    return max(length - 1, 0).bit_length()
 
 
 def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
-    """Return the same states as `sequential_scan` in ceil(log2 T) vectorised rounds (@eq-ch04-scan).
+    """Return ``sequential_scan``'s states in ceil(log2 T) rounds
+    (Equation 4.7).
 
-    After round r, position t holds the merge of steps t-2^(r+1)+1 .. t; no Python loop runs
-    over time, and nothing is divided, so a = 0 and long sequences are safe.
+    In round r every position merges with the one 2^r places earlier, all
+    at once; a position with nothing that far back keeps its step, as if
+    merged with the do-nothing step (1, 0). After round r, position t holds
+    the merge of steps t - 2^(r+1) + 1 .. t. Nothing is divided, so a = 0
+    and long sequences are safe, and nothing is written in place, so
+    gradients flow through it.
     """
     _check_scan(a, b)
-    steps = a.shape[-1]
-    a, b = a.clone(), b.clone()
-    next_a, next_b = torch.empty_like(a), torch.empty_like(b)
     shift = 1
-    while shift < steps:
-        next_a[..., :shift] = a[..., :shift]  # nothing earlier to merge with: keep as is
-        next_b[..., :shift] = b[..., :shift]
-        # (a_prev, b_prev) then (a, b)  ->  (a_prev * a, a * b_prev + b)
-        torch.addcmul(b[..., shift:], a[..., shift:], b[..., :-shift], out=next_b[..., shift:])
-        torch.mul(a[..., shift:], a[..., :-shift], out=next_a[..., shift:])
-        a, next_a, b, next_b = next_a, a, next_b, b  # swap buffers for the next round
+    while shift < a.shape[-1]:
+        # (a_earlier, b_earlier) then (a, b) -> (a_earlier a, a b_earlier + b)
+        later_a, later_b = a[..., shift:], b[..., shift:]
+        merged_b = torch.addcmul(later_b, later_a, b[..., :-shift])
+        merged_a = later_a * a[..., :-shift]
+        # the first `shift` positions have nothing that far back: kept as is
+        b = torch.cat([b[..., :shift], merged_b], dim=-1)
+        a = torch.cat([a[..., :shift], merged_a], dim=-1)
         shift *= 2
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:1912
-def ssm_state_bytes(channels: int, state_size: int, bytes_per_scalar: int = 2) -> int:
-    """Return the bytes one SSM layer carries between tokens: channels x state_size x bytes, at any length."""
-    for name, value in (("channels", channels), ("state_size", state_size), ("bytes_per_scalar", bytes_per_scalar)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1 (got {value})")
+# chapters/ch04-efficient-architectures.qmd:2019
+def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
+                   C: Tensor, D: Tensor | None = None) -> Tensor:
+    """Return y (batch, channels, length) of a selective SSM (Equation 4.8).
+
+    Shapes and discretization follow Mamba's reference ``selective_scan_ref``:
+    h_t[d, n] = exp(delta_t[d] A[d, n]) h_{t-1}[d, n] + delta_t[d] B_t[n]
+    u_t[d] and y_t[d] = sum_n C_t[n] h_t[d, n] + D[d] u_t[d]. The input
+    weight is delta B (the reference's choice), not Equation 4.6's
+    zero-order hold. The recurrence runs through ``parallel_scan``.
+
+    Args:
+        u: inputs, (b, d, l). delta: step sizes, (b, d, l).
+        A: rates, (d, n), negative for a state that decays.
+        B, C: every step's input and readout weights, (b, n, l).
+        D: optional skip weights, (d,).
+
+    Raises:
+        TypeError: an input is not a floating tensor, or the dtypes differ.
+        ValueError: the shapes do not fit together, or an input is empty.
+    """
+    check_tensor("u", u, dims=3, floating=True, nonempty=True)
+    check_tensor("A", A, dims=2, dtype=u.dtype, nonempty=True)
+    (batch, channels, length), state_size = u.shape, A.shape[-1]
+    expected = {"delta": (delta, (batch, channels, length)),
+                "A": (A, (channels, state_size)),
+                "B": (B, (batch, state_size, length)),
+                "C": (C, (batch, state_size, length))}
+    if D is not None:
+        expected["D"] = (D, (channels,))
+    for name, (tensor, shape) in expected.items():
+        check_tensor(name, tensor, dtype=u.dtype)
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} for u of shape "
+                             f"{tuple(u.shape)} (got {tuple(tensor.shape)})")
+    decay = torch.exp(delta[:, :, None, :] * A[None, :, :, None])  # (b,d,n,l)
+    write = (delta * u)[:, :, None, :] * B[:, None, :, :]  # (b, d, n, l)
+    states = parallel_scan(decay, write)  # h_t for every t: (b, d, n, l)
+    y = (states * C[:, None, :, :]).sum(dim=2)  # (b, d, l)
+    return y if D is None else y + D[:, None] * u
+
+
+# chapters/ch04-efficient-architectures.qmd:2174
+class SelectiveSSMLayer(nn.Module):
+    """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
+
+    ``in_proj`` widens each token to d_inner = expand * d_model numbers plus
+    a gate z of the same width, and u = silu(x W_in). Each token computes
+    its own step sizes delta = softplus(dt_proj(u W_dt)), one per channel,
+    input weights B = u W_B and readout C = u W_C, N numbers each;
+    ``selective_scan`` (Equation 4.8) runs with a skip D; the result is
+    gated by silu(z) and mapped back by ``out_proj``. A = -exp(A_log)
+    starts at -(1, 2, ..., N) in every channel, Mamba's S4D-real start, and
+    the step sizes start spread between 0.001 and 0.1.
+
+    With ``selective=False`` delta, B and C are learned constants: the same
+    layer, time-invariant, as in S4.
+
+    Args:
+        d_model: model width. state_size: N. expand: d_inner / d_model.
+        selective: compute delta, B and C from each token.
+
+    Raises:
+        TypeError: a size is not an int, or selective is not a bool.
+        ValueError: a size is below 1.
+    """
+
+    def __init__(self, d_model: int, state_size: int = 4, expand: int = 2, *,
+                 selective: bool = True) -> None:
+        super().__init__()
+        d_model = check_int("d_model", d_model, minimum=1)
+        self.state_size = check_int("state_size", state_size, minimum=1)
+        inner = d_model * check_int("expand", expand, minimum=1)
+        self.selective = check_bool("selective", selective)
+        self.dt_rank = -(-d_model // 16)  # Mamba's ceil(d_model / 16)
+        self.in_proj = nn.Linear(d_model, 2 * inner, bias=False)
+        self.out_proj = nn.Linear(inner, d_model, bias=False)
+        steps = torch.logspace(-3, -1, inner)  # 0.001 .. 0.1
+        unsoftplus = steps + torch.log(-torch.expm1(-steps))  # softplus^-1
+        if selective:
+            self.x_proj = nn.Linear(inner, self.dt_rank + 2 * state_size,
+                                    bias=False)
+            self.dt_proj = nn.Linear(self.dt_rank, inner)
+            with torch.no_grad():
+                self.dt_proj.bias.copy_(unsoftplus)
+        else:
+            self.dt_bias = nn.Parameter(unsoftplus)
+            self.B = nn.Parameter(torch.randn(state_size) / state_size**0.5)
+            self.C = nn.Parameter(torch.randn(state_size) / state_size**0.5)
+        rates = torch.arange(1, state_size + 1, dtype=torch.float32)
+        self.A_log = nn.Parameter(rates.log().repeat(inner, 1))  # (d_in, N)
+        self.D = nn.Parameter(torch.ones(inner))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Return the mixed sequence, (B, T, d_model)."""
+        check_tensor("x", x, dims=3, floating=True, nonempty=True)
+        batch, tokens, _ = x.shape
+        u, gate = self.in_proj(x).chunk(2, dim=-1)  # (B, T, d_inner) each
+        u = F.silu(u)
+        if self.selective:  # every token sets its own delta, B and C
+            dt, B, C = self.x_proj(u).split(
+                [self.dt_rank, self.state_size, self.state_size], dim=-1)
+            delta = F.softplus(self.dt_proj(dt))  # (B, T, d_inner)
+        else:  # the same delta, B and C at every step
+            delta = F.softplus(self.dt_bias).expand(batch, tokens, -1)
+            B = self.B.expand(batch, tokens, -1)  # (B, T, N)
+            C = self.C.expand(batch, tokens, -1)
+        u_, delta_, B_, C_ = (t.transpose(1, 2).contiguous()  # (B, ., T):
+                              for t in (u, delta, B, C))  # time last
+        y = selective_scan(u_, delta_, -self.A_log.exp(), B_, C_, self.D)
+        return self.out_proj(y.transpose(1, 2) * F.silu(gate))
+
+
+# chapters/ch04-efficient-architectures.qmd:2264
+def selective_copying_batch(
+    batch_size: int, length: int, copies: int, symbols: int,
+    generator: torch.Generator,
+) -> tuple[Tensor, Tensor]:
+    """Return (inputs (B, length + copies), targets (B, copies)), int64.
+
+    The Mamba paper's selective-copying task, small: ``copies`` symbols
+    (token ids copies + 1 .. copies + symbols) sit in order at random places
+    among ``length`` filler tokens (id 0); then come ``copies`` recall
+    tokens (ids 1 .. copies), and at the k-th of them the model must name
+    the k-th symbol. Targets are symbol indices, 0 .. symbols - 1.
+
+    Raises:
+        TypeError: a count is not an int, or generator is not a Generator.
+        ValueError: a count is below 1, or copies > length.
+    """
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    length = check_int("length", length, minimum=1)
+    copies = check_int("copies", copies, minimum=1, maximum=length)
+    symbols = check_int("symbols", symbols, minimum=1)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError("generator must be a torch.Generator "
+                        f"(got {describe(generator)})")
+    targets = torch.randint(symbols, (batch_size, copies), generator=generator)
+    order = torch.rand(batch_size, length, generator=generator).argsort(dim=1)
+    places = order[:, :copies].sort(dim=1).values  # (B, copies), increasing
+    inputs = torch.zeros(batch_size, length + copies, dtype=torch.long)
+    inputs.scatter_(1, places, targets + copies + 1)  # symbols among filler
+    inputs[:, length:] = torch.arange(1, copies + 1)  # the recall tokens
+    return inputs, targets
+
+
+class PositionalAttention(nn.Module):
+    """Chapter 1's causal multi-head attention with a learned position table.
+
+    Attention by itself cannot tell positions apart, so the layer adds a
+    learned table of positions (as TinyGPT does in Chapter 2) first.
+    """
+
+    def __init__(self, d_model: int, heads: int, max_len: int) -> None:
+        super().__init__()
+        self.attention = ch01.MultiHeadAttention(d_model, heads)
+        max_len = check_int("max_len", max_len, minimum=1)
+        self.positions = nn.Parameter(0.02 * torch.randn(max_len, d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Return the attended tokens, (B, T, d_model)."""
+        check_tensor("x", x, dims=3, floating=True, nonempty=True)
+        if x.shape[1] > len(self.positions):
+            raise ValueError(f"x has {x.shape[1]} tokens; the position table "
+                             f"holds {len(self.positions)}")
+        return self.attention(x + self.positions[: x.shape[1]])
+
+
+class CopyingModel(nn.Module):
+    """Embeddings, one residual mixing layer, and a head naming a symbol.
+
+    logits = head(norm(x + mixer(norm(x)))), x the token embeddings; only
+    ``mixer`` differs between the models the chapter compares.
+    """
+
+    def __init__(self, vocab: int, d_model: int, mixer: nn.Module,
+                 symbols: int) -> None:
+        super().__init__()
+        vocab = check_int("vocab", vocab, minimum=1)
+        d_model = check_int("d_model", d_model, minimum=1)
+        symbols = check_int("symbols", symbols, minimum=1)
+        if not isinstance(mixer, nn.Module):
+            raise TypeError(
+                f"mixer must be an nn.Module (got {describe(mixer)})")
+        self.embed = nn.Embedding(vocab, d_model)
+        self.norm_in = nn.LayerNorm(d_model)
+        self.mixer = mixer
+        self.norm_out = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, symbols)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Return logits over the symbols at every position, (B, T, symbols)."""
+        x = self.embed(tokens)  # (B, T, d_model)
+        x = x + self.mixer(self.norm_in(x))
+        return self.head(self.norm_out(x))
+
+
+def train_copying(model: CopyingModel, *, steps: int, length: int,
+                  copies: int, symbols: int, batch_size: int = 16,
+                  learning_rate: float = 0.01, seed: int = 0,
+                  test_size: int = 1000) -> dict:
+    """Train ``model`` on fresh selective-copying batches, then test it.
+
+    Adam with a one-cycle learning rate; the loss is the cross-entropy at
+    the recall tokens only. Returns ``accuracy``, the share of recall
+    positions named right on ``test_size`` sequences drawn from a separate
+    generator, and ``losses``, one per step.
+    """
+    steps = check_int("steps", steps, minimum=1)
+    learning_rate = check_number("learning_rate", learning_rate, above=0)
+    seed = check_int("seed", seed, minimum=0)
+    test_size = check_int("test_size", test_size, minimum=1)
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=learning_rate, total_steps=steps, pct_start=0.1)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        inputs, targets = selective_copying_batch(
+            batch_size, length, copies, symbols, generator)
+        logits = model(inputs)[:, -copies:]  # (B, copies, symbols)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    model.eval()
+    test_generator = torch.Generator().manual_seed(seed + 1)
+    inputs, targets = selective_copying_batch(
+        test_size, length, copies, symbols, test_generator)
+    with torch.no_grad():
+        named = model(inputs)[:, -copies:].argmax(dim=-1)
+    return {"accuracy": (named == targets).float().mean().item(),
+            "losses": losses}
+
+
+# chapters/ch04-efficient-architectures.qmd:2521
+def ssm_state_bytes(channels: int, state_size: int,
+                    bytes_per_scalar: int = 2) -> int:
+    """Return the bytes one SSM layer carries between tokens, at any length."""
+    channels = check_int("channels", channels, minimum=1)
+    state_size = check_int("state_size", state_size, minimum=1)
+    bytes_per_scalar = check_int("bytes_per_scalar", bytes_per_scalar,
+                                 minimum=1)
     return channels * state_size * bytes_per_scalar
 
 
-def hybrid_cache_bytes(
-    tokens: int,
-    config: ch03.KVConfig | None = None,
-    *,
-    attention_layers: int = 4,
-    channels: int = 4096,
-    state_size: int = 16,
-) -> int:
-    """Return the cache of a hybrid stack (@eq-ch04-hybrid): attention layers grow with T, SSM layers do not.
+def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
+                       attention_layers: int = 4, channels: int = 4096,
+                       state_size: int = 16) -> int:
+    """Return a hybrid stack's cache (Equation 4.9): attention layers grow
+    with T, the other layers keep a fixed SSM state.
 
-    `config` gives the total layers and the attention layers' shape (default `RUNNING_EXAMPLE`);
-    the SSM state uses the same bytes per number. With attention_layers == config.layers this
-    is `ch03.kv_bytes(config, tokens)`.
+    ``config`` gives the total layers and the attention layers' shape
+    (default RUNNING_EXAMPLE); the SSM state uses the same bytes per number.
+    With ``attention_layers == config.layers`` this is Chapter 3's
+    ``kv_bytes(config, tokens)``.
 
     Raises:
-        ValueError: tokens < 0, or attention_layers outside 0..layers.
+        TypeError: a count is not an int, or config is not a KVConfig.
+        ValueError: tokens < 0, attention_layers outside 0..layers, or a
+            config with windowed layers.
     """
+    tokens = check_int("tokens", tokens, minimum=0)
     config = RUNNING_EXAMPLE if config is None else config
-    if tokens < 0:
-        raise ValueError(f"tokens must be >= 0 (got {tokens})")
-    if not 0 <= attention_layers <= config.layers:
-        raise ValueError(f"attention_layers must lie in 0..{config.layers} (got {attention_layers})")
-    attention = ch03.kv_bytes(replace(config, layers=attention_layers), tokens) if attention_layers else 0
-    ssm_layers = config.layers - attention_layers
-    return attention + ssm_layers * ssm_state_bytes(channels, state_size, config.bytes_per_scalar)
+    if not isinstance(config, ch03.KVConfig):
+        raise TypeError(
+            f"config must be a ch03.KVConfig (got {describe(config)})")
+    attention_layers = check_int("attention_layers", attention_layers,
+                                 minimum=0, maximum=config.layers)
+    if config.windowed_layers:
+        raise ValueError("config must have no windowed layers (got "
+                         f"windowed_layers={config.windowed_layers})")
+    state = ssm_state_bytes(channels, state_size, config.bytes_per_scalar)
+    attention = 0
+    if attention_layers:
+        attention = ch03.kv_bytes(replace(config, layers=attention_layers),
+                                  tokens)
+    return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:2118
+# chapters/ch04-efficient-architectures.qmd:2759
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
 
 class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
-    """Chapter 3's latent-cache layer with a second forward pass that never expands keys or values.
+    """Chapter 3's latent layer with a pass that builds no key or value.
 
-    `forward_absorbed` gives the same output and cache as `forward` (@eq-ch04-latent): content
-    scores are (q W_UK_h^T) . c_t and outputs (sum_j w_j c_j) W_UV_h^T, head by head. A decoupled
-    rotary key (rope_key_dim > 0) cannot be absorbed, because its rotation depends on the
-    position; it is cached as it is and scored as in `forward`, as DeepSeek-V2 does.
+    ``forward_absorbed`` returns ``forward``'s output and cache (Equation
+    4.10) with the up-projections merged into their neighbours, head by
+    head: W_Q_h^T W_UK_h takes a token straight to head h's query in latent
+    coordinates, and W_UV_h^T W_O_h^T takes a blend of latents straight to
+    head h's share of the output. A decoupled rotary key (rope_key_dim > 0)
+    is rotated by position, so it cannot be merged: it is cached as it is
+    and scored as in ``forward``, as DeepSeek-V2 does.
     """
 
-    def forward_absorbed(self, x: Tensor, cache: LatentCache | None = None) -> tuple[Tensor, LatentCache]:
-        """Return (output (B, T, d_model), cache (B, T_past + T, r + d_R)), equal to `forward`'s.
+    def merged_weights(self) -> tuple[Tensor, Tensor]:
+        """Return (to_latent (H, d_model, r), to_output (H, r, d_model)).
+
+        ``x @ to_latent[h]`` is head h's query in latent coordinates, and
+        ``blend @ to_output[h]`` is head h's share of the output for a
+        blend of latents. Compute them once after training and pass them to
+        ``forward_absorbed``, as a deployed model would.
+        """
+        heads, width, rank = self.query_heads, self.head_dim, self.latent_rank
+        w_q = self.query.weight.view(heads, width, self.d_model)  # W_Q_h rows
+        w_uk = self.key_up.weight.view(heads, width, rank)  # (H, d_h, r)
+        w_uv = self.value_up.weight.view(heads, width, rank)  # (H, d_h, r)
+        w_o = self.output.weight.view(self.d_model, heads, width)
+        w_o = w_o.permute(1, 2, 0)  # W_O_h^T: (H, d_h, d_model)
+        to_latent = w_q.transpose(1, 2) @ w_uk  # (H, d_model, r)
+        to_output = w_uv.transpose(1, 2) @ w_o  # (H, r, d_model)
+        return to_latent, to_output
+
+    def forward_absorbed(
+        self, x: Tensor, cache: LatentCache | None = None, *,
+        merged: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, LatentCache]:
+        """Return (output (B, T, d_model), cache (B, T_past + T, r + d_R)).
+
+        Both equal ``forward``'s. ``merged`` is what ``merged_weights()``
+        returns; None computes it here.
 
         Raises:
-            ValueError: x is not (B, T, d_model) or the cache does not have the layer's width.
+            TypeError: merged is not a pair of floating tensors.
+            ValueError: x, cache or merged has the wrong shape.
         """
-        if x.dim() != 3 or x.size(-1) != self.d_model:
-            raise ValueError(f"x must have shape (B, T, {self.d_model}) (got {tuple(x.shape)})")
-        if cache is not None and (cache.dim() != 3 or cache.size(-1) != self.latent_width()):
-            raise ValueError(f"cache must have shape (B, T_past, {self.latent_width()}) (got {tuple(cache.shape)})")
-        batch, tokens, _ = x.shape
-        heads, head_dim, rank, rope = self.query_heads, self.head_dim, self.latent_rank, self.rope_key_dim
-        past = 0 if cache is None else cache.size(1)
-        fresh = self.latent_down(x)  # (B, T, r): the content part of the cache
+        rank, rope = self.latent_rank, self.rope_key_dim
+        latent, positions = self.extend_latent(x, cache)  # Chapter 3's checks
+        if merged is None:
+            merged = self.merged_weights()
+        if not isinstance(merged, tuple | list) or len(merged) != 2:
+            raise TypeError("merged must be the pair merged_weights() "
+                            f"returns (got {describe(merged)})")
+        shapes = ((self.query_heads, self.d_model, rank),
+                  (self.query_heads, rank, self.d_model))
+        for name, tensor, shape in zip(("merged[0]", "merged[1]"), merged,
+                                       shapes, strict=True):
+            check_tensor(name, tensor, floating=True)
+            if tuple(tensor.shape) != shape:
+                raise ValueError(f"{name} must have shape {shape} "
+                                 f"(got {tuple(tensor.shape)})")
+        to_latent, to_output = merged
+        content = latent[:, None, :, :rank]  # (B, 1, T_k, r): shared by heads
+        query_latent = x[:, None] @ to_latent  # (B, H, T, r)
+        scores = query_latent @ content.transpose(-2, -1)  # (B, H, T, T_k)
         if rope:
-            positions = torch.arange(tokens) + past
-            bands = 10_000.0 ** -(torch.arange(0, rope, 2, dtype=torch.float64) / rope)  # Chapter 3's bands
-            fresh = torch.cat((fresh, ch03.apply_rope(self.rope_key(x), positions, bands)), dim=-1)
-        latent = fresh if cache is None else torch.cat((cache, fresh), dim=1)  # (B, T_k, r + d_R)
-        content = latent[..., :rank].unsqueeze(1)  # (B, 1, T_k, r), shared by every head
-        query = ch01.split_heads(self.query(x), heads)  # (B, H, T, d_h)
-        key_up = self.key_up.weight.view(heads, head_dim, rank)  # head h's W_UK^T, (H, d_h, r)
-        value_up = self.value_up.weight.view(heads, head_dim, rank)  # head h's W_UV^T, (H, d_h, r)
-        query_latent = query @ key_up  # (B, H, T, r): each query moved into latent space
-        scores = query_latent @ content.transpose(-2, -1)  # (B, H, T, T_k) = q . k, no key built
-        if rope:
-            rotary_query = ch03.apply_rope(ch01.split_heads(self.rope_query(x), heads), positions, bands)
-            scores = scores + rotary_query @ latent[:, None, :, rank:].transpose(-2, -1)
-        scores = scores / math.sqrt(head_dim + rope)  # the scale `forward` uses for its (d_h + d_R)-wide keys
-        visible = ch01.causal_mask(latent.size(1), device=x.device)[latent.size(1) - tokens :]
-        weights = ch01.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
-        mixed = weights @ content  # (B, H, T, r): mix the latents first ...
-        heads_out = mixed @ value_up.transpose(-2, -1)  # ... then expand once per query: (B, H, T, d_h)
-        return self.output(ch01.merge_heads(heads_out)), latent
+            rotary_query = self.rotary_queries(x, positions)  # (B, H, T, d_R)
+            rotary_key = latent[:, None, :, rank:]  # (B, 1, T_k, d_R)
+            scores = scores + rotary_query @ rotary_key.transpose(-2, -1)
+        scores = scores / math.sqrt(self.head_dim + rope)  # forward's scale
+        visible = ch03.causal_rows(x.size(1), latent.size(1), device=x.device)
+        weights = ch01.softmax(scores.masked_fill(~visible, -math.inf), dim=-1)
+        blend = weights @ content  # (B, H, T, r): blend the latents first,
+        output = (blend @ to_output).sum(dim=1)  # then map once: (B, T, d)
+        return output, latent
 
 
-# chapters/ch04-efficient-architectures.qmd:2221
-def quantize_kv(x: Tensor, bits: int, *, per: str = "token") -> tuple[Tensor, Tensor]:
-    """Return (codes, scale) for cached keys or values (..., T, d), via `ch02.quantize`.
+# chapters/ch04-efficient-architectures.qmd:2942
+def quantize_kv(x: Tensor, bits: int, *,
+                per: str = "token") -> tuple[Tensor, Tensor]:
+    """Return (codes, scale) for cached keys or values (..., T, d).
 
-    per="token": one scale per cached vector (each token, each head), the usual choice.
-    per="channel": one scale per channel across the tokens, KIVI's choice for keys.
+    ``per="token"``: one scale per cached vector, the usual choice;
+    ``per="channel"``: one scale per channel across the tokens, KIVI's
+    choice for keys. The rounding is Chapter 2's ``quantize``.
 
     Raises:
-        ValueError: per is not "token" or "channel", x has fewer than 2 dimensions, or
-        bits is outside what `ch02.quantize` supports.
+        TypeError: x is not a floating tensor, bits not an int, per not a str.
+        ValueError: x has fewer than 2 dimensions or is empty, bits is
+            outside 2..16, or per is not "token" or "channel".
     """
-    if per not in ("token", "channel"):
-        raise ValueError(f"per must be 'token' or 'channel' (got {per!r})")
-    if x.dim() < 2:
-        raise ValueError(f"x must be (..., T, d) (got shape {tuple(x.shape)})")
+    check_tensor("x", x, floating=True, min_dims=2, nonempty=True)
+    bits = check_int("bits", bits, minimum=2, maximum=16)
+    per = check_choice("per", per, ("token", "channel"))
     return ch02.quantize(x, bits, dim=-1 if per == "token" else -2)
 
 
-def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *, scale_bytes: int = 2) -> int:
-    """Return cache bytes per token at `bits` per number plus one scale per stored vector (@eq-ch04-quantized).
+def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
+                                 scale_bytes: int = 2) -> int:
+    """Return the cache bytes per token at ``bits`` per number
+    (Equation 4.11).
 
-    2 L H_kv (d_h bits / 8 + scale_bytes); codes are packed, rounded up to whole bytes.
+    Every stored vector costs its packed codes, rounded up to whole bytes,
+    plus one scale: a standard cache stores 2 L H_kv vectors of d_h numbers
+    per token, a latent cache L vectors of r + d_R numbers.
+
+    Raises:
+        TypeError: config is not a KVConfig, or a count is not an int.
+        ValueError: bits outside 1..16, or scale_bytes < 0.
     """
-    if not 1 <= bits <= 16:
-        raise ValueError(f"bits must lie in 1..16 (got {bits})")
-    if scale_bytes < 0:
-        raise ValueError(f"scale_bytes must be >= 0 (got {scale_bytes})")
-    vectors = 2 * config.layers * config.kv_heads  # stored vectors: K and V, every KV head, every layer
-    return vectors * (math.ceil(config.head_dim * bits / 8) + scale_bytes)
+    if not isinstance(config, ch03.KVConfig):
+        raise TypeError(
+            f"config must be a ch03.KVConfig (got {describe(config)})")
+    bits = check_int("bits", bits, minimum=1, maximum=16)
+    scale_bytes = check_int("scale_bytes", scale_bytes, minimum=0)
+    if config.latent_rank is None:  # a key and a value per KV head and layer
+        vectors, width = 2 * config.layers * config.kv_heads, config.head_dim
+    else:  # one latent, with its rotary key, per layer
+        vectors = config.layers
+        width = config.latent_rank + config.rope_key_dim
+    return vectors * (-(-width * bits // 8) + scale_bytes)
 
 
-def quantized_cache_error(
-    bits: int,
-    *,
-    keys_per: str = "token",
-    tokens: int = 64,
-    dim: int = 64,
-    outlier_channels: int = 0,
-    outlier_scale: float = 10.0,
-    seed: int = 0,
-) -> float:
-    """Return the relative change ||approx - exact|| / ||exact|| of causal attention outputs.
+def quantized_cache_error(bits: int, *, keys_per: str = "token",
+                          tokens: int = 64, dim: int = 64,
+                          outlier_channels: int = 0,
+                          outlier_scale: float = 10.0, seed: int = 0) -> float:
+    """Return ||approx - exact|| / ||exact|| for causal attention outputs
+    when keys (scaled ``keys_per``) and values (per token) are stored at
+    ``bits``.
 
-    Keys are stored per `keys_per` ("token" or "channel"), values per token, both at `bits`.
-    `outlier_channels` key channels are multiplied by `outlier_scale`, as trained keys often have
-    a few large channels. Random data, not a trained model.
+    ``outlier_channels`` key channels are multiplied by ``outlier_scale``,
+    as trained keys often have a few large channels. Random data, not a
+    trained model.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: an argument is out of range.
     """
-    if tokens < 1 or dim < 1:
-        raise ValueError(f"tokens and dim must be >= 1 (got {tokens} and {dim})")
-    if not 0 <= outlier_channels <= dim:
-        raise ValueError(f"outlier_channels must lie in 0..{dim} (got {outlier_channels})")
+    bits = check_int("bits", bits, minimum=2, maximum=16)
+    keys_per = check_choice("keys_per", keys_per, ("token", "channel"))
+    tokens = check_int("tokens", tokens, minimum=1)
+    dim = check_int("dim", dim, minimum=1)
+    outlier_channels = check_int("outlier_channels", outlier_channels,
+                                 minimum=0, maximum=dim)
+    outlier_scale = check_number("outlier_scale", outlier_scale, above=0)
+    seed = check_int("seed", seed, minimum=0)
     generator = torch.Generator().manual_seed(seed)
-    query, key, value = (torch.randn(tokens, dim, generator=generator) for _ in range(3))
+    query, key, value = (torch.randn(tokens, dim, generator=generator)
+                         for _ in range(3))
     loud = torch.randperm(dim, generator=generator)[:outlier_channels]
     key[:, loud] *= outlier_scale
     mask = ch01.causal_mask(tokens)
     exact, _ = ch01.scaled_dot_product_attention(query, key, value, mask)
     key_hat = ch02.dequantize(*quantize_kv(key, bits, per=keys_per))
     value_hat = ch02.dequantize(*quantize_kv(value, bits, per="token"))
-    approx, _ = ch01.scaled_dot_product_attention(query, key_hat, value_hat, mask)
-    return (torch.linalg.norm(approx - exact) / torch.linalg.norm(exact)).item()
+    approx, _ = ch01.scaled_dot_product_attention(query, key_hat, value_hat,
+                                                  mask)
+    return (torch.linalg.norm(approx - exact)
+            / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:2391
-def cache_bytes_by_design(tokens: int, config: ch03.KVConfig | None = None) -> dict[str, int]:
-    """Return the bytes one conversation's past costs under each design, on the running example's shape.
+# chapters/ch04-efficient-architectures.qmd:3154
+def cache_bytes_by_design(
+    tokens: int, config: ch03.KVConfig | None = None,
+) -> dict[str, int]:
+    """Return the bytes one conversation's past costs under each design.
 
-    Latent: DeepSeek-V2's 512 + 64 numbers per layer on this stack; window: 4,096 tokens;
-    hybrid: 4 attention layers of 32; SSM: 4,096 channels x 16 state numbers per layer.
+    ``config`` (default RUNNING_EXAMPLE) must be a standard cache without a
+    window. Latent: DeepSeek-V2's 512 + 64 numbers per layer on this stack;
+    window: 4,096 tokens in every layer; hybrid: one attention layer in
+    eight (at least one); SSM: 4,096 channels x 16 state numbers per layer.
+    The labels name the config's own head count and depth.
+
+    Raises:
+        TypeError: tokens is not an int, or config is not a KVConfig.
+        ValueError: tokens < 0, or config is latent or windowed.
     """
-    if tokens < 0:
-        raise ValueError(f"tokens must be >= 0 (got {tokens})")
+    tokens = check_int("tokens", tokens, minimum=0)
     config = RUNNING_EXAMPLE if config is None else config
-    latent = ch03.KVConfig(
-        name="latent 512+64", layers=config.layers, query_heads=config.query_heads,
-        head_dim=config.head_dim, bytes_per_scalar=config.bytes_per_scalar, latent_rank=512, rope_key_dim=64,
-    )
+    if not isinstance(config, ch03.KVConfig):
+        raise TypeError(
+            f"config must be a ch03.KVConfig (got {describe(config)})")
+    if config.latent_rank is not None or config.windowed_layers:
+        raise ValueError("config must be a standard cache without a window "
+                         f"(got {config.name!r})")
+    heads, kv_heads, layers = config.query_heads, config.kv_heads, config.layers
+    if kv_heads == heads:
+        kind = "multi-head"
+    else:
+        kind = "multi-query" if kv_heads == 1 else "grouped-query"
+    own = f"{kind} ({kv_heads} KV head{'s' if kv_heads > 1 else ''})"
+    mixed = max(1, layers // 8)  # one attention layer in eight, as in Jamba
+    latent = replace(config, kv_heads=None, latent_rank=512, rope_key_dim=64)
+    window = replace(config, window=4096, windowed_layers=layers)
     return {
-        "multi-head (32 KV heads)": ch03.kv_bytes(replace(config, kv_heads=config.query_heads), tokens),
-        "grouped-query (8 KV heads)": ch03.kv_bytes(config, tokens),
+        f"multi-head ({heads} KV heads)": ch03.kv_bytes(
+            replace(config, kv_heads=heads), tokens),
+        own: ch03.kv_bytes(config, tokens),
         "latent (512 + 64 per layer)": ch03.kv_bytes(latent, tokens),
-        "grouped-query, 4-bit": tokens * quantized_kv_bytes_per_token(config, 4),
-        "hybrid (4 attention of 32)": hybrid_cache_bytes(tokens, config),
-        "sliding window (4,096)": ch03.kv_bytes(replace(config, window=4096, windowed_layers=config.layers), tokens),
-        "state-space (all 32 layers)": hybrid_cache_bytes(tokens, config, attention_layers=0),
+        f"{kind}, 4-bit": tokens * quantized_kv_bytes_per_token(config, 4),
+        f"hybrid ({mixed} attention of {layers})": hybrid_cache_bytes(
+            tokens, config, attention_layers=mixed),
+        "sliding window (4,096)": ch03.kv_bytes(window, tokens),
+        f"state-space (all {layers} layers)": hybrid_cache_bytes(
+            tokens, config, attention_layers=0),
     }

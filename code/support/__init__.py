@@ -9,9 +9,12 @@ says what is allowed and shows what was given, before any work is done.
 from .checks import (
     check_bool,
     check_choice,
+    check_device,
     check_int,
+    check_int_sequence,
     check_number,
     check_tensor,
+    check_type,
     describe,
 )
 from .data import data_path
@@ -22,9 +25,12 @@ __all__ = [
     "apply_book_style",
     "check_bool",
     "check_choice",
+    "check_device",
     "check_int",
+    "check_int_sequence",
     "check_number",
     "check_tensor",
+    "check_type",
     "data_path",
     "describe",
 ]

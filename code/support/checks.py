@@ -4,6 +4,11 @@ Every check takes the argument's name first, so the message can say which argume
 wrong (``kv_heads must be a positive integer (got 0)``), and returns the value in its
 canonical form (a Python ``int`` for any integer type, a ``float`` for any real number),
 so a caller writes ``heads = check_int("heads", heads, minimum=1)`` and moves on.
+
+The checks hold themselves to the same rule: an option of a check that is itself
+malformed (``check_int("heads", 4, minimum=True)``) raises TypeError or ValueError
+naming that option. ``check_type`` is the one place where ``isinstance`` is written
+out for a name; everything else goes through the checks.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Mapping
 
 import torch
 from torch import Tensor
@@ -28,6 +33,39 @@ def describe(value: object) -> str:
     if isinstance(value, bool | numbers.Number | str):
         return f"{type(value).__name__} {value!r}"
     return type(value).__name__
+
+
+def _type_name(kind: type) -> str:
+    """Return how an error message names a type: ``str``, ``torch.Generator``, ``GPTConfig``."""
+    return f"torch.{kind.__name__}" if kind.__module__.startswith("torch") else kind.__name__
+
+
+def check_type(name: str, value: object, expected: type | tuple[type, ...]) -> object:
+    """Return ``value`` if it is an instance of ``expected``; otherwise raise TypeError naming ``name``.
+
+    For objects that are not numbers: a config, a model, a cache, a string, a
+    ``torch.Generator``. Counts and reals have their own checks
+    (``check_int``, ``check_number``), which also refuse ``bool``.
+
+    Args:
+        name: The argument's name.
+        value: What the caller passed.
+        expected: A type, or a non-empty tuple of types any of which will do.
+
+    Raises:
+        TypeError: If ``value`` is not an instance of ``expected`` (or if
+            ``name`` is not a string or ``expected`` is not a type or tuple
+            of types).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str (got {describe(name)})")
+    kinds = expected if isinstance(expected, tuple) else (expected,)
+    if not kinds or not all(isinstance(kind, type) for kind in kinds):
+        raise TypeError(f"expected must be a type or a non-empty tuple of types (got {describe(expected)})")
+    if not isinstance(value, kinds):
+        wanted = " or ".join(_type_name(kind) for kind in kinds)
+        raise TypeError(f"{name} must be a {wanted} (got {describe(value)})")
+    return value
 
 
 def check_int(
@@ -52,6 +90,13 @@ def check_int(
         TypeError: If ``value`` is not an integer (a bool is not).
         ValueError: If ``value`` lies outside ``[minimum, maximum]``.
     """
+    check_type("name", name, str)
+    if minimum is not None:
+        minimum = check_int("minimum", minimum)
+    if maximum is not None:
+        maximum = check_int("maximum", maximum)
+    if minimum is not None and maximum is not None and minimum > maximum:
+        raise ValueError(f"minimum must be <= maximum (got {minimum} and {maximum})")
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int (got bool {value!r})")
     try:
@@ -64,6 +109,14 @@ def check_int(
     if maximum is not None and number > maximum:
         raise ValueError(f"{name} must be an integer <= {maximum} (got {number})")
     return number
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a bool; otherwise raise TypeError naming ``name``."""
+    check_type("name", name, str)
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False (got {describe(value)})")
+    return value
 
 
 def check_number(
@@ -94,6 +147,12 @@ def check_number(
         TypeError: If ``value`` is not a real number.
         ValueError: If it is NaN, infinite when ``finite``, or out of range.
     """
+    check_type("name", name, str)
+    bounds = {"minimum": minimum, "above": above, "maximum": maximum, "below": below}
+    for bound, limit in bounds.items():
+        if limit is not None:
+            check_number(bound, limit, finite=False)
+    finite = check_bool("finite", finite)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number (got {describe(value)})")
     number = float(value)
@@ -110,27 +169,44 @@ def check_number(
     return number
 
 
-def check_bool(name: str, value: object) -> bool:
-    """Return ``value`` if it is a bool; otherwise raise TypeError naming ``name``."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False (got {describe(value)})")
-    return value
-
-
 def check_choice(name: str, value: object, choices: Collection[str]) -> str:
     """Return ``value`` if it is one of the strings in ``choices``.
 
     Raises:
-        TypeError: If ``value`` is not a string.
+        TypeError: If ``value`` is not a string (or ``choices`` is not a
+            collection of strings).
         ValueError: If it is a string that is not one of ``choices`` (the
-            message lists them).
+            message lists them), or ``choices`` is empty.
     """
+    check_type("name", name, str)
+    if isinstance(choices, str) or not isinstance(choices, Collection):
+        raise TypeError(f"choices must be a collection of strings (got {describe(choices)})")
+    for choice in choices:
+        check_type("choices", choice, str)
+    if not choices:
+        raise ValueError("choices must not be empty")
     allowed = ", ".join(repr(choice) for choice in choices)
     if not isinstance(value, str):
         raise TypeError(f"{name} must be one of {allowed} (got {describe(value)})")
     if value not in choices:
         raise ValueError(f"{name} must be one of {allowed} (got {value!r})")
     return value
+
+
+def check_device(name: str, value: object) -> torch.device:
+    """Return ``value`` as a ``torch.device``; it may be a device or a name such as ``"cpu"``.
+
+    Raises:
+        TypeError: If ``value`` is neither a ``torch.device`` nor a string.
+        ValueError: If it is a string that names no device type torch knows.
+    """
+    check_type("name", name, str)
+    if not isinstance(value, torch.device | str):
+        raise TypeError(f"{name} must be a torch.device or a device name such as 'cpu' (got {describe(value)})")
+    try:
+        return torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"{name} must name a device torch knows, such as 'cpu' or 'cuda:0' (got {value!r})") from None
 
 
 def check_tensor(
@@ -140,8 +216,9 @@ def check_tensor(
     dims: int | tuple[int, ...] | None = None,
     min_dims: int | None = None,
     floating: bool = False,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | tuple[torch.dtype, ...] | None = None,
     nonempty: bool = False,
+    sizes: Mapping[int, int] | None = None,
 ) -> Tensor:
     """Return ``value`` if it is a tensor of the kind asked for.
 
@@ -151,32 +228,107 @@ def check_tensor(
         dims: The allowed number of dimensions (one int or a tuple), or None.
         min_dims: The fewest dimensions allowed, or None.
         floating: Require a floating-point dtype.
-        dtype: Require exactly this dtype.
+        dtype: Require this dtype, or one of a tuple of dtypes.
         nonempty: Refuse a tensor with no elements.
+        sizes: Required sizes of some dimensions, ``{dimension: size}``;
+            ``{-1: 64}`` asks for a last dimension of 64.
 
     Raises:
         TypeError: If ``value`` is not a tensor or has the wrong dtype.
-        ValueError: If it has the wrong number of dimensions or is empty when
-            ``nonempty``.
+        ValueError: If it has the wrong number of dimensions, is empty when
+            ``nonempty``, or has a wrong size in one of ``sizes``.
     """
+    check_type("name", name, str)
+    allowed_dims = None
+    if dims is not None:
+        allowed_dims = tuple(dims) if isinstance(dims, tuple) else (dims,)
+        allowed_dims = tuple(check_int("dims", d, minimum=0) for d in allowed_dims)
+    if min_dims is not None:
+        min_dims = check_int("min_dims", min_dims, minimum=0)
+    floating = check_bool("floating", floating)
+    allowed_dtypes = None
+    if dtype is not None:
+        allowed_dtypes = tuple(dtype) if isinstance(dtype, tuple) else (dtype,)
+        for kind in allowed_dtypes:
+            check_type("dtype", kind, torch.dtype)
+    nonempty = check_bool("nonempty", nonempty)
+    required = {}
+    if sizes is not None:
+        check_type("sizes", sizes, Mapping)
+        required = {check_int("sizes", d): check_int("sizes", s, minimum=0) for d, s in sizes.items()}
+
     if not isinstance(value, Tensor):
         kind = "a floating-point tensor" if floating else "a tensor"
         raise TypeError(f"{name} must be {kind} (got {describe(value)})")
     if floating and not value.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor (got {describe(value)})")
-    if dtype is not None and value.dtype != dtype:
-        raise TypeError(f"{name} must be a tensor of dtype {dtype} (got {describe(value)})")
-    if dims is not None:
-        allowed = (dims,) if isinstance(dims, int) else tuple(dims)
-        if value.dim() not in allowed:
-            wanted = " or ".join(str(d) for d in allowed)
-            raise ValueError(
-                f"{name} must have {wanted} dimensions (got shape {tuple(value.shape)})"
-            )
+    if allowed_dtypes is not None and value.dtype not in allowed_dtypes:
+        wanted = " or ".join(str(d) for d in allowed_dtypes)
+        raise TypeError(f"{name} must be a tensor of dtype {wanted} (got {describe(value)})")
+    shape = tuple(value.shape)
+    if allowed_dims is not None and value.dim() not in allowed_dims:
+        wanted = " or ".join(str(d) for d in allowed_dims)
+        raise ValueError(f"{name} must have {wanted} dimensions (got shape {shape})")
     if min_dims is not None and value.dim() < min_dims:
-        raise ValueError(
-            f"{name} must have at least {min_dims} dimensions (got shape {tuple(value.shape)})"
-        )
+        raise ValueError(f"{name} must have at least {min_dims} dimensions (got shape {shape})")
     if nonempty and value.numel() == 0:
-        raise ValueError(f"{name} must not be empty (got shape {tuple(value.shape)})")
+        raise ValueError(f"{name} must not be empty (got shape {shape})")
+    for dim, size in required.items():
+        if not -value.dim() <= dim < value.dim() or shape[dim] != size:
+            raise ValueError(f"{name} must have size {size} in dimension {dim} (got shape {shape})")
     return value
+
+
+def check_int_sequence(
+    name: str,
+    value: object,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    nonempty: bool = False,
+) -> Tensor:
+    """Return a sequence of integers (token ids, say) as a 1-d int64 tensor.
+
+    A list, a tuple, a ``range``, a NumPy array or a 1-d integer tensor will
+    do; floats, bools and strings are refused rather than rounded.
+
+    Args:
+        name: The argument's name.
+        value: What the caller passed.
+        minimum: The smallest allowed entry (inclusive), or None.
+        maximum: The largest allowed entry (inclusive), or None.
+        nonempty: Refuse a sequence with no entries.
+
+    Raises:
+        TypeError: If ``value`` is not a sequence of integers.
+        ValueError: If it is not one-dimensional, is empty when ``nonempty``,
+            or has an entry outside ``[minimum, maximum]``.
+    """
+    check_type("name", name, str)
+    if minimum is not None:
+        minimum = check_int("minimum", minimum)
+    if maximum is not None:
+        maximum = check_int("maximum", maximum, minimum=minimum)
+    nonempty = check_bool("nonempty", nonempty)
+    wanted = f"{name} must be a sequence of integers"
+    if isinstance(value, Tensor):
+        ids = value
+    elif isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise TypeError(f"{wanted} (got {describe(value)})")
+    else:
+        entries = list(value)
+        try:
+            ids = torch.as_tensor(entries) if entries else torch.empty(0, dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{wanted} (got a {type(value).__name__} whose entries are not all integers)") from None
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise TypeError(f"{wanted} (got entries of dtype {ids.dtype})")
+    if ids.dim() != 1:
+        raise ValueError(f"{wanted}, one-dimensional (got shape {tuple(ids.shape)})")
+    if nonempty and ids.numel() == 0:
+        raise ValueError(f"{name} must not be empty")
+    if ids.numel() and minimum is not None and int(ids.min()) < minimum:
+        raise ValueError(f"{name} must hold integers >= {minimum} (got {int(ids.min())})")
+    if ids.numel() and maximum is not None and int(ids.max()) > maximum:
+        raise ValueError(f"{name} must hold integers <= {maximum} (got {int(ids.max())})")
+    return ids.long()

@@ -1,9 +1,11 @@
 // MathJax 3 settings for the notebook edition; MathJax itself is in assets/mathjax/.
+// Pandoc has already decided what is maths and writes it as \( \) and \[ \], as it does for
+// Quarto: a dollar sign it left as text stays text here too.
 window.MathJax = {
   tex: {
-    inlineMath: [["$", "$"], ["\\(", "\\)"]],
-    displayMath: [["$$", "$$"], ["\\[", "\\]"]],
-    processEscapes: true,
+    inlineMath: [["\\(", "\\)"]],
+    displayMath: [["\\[", "\\]"]],
+    processEscapes: false,
     processEnvironments: true,
     tags: "none"
   },

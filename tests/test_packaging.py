@@ -1,0 +1,229 @@
+"""The package as readers install it.
+
+- A wheel, built from the repository and installed into a clean virtual environment
+  (no network: ``--no-deps``, the pinned packages borrowed from the project's
+  environment), runs the README's examples from a folder outside the repository and
+  finds every shipped data file.
+- The editable install that ``make env`` makes is legible to static tools: pyright
+  resolves every chapter, and jedi takes ``longctx.ch03.KVConfig`` to its definition
+  in ``code/ch03/_generated.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import site
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+PYRIGHT = ROOT / "web" / "node_modules" / ".bin" / "pyright"
+# What a wheel is built from: the package metadata, the readers' code and the data.
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "code", "data")
+
+
+def _run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, **kwargs)
+    assert done.returncode == 0, f"{' '.join(map(str, command))} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+def _chapter_modules() -> list[str]:
+    return sorted(path.name for path in (ROOT / "code").glob("ch[0-9][0-9]") if (path / "__init__.py").is_file())
+
+
+def _data_files(folder: Path) -> dict[str, str]:
+    """Map each file below ``folder`` (relative POSIX path) to the SHA-256 of its bytes."""
+    return {
+        path.relative_to(folder).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def _readme_examples() -> list[str]:
+    """The README's Python examples: its ```python blocks and its `.venv/bin/python -c "..."` lines."""
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    inline = re.findall(r'\.venv/bin/python -c "(.*?)"', README, flags=re.S)
+    assert blocks and inline, "the README should show both kinds of example"
+    return [*blocks, *inline]
+
+
+def _clean_environment() -> dict[str, str]:
+    """This process's environment without anything that would point Python at the repository."""
+    return {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "VIRTUAL_ENV"))}
+
+
+# --------------------------------------------------------------------------- the wheel
+
+
+@pytest.fixture(scope="module")
+def wheel_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interpreter of a fresh virtual environment with only the built wheel installed in it.
+
+    The wheel is built from a copy of the repository's sources (so the build leaves
+    nothing in the worktree) with the pinned setuptools and no network. The new
+    environment gets the project environment's pinned packages (torch and the rest)
+    through a path file, never the project's own ``longctx``.
+    """
+    work = tmp_path_factory.mktemp("wheel")
+    source = work / "source"
+    source.mkdir()
+    for name in WHEEL_SOURCES:
+        origin = ROOT / name
+        if origin.is_dir():
+            shutil.copytree(origin, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(origin, source / name)
+    dist = work / "dist"
+    _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+          "--wheel-dir", str(dist), str(source)])
+    (wheel,) = dist.glob("longctx-*.whl")
+
+    environment = work / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(environment)])
+    python = environment / "bin" / "python"
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index",
+          str(wheel)])
+    purelib = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).stdout.strip())
+    # The pinned dependencies, from the project's environment. A path line in a .pth file adds the folder
+    # to sys.path but does not run the .pth files inside it, so the project's editable longctx stays out.
+    (purelib / "pinned-dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return python
+
+
+def _run_outside(python: Path, source: str, folder: Path) -> str:
+    folder.mkdir(exist_ok=True)
+    done = subprocess.run([str(python), "-c", source], cwd=folder, capture_output=True, text=True,
+                          timeout=300, env=_clean_environment())
+    assert done.returncode == 0, f"failed from {folder}:\n{source}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_wheel_is_what_runs_and_its_data_is_inside_it(wheel_python, tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        import longctx
+        from longctx import support, {", ".join(_chapter_modules())}
+        print(json.dumps({{
+            "package": list(longctx.__path__),
+            "data": str(support.data_path()),
+            "prefix": sys.prefix,
+        }}))
+        """
+    )
+    where = json.loads(_run_outside(wheel_python, script, tmp_path / "elsewhere"))
+    prefix = Path(where["prefix"])
+    assert prefix == wheel_python.parent.parent
+    assert [Path(p).is_relative_to(prefix) for p in where["package"]] == [True], where["package"]
+    assert Path(where["data"]).is_relative_to(prefix) and not Path(where["data"]).is_relative_to(ROOT)
+
+
+@pytest.mark.slow
+def test_wheel_ships_every_data_file_byte_for_byte(wheel_python, tmp_path):
+    script = "from longctx import support; print(support.data_path())"
+    installed = Path(_run_outside(wheel_python, script, tmp_path / "elsewhere").strip())
+    assert _data_files(installed) == _data_files(ROOT / "data")
+
+
+@pytest.mark.slow
+def test_wheel_runs_the_readme_examples_outside_the_repository(wheel_python, tmp_path):
+    for number, source in enumerate(_readme_examples()):
+        _run_outside(wheel_python, source, tmp_path / f"example-{number}")
+
+
+@pytest.mark.slow
+def test_wheel_loads_every_shipped_config_and_the_corpus(wheel_python, tmp_path):
+    script = textwrap.dedent(
+        """
+        import json
+        from longctx import ch02, ch03, support
+        names = sorted(path.stem for path in support.data_path("configs").glob("*.json"))
+        configs = {name: ch03.load_model_config(name) for name in names}
+        corpus = ch02.load_corpus()
+        print(json.dumps({"configs": configs, "corpus_bytes": len(corpus.encode("utf-8"))}))
+        """
+    )
+    loaded = json.loads(_run_outside(wheel_python, script, tmp_path / "elsewhere"))
+    shipped = sorted((ROOT / "data" / "configs").glob("*.json"))
+    assert sorted(loaded["configs"]) == [path.stem for path in shipped]
+    for path in shipped:
+        assert loaded["configs"][path.stem] == json.loads(path.read_text(encoding="utf-8"))
+    assert loaded["corpus_bytes"] == (ROOT / "data" / "pride-and-prejudice-ch01-30.txt").stat().st_size
+
+
+def test_declared_dependencies_are_satisfied_by_the_pins():
+    """pyproject's run-time requirements and requirements.txt's exact pins cannot drift apart."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.strip().split("==")
+            pins[canonicalize_name(name)] = version
+    assert declared
+    for text in declared:
+        requirement = Requirement(text)
+        pinned = pins.get(canonicalize_name(requirement.name))
+        assert pinned is not None, f"{requirement.name} is a run-time requirement but requirements.txt does not pin it"
+        assert requirement.specifier.contains(pinned, prereleases=True), f"{pinned} does not satisfy {text}"
+
+
+# --------------------------------------------------------------------------- static tools
+
+
+def test_editable_install_points_at_this_repository(tmp_path):
+    """`make env` installs the package as links to code/ and data/, never as copies."""
+    script = "import longctx.ch03 as m; from longctx import support; print(m.__file__); print(support.data_path())"
+    module_file, data = _run([sys.executable, "-c", script], cwd=tmp_path).stdout.split()
+    assert Path(module_file).resolve() == ROOT / "code" / "ch03" / "__init__.py"
+    assert Path(data) == ROOT / "data"
+
+
+def test_pyright_resolves_every_chapter_and_support(tmp_path):
+    if not PYRIGHT.exists():
+        pytest.fail(f"pyright is not installed at {PYRIGHT}: run `make test` (it runs `npm ci --prefix web`)")
+    modules = [*_chapter_modules(), "support"]
+    exercise = tmp_path / "exercise.py"  # a reader's file, outside the repository
+    exercise.write_text(
+        f"from longctx import {', '.join(modules)}\n"
+        "from longctx.ch03 import KVConfig\n\n"
+        f"print({', '.join(modules)})\n"
+        "reveal_type(KVConfig)\n"
+    )
+    done = subprocess.run([str(PYRIGHT), "--outputjson", "--pythonpath", sys.executable, str(exercise)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    report = json.loads(done.stdout)
+    problems = [d for d in report["generalDiagnostics"] if d["severity"] != "information"]
+    assert not problems, json.dumps(problems, indent=1)
+    revealed = [d["message"] for d in report["generalDiagnostics"] if d["severity"] == "information"]
+    assert revealed == ['Type of "KVConfig" is "type[KVConfig]"']
+
+
+def test_jedi_goes_to_kvconfigs_definition_in_the_generated_module(tmp_path):
+    import jedi
+
+    source = "from longctx.ch03 import KVConfig\nKVConfig\n"
+    exercise = tmp_path / "exercise.py"
+    exercise.write_text(source)
+    environment = jedi.create_environment(sys.executable, safe=False)
+    (definition,) = jedi.Script(source, path=exercise, environment=environment).goto(2, 3, follow_imports=True)
+    generated = ROOT / "code" / "ch03" / "_generated.py"
+    # The editable install's files are links in build/; the definition is the file they link to.
+    assert Path(definition.module_path).resolve() == generated
+    assert generated.read_text().splitlines()[definition.line - 1].startswith("class KVConfig")
