@@ -15,7 +15,7 @@ QUARTO_FAILED := $(VENV)/.quarto-install-failed
 WEB_STAMP := web/node_modules/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help env tangle notebooks execute check book html preview test lint bench bench-quick clean distclean
+.PHONY: help env tangle notebooks execute check book html preview test lint bench bench-quick experiment clean distclean
 
 help:
 	@echo "make test        run every check (first run creates .venv and installs the pins)"
@@ -27,6 +27,7 @@ help:
 	@echo "make lint        ruff on code/, tests/ and benchmarks/"
 	@echo "make bench       the measured benchmarks (about 15 minutes on 2 cores)"
 	@echo "make bench-quick a two-minute smoke run of the benchmarks"
+	@echo "make experiment  Chapter 6's extension experiment, saved to experiments/results/ (under 10 minutes on 2 cores)"
 	@echo "make preview     Quarto's live preview, where Quarto is installed"
 	@echo "make clean       remove built output (keeps .venv); make distclean also removes .venv"
 
@@ -92,6 +93,10 @@ bench: $(ENV_STAMP)
 
 bench-quick: $(ENV_STAMP)
 	$(PY) -m benchmarks --quick
+
+# Two seeds in two processes of one torch thread each; nice, because the machine may be shared.
+experiment: $(ENV_STAMP)
+	nice -n 5 $(PY) -m experiments
 
 clean:
 	rm -rf _book _build _freeze notebooks .quarto .pytest_cache .ruff_cache .hypothesis tests/artifacts

@@ -1,7 +1,8 @@
 """Chapter 6's experiment from the command line: python -m experiments [--size full|tiny] [--jobs N] [--threads N] [--seeds S ...] [--out PATH].
 
 Runs ``longctx.ch06.run_extension_experiment`` and writes its results, headed by a record of
-the machine, the date, the threads and processes, and the wall and CPU time, to
+the machine, the date, the load average before and after, the threads and processes, and the
+wall and CPU time (user + system, all workers), to
 ``experiments/results/extension-<device>.json`` (``-tiny`` appended for a tiny run).
 Chapter 6 reads the newest full run.
 
@@ -16,7 +17,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import multiprocessing
+import os
 import pathlib
+import platform
 import resource
 import sys
 import time
@@ -94,11 +97,16 @@ def main(argv=None) -> int:
     jobs = min(args.jobs, len(settings.seeds))
     machine = machine_record(torch.device("cpu"), args.threads, args.size)
     machine["processes"] = jobs
+    machine["host"] = platform.node()
+    # The machine may be shared: the load before and after (1, 5 and 15 minutes) and the
+    # CPU time of the workers say how far the wall time is from a quiet machine's.
+    machine["load_average_start"] = [round(x, 2) for x in os.getloadavg()]
     out = args.out or RESULTS_DIR / f"extension-{machine['device_slug']}{'' if args.size == 'full' else '-tiny'}.json"
     wall = time.perf_counter()
     results, cpu = run_seeds(settings, jobs=jobs, threads=args.threads, progress=not args.quiet)
     machine["wall_seconds"] = time.perf_counter() - wall
     machine["cpu_seconds"] = cpu
+    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     write_results({"machine": machine, **results}, out)
     print(f"wrote {out} ({machine['wall_seconds']:.0f} s wall, {cpu:.0f} s CPU, {jobs} process(es) "
           f"of {args.threads} thread(s))")
