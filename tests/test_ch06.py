@@ -272,7 +272,8 @@ def test_wilson_interval_holds_the_estimate_inside_zero_one(trials, data):
 # --- the experiment ------------------------------------------------------------------------------
 
 TINY = ch06.ExtensionSettings(trained_length=8, factors=(1, 2), d_model=8, layers=1, heads=2, steps=3,
-                              batch_size=4, finetune_steps=2, windows=2, depths=(0.0, 1.0), trials=3)
+                              batch_size=4, finetune_steps=2, windows=2, depths=(0.0, 1.0), trials=3,
+                              seeds=(0,))
 
 
 def test_experiment_at_tiny_size_has_every_measurement_and_repeats_exactly():
@@ -373,7 +374,7 @@ def test_rotary_model_refuses_bad_input():
         ch06.RotaryGPT(config, base=1.0)
     with pytest.raises(TypeError, match="fused"):
         ch06.RotaryGPT(config, fused=1)
-    with pytest.raises(ValueError, match="rotary dim"):
+    with pytest.raises(ValueError, match="rotary head width d_model / heads must be even"):
         ch06.RotaryGPT(ch02.GPTConfig(vocab_size=256, d_model=12, heads=4))  # head width 3
 
 

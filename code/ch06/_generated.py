@@ -44,6 +44,9 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
     def __init__(self, d_model: int, heads: int, *, fused: bool = False):
         super().__init__(d_model, heads)
         self.fused = support.check_bool("fused", fused)
+        if self.head_dim % 2 or self.head_dim < 4:
+            raise ValueError("the rotary head width d_model / heads must be "
+                             f"even and at least 4 (got {self.head_dim})")
         frequencies, magnitude = ch03.inverse_frequencies(self.head_dim)
         self.register_buffer("frequencies", frequencies, persistent=False)
         self.magnitude = magnitude
@@ -106,7 +109,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
         return self.output(ch01.merge_heads(mixed))  # (B, T, d)
 
 
-# chapters/ch06-extension.qmd:177
+# chapters/ch06-extension.qmd:180
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's wavelength
 #: thresholds (its config.json). Recipes not named here need none.
@@ -220,7 +223,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:372
+# chapters/ch06-extension.qmd:375
 #: The byte that opens the key and, at the end of the window, asks for it.
 KEY_MARK = "#"
 
@@ -269,7 +272,7 @@ def passkey_batch(data: Tensor, depths: Tensor, length: int,
     return window[:, :-1], window[:, 1:]  # (B, T) each
 
 
-# chapters/ch06-extension.qmd:470
+# chapters/ch06-extension.qmd:473
 def train_with_keys(model: RotaryGPT, token_ids: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int,
@@ -343,7 +346,7 @@ def train_with_keys(model: RotaryGPT, token_ids: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:561
+# chapters/ch06-extension.qmd:564
 @torch.no_grad()
 def position_losses(model: RotaryGPT, token_ids: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -406,7 +409,7 @@ def passkey_hits(model: RotaryGPT, token_ids: Tensor, *, length: int,
     return (guesses == targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:637
+# chapters/ch06-extension.qmd:640
 def wilson_interval(hits: int, trials: int,
                     z: float = 1.96) -> tuple[float, float]:
     """Return the Wilson interval (low, high) of Equation 6.2.
@@ -423,12 +426,14 @@ def wilson_interval(hits: int, trials: int,
     spread = z * math.sqrt(share * (1 - share) / trials
                            + z * z / (4 * trials * trials))
     scale = 1 + z * z / trials
-    # exact at the ends in real arithmetic; clip float rounding (1 - 2e-16)
-    return max(0.0, (centre - spread) / scale), min(1.0,
-                                                    (centre + spread) / scale)
+    # at h = 0 the low end is exactly 0, at h = n the high end exactly 1;
+    # floats miss by 2e-16, so the ends are set, not computed
+    low = 0.0 if hits == 0 else (centre - spread) / scale
+    high = 1.0 if hits == trials else (centre + spread) / scale
+    return low, high
 
 
-# chapters/ch06-extension.qmd:692
+# chapters/ch06-extension.qmd:697
 @dataclass(frozen=True)
 class ExtensionSettings:
     """The sizes of one run; the defaults are those of ``make experiment``.
@@ -508,7 +513,7 @@ class ExtensionSettings:
                              f"for RoPE (got {width})")
 
 
-# chapters/ch06-extension.qmd:778
+# chapters/ch06-extension.qmd:783
 def run_extension_experiment(settings: ExtensionSettings | None = None, *,
                              progress: bool = True) -> dict:
     """Train, extend and measure; return the results as plain numbers.
@@ -531,7 +536,7 @@ def run_extension_experiment(settings: ExtensionSettings | None = None, *,
         ``evaluations``, one per (method, variant, length) with
         ``factor``, ``position_loss`` (mean over windows, per position),
         ``window_loss`` (mean over positions, per window) and ``hits``
-        (per depth, out of ``trials``).
+        (per depth, out of ``trials``). Losses are rounded to 5 decimals.
 
     Raises:
         TypeError: If ``settings`` is not an ExtensionSettings or
@@ -551,6 +556,9 @@ def run_extension_experiment(settings: ExtensionSettings | None = None, *,
     tuned_batch = max(1, s.batch_size * s.trained_length // longest)
     config = ch02.GPTConfig(vocab_size=256, context_length=s.trained_length,
                             d_model=s.d_model, layers=s.layers, heads=s.heads)
+    def rounded(values) -> list[float]:  # 5 decimals: a smaller JSON file
+        return [round(float(v), 5) for v in values]
+
     per_seed = s.steps + len(s.methods) * (s.finetune_steps + 2 * len(lengths))
     total = len(s.seeds) * per_seed
     live = progress and sys.stderr.isatty()  # a terminal redraws one line
@@ -565,7 +573,7 @@ def run_extension_experiment(settings: ExtensionSettings | None = None, *,
             model, train_ids, steps=s.steps, batch_size=s.batch_size,
             length=s.trained_length, key_share=s.key_share,
             learning_rate=s.learning_rate, seed=seed, progress=bar)
-        run = {"seed": seed, "train_losses": losses,
+        run = {"seed": seed, "train_losses": rounded(losses),
                "train_seconds": time.perf_counter() - clock,
                "finetune": {}, "evaluations": []}
 
@@ -581,8 +589,8 @@ def run_extension_experiment(settings: ExtensionSettings | None = None, *,
                 run["evaluations"].append({
                     "method": method, "variant": variant, "length": length,
                     "factor": factor_at[length],
-                    "position_loss": loss.mean(0).tolist(),
-                    "window_loss": loss.mean(1).tolist(),
+                    "position_loss": rounded(loss.mean(0)),
+                    "window_loss": rounded(loss.mean(1)),
                     "hits": hits.sum(1).tolist()})
                 bar.update(1)
 
@@ -599,7 +607,7 @@ def run_extension_experiment(settings: ExtensionSettings | None = None, *,
                 key_share=s.key_share, learning_rate=s.finetune_learning_rate,
                 seed=seed + 2, progress=bar)  # same batches for all
             run["finetune"][method] = {
-                "losses": tuned_losses,
+                "losses": rounded(tuned_losses),
                 "seconds": time.perf_counter() - clock}
             measure(tuned, method, "fine-tuned",
                     {n: longest / s.trained_length for n in lengths})
