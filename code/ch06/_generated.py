@@ -21,14 +21,15 @@ from tqdm import tqdm
 from longctx import ch01, ch02, ch03, support
 
 
-# chapters/ch06-extension.qmd:81
+# chapters/ch06-extension.qmd:83
 class RotarySelfAttention(ch02.CausalSelfAttention):
     """Chapter 2's causal attention with RoPE on queries and keys.
 
     Query and key of the token at position m are turned by Chapter 3's
     rotation R(m) with the layer's bands (and scaled by its magnitude)
-    before the scores are taken; values are left alone. Positions start at the number of
-    tokens already in ``cache``, so they may run past any length.
+    before the scores are taken; values are left alone. Positions start
+    at the number of tokens already in ``cache``, so they may run past any
+    length.
 
     Args:
         d_model: Model width d.
@@ -109,7 +110,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
         return self.output(ch01.merge_heads(mixed))  # (B, T, d)
 
 
-# chapters/ch06-extension.qmd:180
+# chapters/ch06-extension.qmd:185
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's wavelength
 #: thresholds (its config.json). Recipes not named here need none.
@@ -223,7 +224,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:375
+# chapters/ch06-extension.qmd:383
 #: The byte that opens the key and, at the end of the window, asks for it.
 KEY_MARK = "#"
 
@@ -272,7 +273,7 @@ def passkey_batch(data: Tensor, depths: Tensor, length: int,
     return window[:, :-1], window[:, 1:]  # (B, T) each
 
 
-# chapters/ch06-extension.qmd:473
+# chapters/ch06-extension.qmd:484
 def train_with_keys(model: RotaryGPT, token_ids: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int,
@@ -346,7 +347,7 @@ def train_with_keys(model: RotaryGPT, token_ids: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:564
+# chapters/ch06-extension.qmd:575
 @torch.no_grad()
 def position_losses(model: RotaryGPT, token_ids: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -409,7 +410,7 @@ def passkey_hits(model: RotaryGPT, token_ids: Tensor, *, length: int,
     return (guesses == targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:640
+# chapters/ch06-extension.qmd:651
 def wilson_interval(hits: int, trials: int,
                     z: float = 1.96) -> tuple[float, float]:
     """Return the Wilson interval (low, high) of Equation 6.2.
@@ -433,7 +434,7 @@ def wilson_interval(hits: int, trials: int,
     return low, high
 
 
-# chapters/ch06-extension.qmd:697
+# chapters/ch06-extension.qmd:708
 @dataclass(frozen=True)
 class ExtensionSettings:
     """The sizes of one run; the defaults are those of ``make experiment``.
@@ -513,7 +514,7 @@ class ExtensionSettings:
                              f"for RoPE (got {width})")
 
 
-# chapters/ch06-extension.qmd:783
+# chapters/ch06-extension.qmd:794
 def run_extension_experiment(settings: ExtensionSettings | None = None, *,
                              progress: bool = True) -> dict:
     """Train, extend and measure; return the results as plain numbers.
