@@ -434,7 +434,7 @@ def wilson_interval(hits: int, trials: int,
     return low, high
 
 
-# chapters/ch06-extension.qmd:710
+# chapters/ch06-extension.qmd:713
 @dataclass(frozen=True)
 class ExtensionSettings:
     """The sizes of one run; the defaults are those of ``make experiment``.
@@ -514,7 +514,7 @@ class ExtensionSettings:
                              f"for RoPE (got {width})")
 
 
-# chapters/ch06-extension.qmd:796
+# chapters/ch06-extension.qmd:799
 def run_extension_experiment(settings: ExtensionSettings | None = None, *,
                              progress: bool = True) -> dict:
     """Train, extend and measure; return the results as plain numbers.
