@@ -4,6 +4,7 @@ measurements, the experiment and its command line, and every refusal of bad inpu
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
 import subprocess
@@ -332,7 +333,18 @@ def test_saved_results_cover_every_recipe_the_chapter_reads():
         found = {(e["method"], e["variant"], e["length"]) for e in run["evaluations"]}
         assert found == {(m, v, 64 * a) for m in settings["methods"] for v in ("as-is", "fine-tuned")
                          for a in settings["factors"]}
-    assert results["machine"]["wall_seconds"] > 0
+    machine = results["machine"]
+    assert machine["wall_seconds"] > 0 and machine["cpu_seconds"] > 0
+    assert len(machine["load_average_start"]) == len(machine["load_average_end"]) == 3
+    # a recipe added to Chapter 3 joins the defaults; the saved run must then be redone
+    assert tuple(settings["methods"]) == ch03.ROPE_METHODS
+
+
+def test_the_experiment_runs_every_chapter_3_recipe_with_settings_it_accepts():
+    assert ch06.ExtensionSettings().methods == ch03.ROPE_METHODS
+    keywords = set(inspect.signature(ch03.inverse_frequencies).parameters)
+    for method, extra in ch06.RECIPE_SETTINGS.items():
+        assert method in ch03.ROPE_METHODS and set(extra) <= keywords
 
 
 def test_load_extension_results_prefers_the_newest_full_run(tmp_path):
