@@ -224,7 +224,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:385
+# chapters/ch06-extension.qmd:386
 #: The byte that opens the key and, at the end of the window, asks for it.
 KEY_MARK = "#"
 
@@ -273,7 +273,7 @@ def passkey_batch(data: Tensor, depths: Tensor, length: int,
     return window[:, :-1], window[:, 1:]  # (B, T) each
 
 
-# chapters/ch06-extension.qmd:486
+# chapters/ch06-extension.qmd:488
 def train_with_keys(model: RotaryGPT, token_ids: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int,
@@ -347,7 +347,7 @@ def train_with_keys(model: RotaryGPT, token_ids: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:577
+# chapters/ch06-extension.qmd:579
 @torch.no_grad()
 def position_losses(model: RotaryGPT, token_ids: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -410,7 +410,7 @@ def passkey_hits(model: RotaryGPT, token_ids: Tensor, *, length: int,
     return (guesses == targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:653
+# chapters/ch06-extension.qmd:655
 def wilson_interval(hits: int, trials: int,
                     z: float = 1.96) -> tuple[float, float]:
     """Return the Wilson interval (low, high) of Equation 6.2.
@@ -434,7 +434,7 @@ def wilson_interval(hits: int, trials: int,
     return low, high
 
 
-# chapters/ch06-extension.qmd:713
+# chapters/ch06-extension.qmd:715
 @dataclass(frozen=True)
 class ExtensionSettings:
     """The sizes of one run; the defaults are those of ``make experiment``.
@@ -514,7 +514,7 @@ class ExtensionSettings:
                              f"for RoPE (got {width})")
 
 
-# chapters/ch06-extension.qmd:799
+# chapters/ch06-extension.qmd:801
 def run_extension_experiment(settings: ExtensionSettings | None = None, *,
                              progress: bool = True) -> dict:
     """Train, extend and measure; return the results as plain numbers.
