@@ -17,7 +17,7 @@ WEB_STAMP := web/node_modules/.installed
 PORT ?= 8000
 
 .DEFAULT_GOAL := help
-.PHONY: help env tangle notebooks execute check book html serve preview test lint bench bench-quick clean distclean
+.PHONY: help env tangle notebooks execute check book html serve preview test lint bench bench-quick experiment clean distclean
 
 help:
 	@echo "make test        run every check (first run creates .venv and installs the pins)"
@@ -27,9 +27,10 @@ help:
 	@echo "make notebooks   export notebooks/chNN-*.ipynb"
 	@echo "make execute     run every chapter as a notebook into _build/executed/"
 	@echo "make check       book integrity: references, labels, captions, generated code current"
-	@echo "make lint        ruff on code/, tools/, tests/ and benchmarks/"
-	@echo "make bench       the measured benchmarks (about 15 minutes on 2 cores)"
-	@echo "make bench-quick a two-minute smoke run of the benchmarks"
+	@echo "make lint        ruff on code/, tools/, tests/, benchmarks/ and experiments/"
+	@echo "make bench       the measured benchmarks (about 5 minutes on 2 quiet cores)"
+	@echo "make bench-quick a smoke run of the benchmarks (about 3 minutes)"
+	@echo "make experiment  Chapter 6's extension experiment, saved to experiments/results/ (under 10 minutes on 2 cores)"
 	@echo "make preview     Quarto's live preview, where Quarto is installed"
 	@echo "make clean       remove built output (keeps .venv); make distclean also removes .venv"
 
@@ -101,13 +102,17 @@ test: $(ENV_STAMP) $(WEB_STAMP)
 	$(PY) -m pytest
 
 lint: $(ENV_STAMP)
-	$(PY) -m ruff check code tools tests benchmarks
+	$(PY) -m ruff check code tools tests benchmarks experiments
 
 bench: $(ENV_STAMP)
 	$(PY) -m benchmarks
 
 bench-quick: $(ENV_STAMP)
 	$(PY) -m benchmarks --quick
+
+# Two seeds in two processes of one torch thread each; nice, because the machine may be shared.
+experiment: $(ENV_STAMP)
+	nice -n 5 $(PY) -m experiments
 
 clean:
 	rm -rf _book _build _freeze notebooks .quarto .pytest_cache .ruff_cache .hypothesis tests/artifacts
