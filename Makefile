@@ -24,7 +24,7 @@ help:
 	@echo "make book        build the book into _book/ and print the page to open"
 	@echo "make serve       serve _book/ at http://127.0.0.1:8000/ (PORT=...)"
 	@echo "make tangle      regenerate code/chNN/ from the chapters' '# @save' cells"
-	@echo "make notebooks   export notebooks/chNN-*.ipynb"
+	@echo "make notebooks   executed notebooks/chNN-*.ipynb for Jupyter, outputs included"
 	@echo "make execute     run every chapter as a notebook into _build/executed/"
 	@echo "make check       book integrity: references, labels, captions, generated code current"
 	@echo "make lint        ruff on code/, tools/, tests/, benchmarks/ and experiments/"
@@ -54,10 +54,12 @@ $(WEB_STAMP): web/package.json web/package-lock.json
 tangle: $(ENV_STAMP)
 	$(BOOK) tangle
 
-notebooks: tangle
+# The reader's notebooks: every chapter executed, then finished into notebooks/ with its outputs and
+# inline values, no Quarto syntax, and a first cell that installs longctx outside the repository.
+notebooks: execute
 	$(BOOK) notebooks
 
-execute: notebooks
+execute: tangle
 	$(BOOK) execute --jobs 2
 
 check: $(ENV_STAMP)

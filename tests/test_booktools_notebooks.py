@@ -1,14 +1,26 @@
-"""Notebook export: each Quarto construct translated with the book's real numbers."""
+"""Notebook export: each Quarto construct translated with the book's real numbers, and the
+reader's notebooks `make notebooks` gives: executed, with values and outputs, no Quarto syntax,
+and a first cell that installs longctx outside the repository."""
 
 from __future__ import annotations
 
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
-from booktools.book import load_book
-from booktools.notebooks import export_book, translate_inline
+from booktools.book import BookError, load_book
+from booktools.execute import execute_book
+from booktools.notebooks import export_book, finish_book, repo_url, setup_cell_source, translate_inline
 from booktools.numbering import book_numbering, compute_numbering
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE_URL = "https://github.com/example/fixture-book"
 
 
 @pytest.fixture
@@ -215,7 +227,232 @@ def test_markdown_is_split_at_headings(exported):
     assert starts == ["# 1 Alpha", "## 1.1 Counting pairs", "### 1.1.1 A detail", "## Notes", "## 1.2 The curve"]
 
 
-def test_cli_writes_notebooks_folder(fixture_book, booktools):
+def test_mermaid_keeps_its_caption_and_alt_text(fixture_book, tmp_path):
+    chapter = fixture_book / "chapters" / "ch01-alpha.qmd"
+    chapter.write_text(
+        chapter.read_text().replace(
+            '%%| fig-cap: "A flow"',
+            '%%| label: fig-ch01-flow\n%%| fig-cap: "Where does A go?"\n%%| fig-alt: "Box A points at box B."',
+        )
+    )
+    paths, problems = export_book(load_book(fixture_book), tmp_path / "notebooks", ["chapters/ch01-alpha.qmd"])
+    assert problems == []
+    text = markdown(nbformat.read(paths[0], as_version=4))
+    # Quarto numbers the diagram before the curve: Figure 1.1, the curve 1.2.
+    assert (
+        "```mermaid\ngraph LR\n  A --> B\n```\n\n**Figure 1.1:** Where does A go?\n\n"
+        "*The diagram in words:* Box A points at box B." in text
+    )
+    assert "**Figure 1.2:** How do pairs grow with n?" in text
+    assert "%%|" not in text
+
+
+# ---------------------------------------------------------------------------
+# the reader's notebooks
+
+
+def _with_repo_url(root: Path, url: str = FIXTURE_URL) -> None:
+    config = root / "_quarto.yml"
+    config.write_text(config.read_text().replace("book:\n", f"book:\n  repo-url: {url}\n", 1))
+
+
+@pytest.fixture(scope="module")
+def reader_book(tmp_path_factory) -> tuple[Path, dict[str, nbformat.NotebookNode]]:
+    """The fixture book, its figure cell drawing and printing, executed and finished once."""
+    from conftest import FIXTURE_BOOK
+
+    root = tmp_path_factory.mktemp("reader") / "book"
+    shutil.copytree(FIXTURE_BOOK, root, ignore=shutil.ignore_patterns("notebooks", "_build", "__pycache__"))
+    _with_repo_url(root)
+    chapter = root / "chapters" / "ch01-alpha.qmd"
+    chapter.write_text(
+        chapter.read_text().replace(
+            "values = [pairs(n) for n in range(5)]\n",
+            "import matplotlib.pyplot as plt\n\nvalues = [pairs(n) for n in range(5)]\n"
+            'print("largest:", values[-1])\nplt.plot(values)\nplt.show()\n',
+        )
+    )
+    book = load_book(root)
+    runs, problems = execute_book(book, root / "_build" / "executed", notebooks_dir=root / "_build" / "export")
+    assert problems == [] and [run.error for run in runs] == [None] * 4
+    paths, problems = finish_book(book, root / "_build" / "executed", root / "notebooks")
+    assert problems == []
+    return root, {path.stem: nbformat.read(path, as_version=4) for path in paths}
+
+
+QUARTO_SYNTAX = re.compile(r"\{python\}|@(?:fig|sec|eq|tbl)-|:::|\{#|\{\.|^#\|", re.MULTILINE)
+
+
+def quarto_syntax(notebook) -> list[str]:
+    """Every piece of Quarto syntax a reader would see, outside code spans of the prose."""
+    found = []
+    for cell in notebook.cells:
+        text = cell.source
+        if cell.cell_type == "markdown":
+            text = re.sub(r"`[^`\n]*`", "", text)
+        elif cell.metadata.get("longctx", {}).get("role") != "setup":
+            found += [line for line in text.splitlines() if line.startswith("#|")]
+            continue
+        found += [match.group(0) for match in QUARTO_SYNTAX.finditer(text)]
+    return found
+
+
+def test_reader_notebooks_show_no_quarto_syntax(reader_book):
+    _, notebooks = reader_book
+    assert list(notebooks) == ["index", "ch01-alpha", "ch02-beta", "appendix-extra"]
+    for name, notebook in notebooks.items():
+        nbformat.validate(notebook)
+        assert quarto_syntax(notebook) == [], name
+    alpha = markdown(notebooks["ch01-alpha"])
+    # cross-references, citations, callouts, equations and captions read as the book prints them
+    assert "See Section 1.1,\nFigure 1.1, Table 1.1 and Equation 1.1." in alpha
+    assert "(Vaswani, Shazeer, and Parmar 2017)" in alpha
+    assert '<p class="callout-title">Landscape 2026</p>' in alpha
+    assert "\\tag{1.1}" in alpha and "**Table 1.1:** Pairs by length" in alpha
+
+
+def test_reader_notebooks_carry_values_and_outputs(reader_book):
+    _, notebooks = reader_book
+    alpha = notebooks["ch01-alpha"]
+    value_cell = next(cell for cell in alpha.cells if "Four tokens give" in cell.source)
+    assert value_cell.source == "Four tokens give 10 pairs."
+    assert value_cell.metadata.user_expressions[0]["expression"] == "label"
+    figure = next(cell for cell in alpha.cells if cell.metadata.get("longctx", {}).get("label") == "fig-ch01-curve")
+    kinds = [output.output_type for output in figure.outputs]
+    assert "stream" in kinds and "display_data" in kinds
+    assert next(o for o in figure.outputs if o.output_type == "stream").text == "largest: 10\n"  # pairs(4)
+    assert any("image/png" in o.get("data", {}) for o in figure.outputs)
+    beta = [cell for cell in notebooks["ch02-beta"].cells if cell.cell_type == "code"]
+    table = next(cell for cell in beta if cell.metadata.longctx.get("kind") == "table")
+    assert table.outputs[0].data["text/markdown"] == "| n | q |\n|---|---|\n| 1 | 1 |"
+    code = [cell for notebook in notebooks.values() for cell in notebook.cells if cell.cell_type == "code"]
+    assert all(cell.execution_count for cell in code if cell.metadata.longctx.get("role") != "setup")
+
+
+def test_reader_code_cells_drop_quarto_options_and_fold_as_the_book_does(reader_book):
+    _, notebooks = reader_book
+    cells = [cell for cell in notebooks["ch01-alpha"].cells if cell.cell_type == "code"][1:]
+    figure = cells[-1]
+    assert figure.source.startswith("import matplotlib.pyplot as plt\n")
+    assert figure.metadata.jupyter.source_hidden is True  # `#| code-fold: true`
+    solution = next(cell for cell in cells if "callout" in cell.metadata.longctx)
+    assert solution.source == "assert pairs(3) == 6"
+    assert solution.metadata.jupyter.source_hidden is True  # a collapsed callout's code
+    assert cells[0].source.startswith("# @save\nimport math")
+    assert "jupyter" not in cells[0].metadata
+
+
+def test_first_cell_installs_longctx_only_where_needed(reader_book):
+    _, notebooks = reader_book
+    for name in ("ch01-alpha", "ch02-beta"):
+        first = notebooks[name].cells[0]
+        assert first.cell_type == "code" and first.id == "longctx-setup"
+        assert first.source == setup_cell_source(FIXTURE_URL)
+        assert f'REPO_URL = "{FIXTURE_URL}"' in first.source
+        assert max(len(line) for line in first.source.splitlines()) <= 80
+    # a notebook with no code has nothing to install for
+    assert all(cell.cell_type == "markdown" for cell in notebooks["index"].cells)
+    assert all(cell.cell_type == "markdown" for cell in notebooks["appendix-extra"].cells)
+
+
+def _run_setup_cell(monkeypatch, cwd: Path, importable: bool) -> list:
+    """Run the first cell's code in `cwd` with pip replaced by a recorder; returns what it ran."""
+    ran = []
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        if name == "longctx" and not importable:
+            return None
+        return real_find_spec(name, *args, **kwargs)
+
+    def run(command, **kwargs):
+        ran.append((command, kwargs))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(subprocess, "run", run)
+    namespace: dict = {}
+    exec(compile(setup_cell_source(FIXTURE_URL), "<setup cell>", "exec"), namespace)
+    assert namespace["longctx"].__name__ == "longctx"  # the cell ends by importing it
+    return ran
+
+
+def test_setup_cell_does_nothing_inside_the_repository(monkeypatch):
+    assert _run_setup_cell(monkeypatch, REPO / "chapters", importable=True) == []
+    # the repository's files are enough: `make env` installs longctx there, not pip from the URL
+    assert _run_setup_cell(monkeypatch, REPO / "chapters", importable=False) == []
+
+
+def test_setup_cell_installs_from_the_repository_url_outside(monkeypatch, tmp_path):
+    assert _run_setup_cell(monkeypatch, tmp_path, importable=True) == []
+    ran = _run_setup_cell(monkeypatch, tmp_path, importable=False)
+    assert ran == [
+        ([sys.executable, "-m", "pip", "install", "--quiet", f"longctx @ git+{FIXTURE_URL}"], {"check": True})
+    ]
+    requirement = Requirement(ran[0][0][-1])
+    assert (requirement.name, requirement.url) == ("longctx", f"git+{FIXTURE_URL}")
+
+
+def test_repo_url_comes_from_quarto_yml(fixture_book):
+    assert repo_url(load_book(REPO)) == load_book(REPO).config["book"]["repo-url"]
+    with pytest.raises(BookError, match=r"_quarto.yml has no book.repo-url: .*first cell installs longctx"):
+        repo_url(load_book(fixture_book))
+    _with_repo_url(fixture_book, "'not a url; rm -rf'")
+    with pytest.raises(BookError, match=r"book.repo-url must be an https://, ssh:// or git:// URL"):
+        repo_url(load_book(fixture_book))
+
+
+def test_cli_without_repo_url_fails_before_writing(fixture_book, booktools):
+    code, out, err = booktools(fixture_book, "notebooks")
+    assert code == 2
+    assert "error: _quarto.yml has no book.repo-url" in err
+    assert not (fixture_book / "notebooks").exists()
+
+
+def test_cli_finishes_executed_notebooks_and_reports_stale_ones(fixture_book, booktools):
+    _with_repo_url(fixture_book)
+    code, out, err = booktools(fixture_book, "notebooks", "chapters/ch02-beta.qmd")
+    assert code == 1
+    assert "chapters/ch02-beta.qmd:0: not executed yet (_build/executed/ch02-beta.ipynb is missing)" in err
+    code, out, err = booktools(fixture_book, "execute", "chapters/ch02-beta.qmd")
+    assert code == 0, err
     code, out, err = booktools(fixture_book, "notebooks", "chapters/ch02-beta.qmd")
     assert code == 0, err
     assert sorted(path.name for path in (fixture_book / "notebooks").iterdir()) == ["ch02-beta.ipynb"]
+    notebook = nbformat.read(fixture_book / "notebooks" / "ch02-beta.ipynb", as_version=4)
+    assert notebook.cells[0].id == "longctx-setup" and quarto_syntax(notebook) == []
+    # the chapter changes after it ran: its numbers could be wrong, so nothing is finished
+    chapter = fixture_book / "chapters" / "ch02-beta.qmd"
+    chapter.write_text(chapter.read_text().replace("| 1 | 1 |", "| 2 | 36 |"))
+    code, out, err = booktools(fixture_book, "notebooks", "chapters/ch02-beta.qmd")
+    assert code == 1
+    assert "chapters/ch02-beta.qmd:15: the executed notebook is stale (this cell changed since it ran)" in err
+
+
+def test_real_book_reader_notebooks_open_clean(executed_book, tmp_path):
+    """Every notebook `make notebooks` gives: no Quarto syntax, values, outputs, the setup cell."""
+    book = load_book(REPO)
+    paths, problems = finish_book(book, executed_book, tmp_path)
+    assert problems == []
+    assert [path.stem for path in paths] == [Path(entry.path).stem for entry in book.entries]
+    for path in paths:
+        notebook = nbformat.read(path, as_version=4)
+        assert quarto_syntax(notebook) == [], path.name
+        code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+        if not code:
+            continue
+        assert notebook.cells[0].source == setup_cell_source(book.config["book"]["repo-url"])
+        for cell in code[1:]:
+            if cell.metadata.longctx.get("kind") == "figure":
+                assert any("image/png" in output.get("data", {}) for output in cell.outputs), (path.name, cell.id)
+        for cell in notebook.cells:
+            if cell.cell_type == "markdown" and "```mermaid" in cell.source:
+                assert "*The diagram in words:*" in cell.source and "**Figure " in cell.source
+    values = [
+        entry
+        for path in paths
+        for cell in nbformat.read(path, as_version=4).cells
+        for entry in cell.metadata.get("user_expressions", [])
+    ]
+    assert len(values) > 50

@@ -111,8 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     tangle.add_argument("-q", "--quiet", action="store_true", help="print only problems")
     tangle.set_defaults(run=cmd_tangle)
 
-    notebooks = verbs.add_parser("notebooks", help="export chapters as notebooks/chNN-*.ipynb")
+    notebooks = verbs.add_parser(
+        "notebooks",
+        help="the reader's notebooks/chNN-*.ipynb: the executed chapters (run `execute` first) with their "
+        "outputs and inline values, no Quarto syntax, and a first cell that installs longctx outside the repository",
+    )
     notebooks.add_argument("files", nargs="*", help="chapter files (default: every chapter in _quarto.yml)")
+    notebooks.add_argument("--executed", help="the executed notebooks (default: _build/executed/)")
     notebooks.add_argument("--out", help="output folder (default: notebooks/)")
     notebooks.add_argument("-q", "--quiet", action="store_true")
     notebooks.set_defaults(run=cmd_notebooks)

@@ -230,7 +230,8 @@ def execute_book(
     """
     from .notebooks import export_book
 
-    notebooks_dir = notebooks_dir or book.root / "notebooks"
+    # the unexecuted export is a step of execution; notebooks/ holds what `make notebooks` gives readers
+    notebooks_dir = notebooks_dir or book.root / "_build" / "export"
     paths, problems = export_book(book, notebooks_dir, files)
     if problems:
         return [], problems

@@ -34,6 +34,7 @@ What the export does:
 from __future__ import annotations
 
 import html
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -59,7 +60,17 @@ from .qmd import (
     walk,
 )
 
-__all__ = ["export_book", "export_chapter", "translate_inline", "main_notebooks"]
+__all__ = [
+    "export_book",
+    "export_chapter",
+    "export_notebooks",
+    "finish_book",
+    "finish_notebook",
+    "main_notebooks",
+    "repo_url",
+    "setup_cell_source",
+    "translate_inline",
+]
 
 _FIG_ALT = re.compile(r"""fig-alt=(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)')""")
 NOTEBOOK_KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -312,6 +323,11 @@ class _Builder:
             self.add_markdown(caption_cell[0], caption_cell[1])
 
     def fenced_text(self, cell: Cell) -> str:
+        """A non-Python block as fenced code; a diagram (mermaid, ...) with its caption and alt text.
+
+        A notebook draws a mermaid fence only where its front end can (JupyterLab 4.1+); the
+        caption and the alt text below the source give every reader the figure's content.
+        """
         if cell.executable:
             body = cell.code_lines  # drop Quarto's `%%|` / `#|` options
             info = cell.lang
@@ -319,7 +335,18 @@ class _Builder:
             body = cell.lines
             info = cell.info
         fence = cell.fence
-        return "\n".join([f"{cell.indent}{fence}{info}", *body, f"{cell.indent}{fence}"])
+        fenced = "\n".join([f"{cell.indent}{fence}{info}", *body, f"{cell.indent}{fence}"])
+        caption = str(cell.options.get("fig-cap", "") or "").strip() if cell.executable else ""
+        if not caption:
+            return fenced
+        label = cell.label or ""
+        target = self.targets.get(label) if label.startswith("fig-") else None
+        name = target.text if target is not None and target.number else KIND_NAMES_SHORT["figure"]
+        parts = [fenced, "", f"{cell.indent}**{name}:** {self.inline(caption)}"]
+        alt = str(cell.options.get("fig-alt", "") or "").strip()
+        if alt:
+            parts += ["", f"{cell.indent}*The diagram in words:* {self.inline(alt)}"]
+        return "\n".join(parts)
 
     def build(self):
         nbformat = _notebook_module()
@@ -373,16 +400,13 @@ def _write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
-def export_book(
-    book: Book, out: Path, files: list[str | Path] | None = None
-) -> tuple[list[Path], list[str]]:
-    """Write one notebook per listed (or named) file that exists.
+def export_notebooks(book: Book, files: list[str | Path] | None = None) -> tuple[list, list[str]]:
+    """The unexecuted notebook of every listed (or named) file that exists, in book order.
 
     Returns:
-        (paths, problems): the notebooks (written or already current) and the problems
+        (exported, problems): `(ChapterInfo, notebook)` pairs, and the problems
         ("FILE:LINE: message") that stopped a chapter from being exported.
     """
-    nbformat = _notebook_module()
     numbering = book.numbering
     problems = [str(exc) for exc in numbering.problems]
     keys = bibliography_keys(book.bibliography)
@@ -418,21 +442,237 @@ def export_book(
         export_chapter(info, numbering, collect)
     texts = render_citations(list(citations), book.bibliography, csl=book.csl, what="notebooks")
     citations.update(zip(citations, texts, strict=True))
+    exported = [
+        (info, export_chapter(info, numbering, lambda source, _keys: citations.get(source))) for info in chapters
+    ]
+    return exported, problems
+
+
+def export_book(
+    book: Book, out: Path, files: list[str | Path] | None = None
+) -> tuple[list[Path], list[str]]:
+    """Write the unexecuted notebook of every listed (or named) file that exists (what `execute` runs).
+
+    Returns:
+        (paths, problems): the notebooks (written or already current) and the problems
+        ("FILE:LINE: message") that stopped a chapter from being exported.
+    """
+    nbformat = _notebook_module()
+    exported, problems = export_notebooks(book, files)
     paths = []
-    for info in chapters:
-        notebook = export_chapter(info, numbering, lambda source, _keys: citations.get(source))
-        text = nbformat.writes(notebook) + "\n"
+    for info, notebook in exported:
         path = out / f"{Path(info.display).stem}.ipynb"
-        _write_if_changed(path, text)
+        _write_if_changed(path, nbformat.writes(notebook) + "\n")
+        paths.append(path)
+    return paths, problems
+
+
+# ---------------------------------------------------------------------------
+# the reader's notebooks: the export, executed, finished for Jupyter
+
+#: The first cell of a reader's notebook; `{repo_url}` is `_quarto.yml`'s `book.repo-url` as a literal.
+SETUP_CELL = """\
+# Makes the book's package, longctx, importable. In a clone of the book's
+# repository, or where longctx is installed, this cell does nothing; anywhere
+# else (Colab, a fresh Jupyter) it installs longctx from the book's repository.
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+REPO_URL = {repo_url}
+
+
+def longctx_install_command(start):
+    \"\"\"The pip command that installs longctx, or None where none is needed.\"\"\"
+    if importlib.util.find_spec("longctx") is not None:
+        return None
+    for folder in (start, *start.parents):
+        if (folder / "_quarto.yml").is_file() and (folder / "code").is_dir():
+            return None  # the book's repository: `make env` installs longctx
+    package = f"longctx @ git+{{REPO_URL}}"
+    return [sys.executable, "-m", "pip", "install", "--quiet", package]
+
+
+command = longctx_install_command(pathlib.Path.cwd().resolve())
+if command is not None:
+    subprocess.run(command, check=True)
+    importlib.invalidate_caches()
+# In the repository `make env` installs longctx (kernel: .venv/bin/python).
+import longctx\
+"""
+
+_REPO_URL = re.compile(r"^(?:https?|ssh|git)://[^\s'\"\\]+$")
+
+
+def repo_url(book: Book) -> str:
+    """`_quarto.yml`'s `book.repo-url`, which the notebooks' first cell installs longctx from.
+
+    Raises:
+        BookError: it is missing, or not an http(s)/ssh/git URL.
+    """
+    from .book import BookError
+
+    value = (book.config.get("book") or {}).get("repo-url")
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise BookError(
+            "_quarto.yml has no book.repo-url: the notebooks' first cell installs longctx from it "
+            "(add `repo-url: https://github.com/OWNER/REPO` under `book:`)"
+        )
+    if not isinstance(value, str) or not _REPO_URL.match(value.strip()):
+        raise BookError(
+            f"_quarto.yml: book.repo-url must be an https://, ssh:// or git:// URL of the book's "
+            f"repository (pip installs `longctx @ git+URL`), not {value!r}"
+        )
+    return value.strip()
+
+
+def setup_cell_source(url: str) -> str:
+    """The code of a reader's first cell, installing longctx from `url` outside the repository."""
+    return SETUP_CELL.format(repo_url=json.dumps(url))
+
+
+def _split_options(source: str) -> tuple[list[str], str]:
+    lines = source.split("\n")
+    count = 0
+    while count < len(lines) and lines[count].startswith("#|"):
+        count += 1
+    return lines[:count], "\n".join(lines[count:])
+
+
+def _hide_source(cell, options: dict) -> bool:
+    """Whether the book folds or hides this cell's code (an exercise's solution counts)."""
+    callout = cell.metadata.get("longctx", {}).get("callout") or {}
+    return bool(options.get("code-fold") is True or options.get("echo") is False or callout.get("collapse"))
+
+
+class StaleNotebook(Exception):
+    """The executed notebook does not match the chapter as it is now."""
+
+
+def finish_notebook(notebook, executed, url: str, display: str):
+    """The reader's notebook: a fresh export `notebook` with `executed`'s outputs and values.
+
+    Code cells get the executed cell's outputs and lose their Quarto `#|` option lines (a folded
+    or hidden cell is collapsed with Jupyter's `source_hidden`); markdown cells get their inline
+    values, each formatted by `execute.inline_text` from the executed notebook's
+    `user_expressions`; a notebook with code starts with the `setup_cell_source` cell.
+
+    Raises:
+        StaleNotebook: `executed` ran different code or other inline expressions
+            (message `FILE:LINE: ...`).
+    """
+    from .execute import inline_text
+    from .qmd import INLINE_EXPRESSION, parse_options
+
+    ran_code = [cell for cell in (executed.cells if executed is not None else []) if cell.cell_type == "code"]
+    values = [
+        entry
+        for cell in (executed.cells if executed is not None else [])
+        if cell.cell_type == "markdown"
+        for entry in cell.metadata.get("user_expressions", [])
+    ]
+    stale = "the executed notebook is stale ({}); run `make execute` (or `python -m booktools execute`)"
+    code_index = 0
+    for cell in notebook.cells:
+        line = cell.metadata.get("longctx", {}).get("line", 0)
+        if cell.cell_type == "code":
+            ran = ran_code[code_index] if code_index < len(ran_code) else None
+            code_index += 1
+            if ran is None or ran.source != cell.source:
+                raise StaleNotebook(f"{display}:{line}: " + stale.format("this cell changed since it ran"))
+            cell.outputs = ran.get("outputs", [])
+            cell.execution_count = ran.get("execution_count")
+            option_lines, body = _split_options(cell.source)
+            _, options = parse_options(option_lines, display, line + 1)
+            cell.source = body
+            if _hide_source(cell, options):
+                cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
+        elif cell.cell_type == "markdown":
+            used = []
+            for match in INLINE_EXPRESSION.finditer(cell.source):
+                expression = match.group("expr").strip()
+                if not values or values[0].get("expression") != expression:
+                    raise StaleNotebook(
+                        f"{display}:0: " + stale.format(f"it has no value for `{{python}} {expression}` here")
+                    )
+                used.append(values.pop(0))
+            if used:
+                texts = iter([inline_text(entry["result"]) for entry in used])
+                cell.source = INLINE_EXPRESSION.sub(lambda _match, texts=texts: next(texts), cell.source)
+                cell.metadata["user_expressions"] = used
+    if code_index != len(ran_code) or values:
+        raise StaleNotebook(f"{display}:0: " + stale.format("it ran cells or values the chapter no longer has"))
+    if code_index:
+        nbformat = _notebook_module()
+        setup = nbformat.v4.new_code_cell(setup_cell_source(url))
+        setup["id"] = "longctx-setup"
+        setup.metadata["longctx"] = {"role": "setup"}
+        notebook.cells.insert(0, setup)
+    return notebook
+
+
+def _needs_execution(notebook) -> bool:
+    from .qmd import INLINE_EXPRESSION
+
+    return any(
+        cell.cell_type == "code" or (cell.cell_type == "markdown" and INLINE_EXPRESSION.search(cell.source))
+        for cell in notebook.cells
+    )
+
+
+def finish_book(
+    book: Book, executed: Path, out: Path, files: list[str | Path] | None = None
+) -> tuple[list[Path], list[str]]:
+    """Write the reader's notebooks: each listed (or named) file exported, with its executed outputs.
+
+    Args:
+        executed: the folder `booktools execute` wrote (`<stem>.ipynb` per file).
+        out: where the reader's notebooks go (`notebooks/`).
+
+    Returns:
+        (paths, problems): the notebooks written (or already current) and the problems
+        ("FILE:LINE: message"): a chapter not executed, or executed before its last change.
+
+    Raises:
+        BookError: `_quarto.yml` has no usable `book.repo-url` (checked before anything is written).
+    """
+    nbformat = _notebook_module()
+    url = repo_url(book)
+    exported, problems = export_notebooks(book, files)
+    finished = []
+    for info, notebook in exported:
+        stem = Path(info.display).stem
+        ran = None
+        if _needs_execution(notebook):
+            path = executed / f"{stem}.ipynb"
+            if not path.is_file():
+                problems.append(
+                    f"{info.display}:0: not executed yet ({book.display(path)} is missing); "
+                    "run `make execute` (or `python -m booktools execute`)"
+                )
+                continue
+            ran = nbformat.read(str(path), as_version=4)
+        try:
+            finished.append((stem, finish_notebook(notebook, ran, url, info.display)))
+        except StaleNotebook as exc:
+            problems.append(str(exc))
+    paths = []
+    for stem, notebook in finished:
+        nbformat.validate(notebook)
+        path = out / f"{stem}.ipynb"
+        _write_if_changed(path, nbformat.writes(notebook) + "\n")
         paths.append(path)
     return paths, problems
 
 
 def main_notebooks(root: Path, args) -> int:
+    """`booktools notebooks`: the reader's notebooks from the executed ones (`execute` runs first)."""
     book = load_book(root)
     out = Path(args.out).resolve() if args.out else book.root / "notebooks"
+    executed = Path(args.executed).resolve() if args.executed else book.root / "_build" / "executed"
     try:
-        paths, problems = export_book(book, out, args.files or None)
+        paths, problems = finish_book(book, executed, out, args.files or None)
     except QmdError as exc:
         print(exc, file=sys.stderr)
         return 1

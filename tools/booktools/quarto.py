@@ -124,6 +124,13 @@ def _markdown_cell(text: str) -> dict:
     return {"cell_type": "markdown", "metadata": {}, "source": text}
 
 
+def _option_value(value) -> str:
+    """A cell option's value as one line of YAML: plain where it can be, else quoted."""
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_./-]+", value):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
 def quarto_notebook(doc: Document, executed: dict | None) -> dict:
     """The notebook Quarto renders for one chapter (an nbformat-4 dict).
 
@@ -180,7 +187,7 @@ def quarto_notebook(doc: Document, executed: dict | None) -> dict:
         body = [text[len(cell.indent) :] if text.startswith(cell.indent) else text for text in cell.code_lines]
         # Options go to Quarto one per line, whatever YAML spelling the chapter uses (a caption
         # folded over several lines to fit 80 columns reaches Quarto's notebook reader mangled).
-        body = [f"#| {key}: {json.dumps(value, ensure_ascii=False)}" for key, value in cell.options.items()] + body
+        body = [f"#| {key}: {_option_value(value)}" for key, value in cell.options.items()] + body
         code = {
             "cell_type": "code",
             "execution_count": None,
