@@ -376,3 +376,13 @@ def test_the_epub_has_a_language_and_no_links_to_web_pages_of_the_book(quarto_bo
             if name.endswith(".xhtml"):
                 text = archive.read(name).decode("utf-8", "replace")
                 assert not re.search(r'href="(?:\.\./)*(?:chapters/)?(?:ch\d\d|appendix|index)[\w-]*\.html', text), name
+
+
+def test_a_long_tuple_default_is_wrapped_inside_its_parentheses():
+    long = "Settings(steps: int = 600, depths: tuple[float, ...] = (" + ", ".join(f"{i / 8}" for i in range(9))
+    long += "), seeds: tuple[int, ...] = (0, 1))"
+    shown = wrap_signature(long, width=60)
+    assert max(len(line) for line in shown.splitlines()) <= 60
+    assert shown.splitlines()[2] == "    depths: tuple[float, ...] = ("
+    # the same signature, once the layout's spaces and trailing commas are taken out
+    assert re.sub(r",([)\]])", r"\1", "".join(shown.split())) == "".join(long.split())

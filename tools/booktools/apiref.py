@@ -129,8 +129,27 @@ def wrap_signature(signature: str, width: int = SIGNATURE_WIDTH) -> str:
     if close is None:
         return signature
     params, tail = _split_top_level(rest[:close]), rest[close + 1 :]
-    lines = [f"{name}("] + [f"    {param}," for param in params] + [f"){tail}"]
-    return "\n".join(lines)
+    lines = [f"{name}("]
+    for param in params:
+        lines += _wrap_parameter(param, width)
+    return "\n".join([*lines, f"){tail}"])
+
+
+def _wrap_parameter(param: str, width: int) -> list[str]:
+    """One parameter line, or, when its default is a long tuple or list, that default over lines."""
+    line = f"    {param},"
+    opener = next((mark for mark in (" = (", " = [") if mark in param), None)
+    if len(line) <= width or opener is None or param[-1] not in ")]":
+        return [line]
+    head, _, inner = param.partition(opener)
+    items = _split_top_level(inner[:-1])
+    lines, current = [f"    {head}{opener}"], "       "
+    for item in items:
+        if len(current) + len(item) + 2 > width:
+            lines.append(current)
+            current = "       "
+        current += f" {item},"
+    return [*lines, current, f"    {param[-1]},"]
 
 
 def _signature(name: str, obj) -> tuple[str, str]:
