@@ -128,7 +128,10 @@ def test_saved_cells_in_order_with_header_and_source_lines(book, booktools):
         # Every emitted line sits at a known offset from its chapter line.
         for offset, text in enumerate(lines[index + 1 : index + 6]):
             assert chapter[source_line - 1 + offset] == text
-    assert chapter[int(lines[markers[0]].rsplit(":", 1)[1]) - 1] == "import math"
+    # The saved `import math` moved to the top; the first block's comment names the first
+    # line left after it.
+    assert chapter[int(lines[markers[0]].rsplit(":", 1)[1]) - 1] == "_PRIVATE = 3"
+    assert lines[3:6] == ["", "import math", ""]
     assert "timestamp" not in generated.lower() and "20" + "26" not in generated
 
 
@@ -312,10 +315,17 @@ def test_definitions_constants_and_guarded_imports_are_not_side_effects(tmp_path
     code, err = error_for(tmp_path, booktools, body)
     assert (code, err) == (0, "")
     generated = (tmp_path / "err" / "code" / "ch02" / "_generated.py").read_text()
-    # `from __future__` must open the module: it moves to the header, the line count stays.
-    header, _, rest = generated.partition("\n\n\n")
-    assert "from __future__ import annotations" in header
-    assert "# from __future__ import annotations  (moved to the top of the module)" in rest
+    # `from __future__` opens the module's imports; the guarded import stays in its `if`.
+    header, marker, rest = generated.partition("# chapters/ch02-beta.qmd:9\n")
+    assert marker and header.splitlines()[3:] == [
+        "",
+        "from __future__ import annotations",
+        "",
+        "from typing import TYPE_CHECKING",
+        "",  # one blank line before a statement that is not a definition, as ruff's isort wants
+    ]
+    assert rest.startswith("if TYPE_CHECKING:\n    from collections.abc import Iterator\n")
+    assert "__future__" not in rest
     compile(generated, "g.py", "exec")
 
 
