@@ -302,8 +302,10 @@ _SECTIONS = ("future", "stdlib", "third-party", "first-party", "local")
 
 
 def _natural(text: str) -> tuple:
-    """Natural order, as ruff sorts: `item9` before `item10` (digits before other characters)."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part)
+    """Natural order, as ruff sorts: `item9` before `item10`, otherwise character by character."""
+    # A run of digits compares by its value with another run, and as a digit with any other
+    # character (no character sits between "0" and "9", so the first digit decides).
+    return tuple((ord("0"), int(part)) if part.isdigit() else (ord(part), 0) for part in re.findall(r"\d+|\D", text))
 
 
 def _member_key(name: str) -> tuple[int, str, str]:
