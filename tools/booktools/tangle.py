@@ -1,8 +1,12 @@
 """Tangle: the `# @save` cells of each chapter become `code/chNN/_generated.py` + `__init__.py`.
 
-The rules are DESIGN.md's "The tangle rules". Everything is computed first; files are
-written only when every chapter asked for is clean, each through a temporary file and
-`os.replace`, so a broken chapter never leaves a half-written module and changes nothing.
+The rules are DESIGN.md's "The tangle rules". The generated module reads like a library: the
+saved cells' top-level imports come first, once each, sorted as ruff's isort rules want them;
+then each saved block under a `# chapters/FILE.qmd:LINE` comment naming its first line. Its
+docstrings hold no Quarto syntax, only numbers the book has ("Equation 3.1"), in Google style.
+Everything is computed first; files are written only when every chapter asked for is
+clean, each through a temporary file and `os.replace`, so a broken chapter never leaves a
+half-written module and changes nothing.
 """
 
 from __future__ import annotations
@@ -352,6 +356,8 @@ class _Imports:
             return "future"
         if top in FIRST_PARTY:
             return "first-party"
+        # The running Python's list; it agrees with ruff's for every module the book imports
+        # (they differ only on modules a newer Python removed, such as `imghdr`).
         return "stdlib" if top in sys.stdlib_module_names else "third-party"
 
     def lines(self) -> list[str]:
@@ -359,7 +365,8 @@ class _Imports:
         sections: dict[str, tuple[list, list]] = {name: ([], []) for name in _SECTIONS}
         for module, asname in self.plain:
             text = f"import {module}" + (f" as {asname}" if asname else "")
-            sections[self._section(module, 0)][0].append(((_module_key(module), _natural((asname or "").lower()), asname or ""), [text]))
+            key = (_module_key(module), _natural((asname or "").lower()), asname or "")
+            sections[self._section(module, 0)][0].append((key, [text]))
         for (level, module), names in self.members.items():
             # ruff's default (combine-as-imports = false): each `a as b` is a statement of its own.
             groups = [sorted(alias for alias in names if alias[1] is None)]
