@@ -779,3 +779,28 @@ def test_api_reference_still_finds_each_definitions_cell():
             fence = next(index for index, text in enumerate(rest) if text.startswith("```"))
             definition = [text for text in rest[:fence] if text.startswith((f"def {name}(", f"class {name}", f"{name} =", f"{name}:"))]
             assert definition, (module_name, name, file, line)
+
+
+def test_comments_are_found_as_tokenize_finds_them():
+    """The tangle finds comments from the AST (faster than tokenizing); it must agree with tokenize."""
+    import ast
+    import io
+    import tokenize
+
+    from booktools.tangle import _comments
+
+    source = (
+        'A = "# not a comment"  # Δ a comment after a string\n'
+        "B = f\"{A} # still a string\"\n"
+        'C = """\n# inside a docstring-like string\n"""  # after it\n'
+        "def f(x):  # on a def\n"
+        "    return {'#': x}['#']  # a 'quoted' # hash\n"
+        "# a whole line, Equation 1.1\n"
+    )
+    expected = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    assert len(expected) == 5
+    assert _comments(ast.parse(source), source) == expected

@@ -417,16 +417,16 @@ def _hoist_imports(block: _Block, tree: ast.Module, imports: _Imports, problem) 
     functions, `if` or `try` blocks stay where they are.
     """
     removed: set[int] = set()
-    comments = _comment_lines("\n".join(block.lines) + "\n")
     for stmt in tree.body:
         if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
             continue
         span = set(range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1))
         at = block.first_line + stmt.lineno - 1
+        text = "\n".join(block.lines[number - 1] for number in sorted(span))
         if any(other is not stmt and {other.lineno, other.end_lineno or other.lineno} & span for other in tree.body):
             problem(at, "an import shares its line with other code; give it a line of its own "
                     "(saved imports move to the top of the module)")
-        elif span & comments:
+        elif "#" in text and _comment_lines(text.strip() + "\n"):
             problem(at, "a comment on a saved import would be lost: saved imports move to the top of "
                     "the module; put the comment on the code that uses the import, or in the prose")
         else:
@@ -814,13 +814,54 @@ def _docstring_style(doc: str, where: str) -> list[tuple[int, str]]:
     return found
 
 
+def _comments(tree: ast.Module, generated: str) -> list[tuple[int, str]]:
+    """(line, text) of each comment in `generated`, found without tokenizing the whole module.
+
+    A `#` starts a comment unless a string literal of the parsed module covers it; only lines
+    holding a `#` are looked at, and AST columns are UTF-8 byte offsets.
+    """
+    lines = generated.split("\n")
+    candidates = {number for number, text in enumerate(lines, start=1) if "#" in text}
+    if not candidates:
+        return []
+    spans = [
+        (node.lineno, node.col_offset, node.end_lineno or node.lineno, node.end_col_offset or 0)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)))
+    ]
+    found = []
+    for number in sorted(candidates):
+        encoded = lines[number - 1].encode("utf-8")
+        column = encoded.find(b"#")
+        while column != -1:
+            inside = any(
+                (first, first_col) <= (number, column) < (last, last_col) for first, first_col, last, last_col in spans
+            )
+            if not inside:
+                found.append((number, encoded[column:].decode("utf-8")))
+                break
+            column = encoded.find(b"#", column + 1)
+    return found
+
+
+def _definitions(body: list[ast.stmt]):
+    """Every function and class defined in `body`, at any depth (statements only: fast)."""
+    for stmt in body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield stmt
+        for name in ("body", "orelse", "finalbody"):
+            inner = getattr(stmt, name, None)
+            if isinstance(inner, list):
+                yield from _definitions(inner)
+        for handler in getattr(stmt, "handlers", []):
+            yield from _definitions(handler.body)
+
+
 def _reading_problems(tree: ast.Module, generated: str, display: str, chapter_line, numbering: Numbering | None) -> list[Problem]:
     """Quarto syntax, references to nothing and other docstring styles, in docstrings and comments."""
     references = _book_references(numbering) if numbering is not None else set()
     problems = []
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            continue
+    for node in _definitions(tree.body):
         if not (node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)):
             continue
         value = node.body[0].value.value
@@ -833,14 +874,9 @@ def _reading_problems(tree: ast.Module, generated: str, display: str, chapter_li
         # cleandoc keeps the line count, so offsets are lines of the docstring.
         for offset, message in _docstring_style(value, where):
             problems.append(Problem(display, chapter_line(start + offset), message))
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(generated).readline))
-    except (tokenize.TokenError, SyntaxError):  # pragma: no cover - the module compiled
-        tokens = []
-    for token in tokens:
-        if token.type == tokenize.COMMENT:
-            for _, message in _text_problems(token.string, "a comment", numbering, references):
-                problems.append(Problem(display, chapter_line(token.start[0]), message))
+    for line, comment in _comments(tree, generated):
+        for _, message in _text_problems(comment, "a comment", numbering, references):
+            problems.append(Problem(display, chapter_line(line), message))
     return problems
 
 
