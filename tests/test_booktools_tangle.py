@@ -725,6 +725,15 @@ def test_docstrings_and_comments_refuse_quarto_syntax_missing_numbers_and_other_
     assert not (tmp_path / "err" / "code").exists()
 
 
+def test_an_attribute_docstring_with_a_quarto_label_is_refused(tmp_path, booktools):
+    body = NUMBERED.replace('def twice(x: int) -> int:\n    \"\"\"DOC\"\"\"\n    return 2 * x  # COMMENT',
+                            'LIMIT = 2\n\"\"\"A limit (@eq-ch02-double).\"\"\"')
+    assert "LIMIT" in body
+    code, err = error_for(tmp_path, booktools, body)
+    assert code == 1
+    assert "chapters/ch02-beta.qmd:12: an attribute's docstring holds the Quarto cross-reference `@eq-ch02-double`" in err
+
+
 def test_an_equation_gone_from_the_book_fails_check_though_the_module_is_unchanged(tmp_path, booktools):
     """A docstring's number is checked against the book every time, not only when its text changes."""
     body = NUMBERED.replace("DOC", "Return 2x (Equation 2.1).").replace("COMMENT", "y = 2x")

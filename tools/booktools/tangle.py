@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import inspect
 import io
+import itertools
 import re
 import sys
 import tokenize
@@ -874,6 +875,20 @@ def _reading_problems(tree: ast.Module, generated: str, display: str, chapter_li
         # cleandoc keeps the line count, so offsets are lines of the docstring.
         for offset, message in _docstring_style(value, where):
             problems.append(Problem(display, chapter_line(start + offset), message))
+    # Attribute docstrings: a string statement after a constant (`RUNNING_EXAMPLE = ...`
+    # then `"""The chapter's running example..."""`), at module or class level.
+    bodies = [tree.body] + [node.body for node in _definitions(tree.body) if isinstance(node, ast.ClassDef)]
+    for body in bodies:
+        for before, stmt in itertools.pairwise(body):
+            if (
+                isinstance(before, (ast.Assign, ast.AnnAssign))
+                and isinstance(stmt, ast.Expr)
+                and isinstance(stmt.value, ast.Constant)
+                and isinstance(stmt.value.value, str)
+            ):
+                value = stmt.value.value
+                for offset, message in _text_problems(value, "an attribute's docstring", numbering, references):
+                    problems.append(Problem(display, chapter_line(stmt.lineno + value.count("\n", 0, offset)), message))
     for line, comment in _comments(tree, generated):
         for _, message in _text_problems(comment, "a comment", numbering, references):
             problems.append(Problem(display, chapter_line(line), message))
