@@ -128,7 +128,10 @@ def test_saved_cells_in_order_with_header_and_source_lines(book, booktools):
         # Every emitted line sits at a known offset from its chapter line.
         for offset, text in enumerate(lines[index + 1 : index + 6]):
             assert chapter[source_line - 1 + offset] == text
-    assert chapter[int(lines[markers[0]].rsplit(":", 1)[1]) - 1] == "import math"
+    # The saved `import math` moved to the top; the first block's comment names the first
+    # line left after it.
+    assert chapter[int(lines[markers[0]].rsplit(":", 1)[1]) - 1] == "_PRIVATE = 3"
+    assert lines[3:6] == ["", "import math", ""]
     assert "timestamp" not in generated.lower() and "20" + "26" not in generated
 
 
@@ -312,10 +315,17 @@ def test_definitions_constants_and_guarded_imports_are_not_side_effects(tmp_path
     code, err = error_for(tmp_path, booktools, body)
     assert (code, err) == (0, "")
     generated = (tmp_path / "err" / "code" / "ch02" / "_generated.py").read_text()
-    # `from __future__` must open the module: it moves to the header, the line count stays.
-    header, _, rest = generated.partition("\n\n\n")
-    assert "from __future__ import annotations" in header
-    assert "# from __future__ import annotations  (moved to the top of the module)" in rest
+    # `from __future__` opens the module's imports; the guarded import stays in its `if`.
+    header, marker, rest = generated.partition("# chapters/ch02-beta.qmd:9\n")
+    assert marker and header.splitlines()[3:] == [
+        "",
+        "from __future__ import annotations",
+        "",
+        "from typing import TYPE_CHECKING",
+        "",  # one blank line before a statement that is not a definition, as ruff's isort wants
+    ]
+    assert rest.startswith("if TYPE_CHECKING:\n    from collections.abc import Iterator\n")
+    assert "__future__" not in rest
     compile(generated, "g.py", "exec")
 
 
@@ -398,3 +408,408 @@ def test_html_verb_without_its_module_says_so_and_exits_2(book, booktools, monke
     monkeypatch.setitem(sys.modules, "booktools.html", None)
     code, _, err = booktools(book, "html")
     assert code == 2 and "booktools.html" in err
+
+
+# --- imports hoisted to the top, sorted as ruff's isort rules want them ------------------------
+
+RUFF = Path(sys.executable).with_name("ruff")
+RUFF_CONFIG = REPO / "code" / "ruff.toml"  # the repository's settings, and `longctx` first-party
+
+
+def ruff_check(*paths: Path, select: str | None = None, ignore: str | None = None) -> subprocess.CompletedProcess:
+    if not RUFF.exists():
+        pytest.skip("ruff is not installed in this environment")
+    command = [str(RUFF), "check", "--no-cache", "--config", str(RUFF_CONFIG)]
+    command += ["--select", select] if select else []
+    command += ["--extend-ignore", ignore] if ignore else []
+    return subprocess.run(command + [str(path) for path in paths], capture_output=True, text=True)
+
+
+MIXED = """
+# Mixed
+
+```{python}
+# @save
+import torch
+from longctx import ch01
+import math
+from torch import nn, Tensor
+from longctx.support import check_int, check_number, check_tensor, check_choice, describe
+
+
+def first(x: Tensor) -> Tensor:
+    \"\"\"Return x through a layer.\"\"\"
+    import json  # an import inside a function stays where it is
+
+    check_int("n", 1)
+    return nn.Identity()(torch.as_tensor(x)) + math.pi * len(json.dumps(ch01.double(1)))
+```
+
+Prose between the cells.
+
+```{python}
+# @save
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from torch import Tensor
+import torch.nn.functional as F
+import os, sys
+from dataclasses import replace as _replace
+
+LIMIT = 3
+
+
+def second(values: Sequence[float], x: Tensor) -> float:
+    \"\"\"Return a number from everything imported.\"\"\"
+    check_number("x", 1.0), check_tensor("x", x), check_choice("c", "a", ("a",)), describe(x)
+    return math.fsum(values) + F.relu(x).sum().item() + len(os.sep + sys.platform) + LIMIT + id(_replace)
+```
+"""
+
+
+def test_imports_are_hoisted_merged_and_sorted_and_ruff_agrees(tmp_path, booktools):
+    root = make_book(tmp_path / "m", {"chapters/ch01-alpha.qmd": ALPHA, "chapters/ch02-mixed.qmd": MIXED})
+    code, _, err = booktools(root, "tangle")
+    assert (code, err) == (0, "")
+    generated = (root / "code" / "ch02" / "_generated.py").read_text()
+    lines = generated.splitlines()
+    assert "ruff: noqa" not in generated
+    assert lines[2].startswith('"""Code saved from chapters/ch02-mixed.qmd')
+    first_marker = next(index for index, line in enumerate(lines) if line.startswith("# chapters/"))
+    assert lines[3:first_marker] == [
+        "",
+        "from __future__ import annotations",
+        "",
+        "import math",
+        "import os",
+        "import sys",
+        "from collections.abc import Sequence",
+        "from dataclasses import replace as _replace",
+        "",
+        "import torch",
+        "import torch.nn.functional as F",
+        "from torch import Tensor, nn",
+        "",
+        "from longctx import ch01",
+        "from longctx.support import (",  # 84 characters on one line: wrapped to fit the page
+        "    check_choice,",
+        "    check_int,",
+        "    check_number,",
+        "    check_tensor,",
+        "    describe,",
+        ")",
+        "",
+        "",
+    ]
+    # Each block's comment names the chapter line of the first line that follows it.
+    chapter = (root / "chapters" / "ch02-mixed.qmd").read_text().splitlines()
+    markers = [index for index, line in enumerate(lines) if line.startswith("# chapters/ch02-mixed.qmd:")]
+    assert [lines[index + 1] for index in markers] == ["def first(x: Tensor) -> Tensor:", "LIMIT = 3"]
+    for index in markers:
+        start = int(lines[index].rsplit(":", 1)[1])
+        assert chapter[start - 1] == lines[index + 1]
+    assert "    import json  # an import inside a function stays where it is" in lines
+    assert generated.count("import math") == 1 and "__future__" not in "\n".join(lines[first_marker:])
+    package = load_package(root / "code" / "ch02", "fixture_tangle_mixed")
+    assert package.__all__ == ["LIMIT", "first", "second"]
+    assert ruff_check(root / "code").returncode == 0, ruff_check(root / "code").stdout
+
+
+def test_fixture_book_modules_have_their_imports_on_top_and_pass_ruff(fixture_book, booktools):
+    assert booktools(fixture_book, "tangle")[0] == 0
+    alpha = (fixture_book / "code" / "ch01" / "_generated.py").read_text().splitlines()
+    beta = (fixture_book / "code" / "ch02" / "_generated.py").read_text().splitlines()
+    assert alpha[3:7] == ["", "import math", "", "# chapters/ch01-alpha.qmd:21"]  # then `SCALE = 2`
+    assert alpha[7] == "SCALE = 2"
+    assert beta[3:8] == ["", "from longctx import ch01", "", "", "# chapters/ch02-beta.qmd:10"]
+    assert beta[8] == "def quad(n: int) -> int:"
+    # The fixture saves `import math` and never uses it (tangle warns; other tests edit those lines).
+    result = ruff_check(fixture_book / "code", ignore="F401")
+    assert result.returncode == 0, result.stdout
+
+
+def test_import_sorter_agrees_with_ruff_on_random_import_blocks(tmp_path):
+    """The tangle's own sorter against ruff's isort (I001), on 40 random sets of imports."""
+    import random
+
+    import_ast = __import__("ast")
+    from booktools.tangle import _Imports
+
+    modules = ["os", "os.path", "collections.abc", "json", "typing", "torch", "torch.nn", "Torch2", "numpy",
+               "tqdm", "yaml", "longctx", "longctx.support", "longctx.ch01", "abc9", "abc10", "_private"]
+    members = ["Tensor", "nn", "F", "PALETTE", "check_int", "CheckThing", "item9", "item10", "_hidden",
+               "X", "a_b", "ab", "Z2", "describe", "Mapping", "TYPE_CHECKING"]
+    rng = random.Random(14)
+    paths = []
+    for case in range(40):
+        imports = _Imports()
+        for _ in range(rng.randint(1, 9)):
+            module = rng.choice(modules)
+            if rng.random() < 0.3:
+                alias = rng.choice(["", "", "np", "tt", "Alias"])
+                statement = f"import {module}" + (f" as {alias}" if alias else "")
+            else:
+                names = rng.sample(members, rng.randint(1, 7))
+                names = [name + (f" as {name}_x" if rng.random() < 0.15 else "") for name in names]
+                statement = f"from {module} import {', '.join(names)}"
+            imports.add(import_ast.parse(statement).body[0])
+        path = tmp_path / f"case{case:02d}.py"
+        path.write_text('"""Imports."""\n\n' + "\n".join(imports.lines()) + "\n")
+        paths.append(path)
+    result = ruff_check(*paths, select="I")
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize(
+    ("cell", "expected"),
+    [
+        pytest.param(
+            "import math  # for pi\n\nX = math.pi\n",
+            "chapters/ch02-beta.qmd:5: a comment on a saved import would be lost",
+            id="comment-on-import",
+        ),
+        pytest.param(
+            "import math; X = math.pi\n",
+            "chapters/ch02-beta.qmd:5: an import shares its line with other code",
+            id="import-sharing-a-line",
+        ),
+    ],
+)
+def test_imports_that_cannot_move_are_refused(tmp_path, booktools, cell, expected):
+    code, err = error_for(tmp_path, booktools, f"# B\n\n```{{python}}\n# @save\n{cell}```\n")
+    assert code == 1 and expected in err, err
+
+
+# --- one definition per name ---------------------------------------------------------------
+
+
+def test_two_saved_versions_of_one_function_are_refused_naming_both_lines(tmp_path, booktools):
+    body = (
+        "# B\n\n```{python}\n# @save\ndef area(r):\n    return 3 * r * r\n```\n\n"
+        "Better:\n\n```{python}\n# @save\ndef area(r):\n    return 3.14159 * r * r\n```\n"
+    )
+    code, err = error_for(tmp_path, booktools, body)
+    assert code == 1
+    assert (
+        "chapters/ch02-beta.qmd:13: top-level name `area` is already defined in saved code at "
+        "chapters/ch02-beta.qmd:5; define each name once per chapter"
+    ) in err
+
+
+def test_a_method_saved_twice_is_refused_naming_both_lines(tmp_path, booktools):
+    body = (
+        "# B\n\n```{python}\n# @save\nclass Box:\n    def size(self):\n        return 1\n\n"
+        "    def size(self):\n        return 2\n```\n"
+    )
+    code, err = error_for(tmp_path, booktools, body)
+    assert code == 1
+    assert (
+        "chapters/ch02-beta.qmd:9: `size` is defined again here, and its definition at "
+        "chapters/ch02-beta.qmd:6 is never used; save only the final version"
+    ) in err
+
+
+# --- docstrings and comments: no Quarto syntax, real numbers, Google style ----------------------
+
+NUMBERED = """
+# Beta {#sec-ch02-beta}
+
+## Counting {#sec-ch02-counting}
+
+$$
+y = 2x
+$$ {#eq-ch02-double}
+
+```{python}
+# @save
+def twice(x: int) -> int:
+    \"\"\"DOC\"\"\"
+    return 2 * x  # COMMENT
+```
+"""
+
+
+def numbered_error(tmp_path, booktools, doc: str, comment: str = "Equation 2.1") -> tuple[int, str]:
+    body = NUMBERED.replace("DOC", doc).replace("COMMENT", comment)
+    return error_for(tmp_path, booktools, body)
+
+
+def test_docstrings_that_name_the_books_numbers_tangle(tmp_path, booktools):
+    doc = "Return 2x (Equation 2.1 of Section 2.1, as in Chapter 1).\n\n    Args:\n        x: a number.\n    "
+    code, err = numbered_error(tmp_path, booktools, doc)
+    assert (code, err) == (0, "")
+    package = load_package(tmp_path / "err" / "code" / "ch02", "fixture_tangle_numbered")
+    assert package.twice.__doc__.startswith("Return 2x (Equation 2.1 of Section 2.1, as in Chapter 1).")
+
+
+@pytest.mark.parametrize(
+    ("doc", "comment", "expected"),
+    [
+        pytest.param(
+            "Return 2x (@eq-ch02-double).", "Equation 2.1",
+            "chapters/ch02-beta.qmd:12: the docstring of `twice` holds the Quarto cross-reference "
+            '`@eq-ch02-double`, which `help()` shows as it is; write "Equation 2.1"',
+            id="equation-label",
+        ),
+        pytest.param(
+            "Return 2x, as @sec-ch02-counting says.", "Equation 2.1",
+            'cross-reference `@sec-ch02-counting`, which `help()` shows as it is; write "Section 2.1"',
+            id="section-label",
+        ),
+        pytest.param(
+            "Return 2x [@vaswani2017attention].", "Equation 2.1",
+            "the docstring of `twice` holds the Quarto citation `[@vaswani2017attention]`",
+            id="citation",
+        ),
+        pytest.param(
+            "Return `{python} doubled`.", "Equation 2.1",
+            "the docstring of `twice` holds a Quarto inline value `{python}`",
+            id="inline-value",
+        ),
+        pytest.param(
+            "Return 2x (Equation 2.2).", "Equation 2.1",
+            "chapters/ch02-beta.qmd:12: the docstring of `twice` names Equation 2.2, which the book does not have",
+            id="equation-number-that-does-not-exist",
+        ),
+        pytest.param(
+            "Return 2x (see Figure 1.1).", "Equation 2.1",
+            "names Figure 1.1, which the book does not have",
+            id="figure-number-that-does-not-exist",
+        ),
+        pytest.param(
+            "Return 2x.", "y of @eq-ch02-double",
+            "chapters/ch02-beta.qmd:13: a comment holds the Quarto cross-reference `@eq-ch02-double`",
+            id="label-in-a-comment",
+        ),
+        pytest.param(
+            "Return 2x.", "Section 2.9",
+            "chapters/ch02-beta.qmd:13: a comment names Section 2.9, which the book does not have",
+            id="section-number-in-a-comment",
+        ),
+        pytest.param(
+            "Return twice the number that\n    it is given.\n    ", "Equation 2.1",
+            "chapters/ch02-beta.qmd:13: the docstring of `twice`: the summary runs over more than one line",
+            id="two-line-summary",
+        ),
+        pytest.param(
+            "Return 2x.\n\n    Parameters:\n        x: a number.\n    ", "Equation 2.1",
+            "chapters/ch02-beta.qmd:14: the docstring of `twice`: `Parameters:` is not a Google-style "
+            "section; write `Args:`",
+            id="parameters-section",
+        ),
+        pytest.param(
+            "Return 2x.\n\n    Parameters\n    ----------\n    x : int\n    ", "Equation 2.1",
+            "the docstring of `twice`: `----------` is NumPy or reST docstring syntax",
+            id="numpy-style",
+        ),
+        pytest.param(
+            "Return 2x.\n\n    :param x: a number.\n    ", "Equation 2.1",
+            "the docstring of `twice`: `:param x: a number.` is NumPy or reST docstring syntax",
+            id="rest-style",
+        ),
+        pytest.param(
+            "Return 2x.\n\n    Args:\n        x: a number. y: another.\n    ", "Equation 2.1",
+            "chapters/ch02-beta.qmd:15: the docstring of `twice`: `x` and `y` share one line of `Args:`",
+            id="two-args-on-one-line",
+        ),
+    ],
+)
+def test_docstrings_and_comments_refuse_quarto_syntax_missing_numbers_and_other_styles(
+    tmp_path, booktools, doc, comment, expected
+):
+    code, err = numbered_error(tmp_path, booktools, doc, comment)
+    assert code == 1
+    assert expected in err, err
+    assert not (tmp_path / "err" / "code").exists()
+
+
+def test_an_attribute_docstring_with_a_quarto_label_is_refused(tmp_path, booktools):
+    body = NUMBERED.replace('def twice(x: int) -> int:\n    \"\"\"DOC\"\"\"\n    return 2 * x  # COMMENT',
+                            'LIMIT = 2\n\"\"\"A limit (@eq-ch02-double).\"\"\"')
+    assert "LIMIT" in body
+    code, err = error_for(tmp_path, booktools, body)
+    assert code == 1
+    assert "chapters/ch02-beta.qmd:12: an attribute's docstring holds the Quarto cross-reference `@eq-ch02-double`" in err
+
+
+def test_an_equation_gone_from_the_book_fails_check_though_the_module_is_unchanged(tmp_path, booktools):
+    """A docstring's number is checked against the book every time, not only when its text changes."""
+    body = NUMBERED.replace("DOC", "Return 2x (Equation 2.1).").replace("COMMENT", "y = 2x")
+    root = make_book(tmp_path / "r", {"chapters/ch01-alpha.qmd": ALPHA, "chapters/ch02-beta.qmd": body})
+    assert booktools(root, "tangle")[0] == 0
+    chapter = root / "chapters" / "ch02-beta.qmd"
+    chapter.write_text(chapter.read_text().replace("$$ {#eq-ch02-double}", "$$"))  # no line moves
+    code, _, err = booktools(root, "tangle", "--check")
+    assert code == 1
+    assert "chapters/ch02-beta.qmd:12: the docstring of `twice` names Equation 2.1, which the book does not have" in err
+    assert "stale" not in err
+
+
+def test_real_modules_docstrings_hold_no_quarto_syntax():
+    """`help(ch03.kv_bytes)` once showed `@eq-ch03-kvbytes`: no public docstring holds such syntax."""
+    import importlib
+    import inspect
+    import re
+
+    pattern = re.compile(r"@(?:eq|sec|fig|tbl)-|\[-?@\w|\{python\}")
+    checked = 0
+    for module_name in ("ch01", "ch02", "ch03", "ch04", "ch05"):
+        module = importlib.import_module(f"longctx.{module_name}")
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if getattr(obj, "__module__", "") != f"longctx.{module_name}._generated":
+                continue
+            members = [obj] + [member for _, member in inspect.getmembers(obj, inspect.isfunction)
+                               if member.__qualname__.startswith(obj.__name__ + ".")] if inspect.isclass(obj) else [obj]
+            for member in members:
+                doc = inspect.getdoc(member) or ""
+                assert not pattern.search(doc), (module_name, member.__qualname__)
+                checked += 1
+    assert checked > 100
+
+
+def test_api_reference_still_finds_each_definitions_cell():
+    """The source comments still lead apiref from each public name to the cell that defines it."""
+    import importlib
+
+    from booktools.apiref import defining_lines
+
+    for module_name in ("ch01", "ch02", "ch03", "ch04", "ch05"):
+        generated = REPO / "code" / module_name / "_generated.py"
+        found = defining_lines(generated)
+        module = importlib.import_module(f"longctx.{module_name}")
+        for name in module.__all__:
+            file, line = found[name]
+            chapter = (REPO / file).read_text(encoding="utf-8").splitlines()
+            # The named line opens a run of the cell; the definition follows in that cell.
+            rest = chapter[line - 1 :]
+            fence = next(index for index, text in enumerate(rest) if text.startswith("```"))
+            definition = [text for text in rest[:fence] if text.startswith((f"def {name}(", f"class {name}", f"{name} =", f"{name}:"))]
+            assert definition, (module_name, name, file, line)
+
+
+def test_comments_are_found_as_tokenize_finds_them():
+    """The tangle finds comments from the AST (faster than tokenizing); it must agree with tokenize."""
+    import ast
+    import io
+    import tokenize
+
+    from booktools.tangle import _comments
+
+    source = (
+        'A = "# not a comment"  # Δ a comment after a string\n'
+        "B = f\"{A} # still a string\"\n"
+        'C = """\n# inside a docstring-like string\n"""  # after it\n'
+        "def f(x):  # on a def\n"
+        "    return {'#': x}['#']  # a 'quoted' # hash\n"
+        "# a whole line, Equation 1.1\n"
+    )
+    expected = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    assert len(expected) == 5
+    assert _comments(ast.parse(source), source) == expected

@@ -1,10 +1,7 @@
 # Generated from chapters/ch01-attention.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-# ruff: noqa: E402, F811, I001
 """Code saved from chapters/ch01-attention.qmd ("Attention from first principles")."""
 
-
-# chapters/ch01-attention.qmd:184
 import math
 
 import torch
@@ -19,6 +16,7 @@ from longctx.support import (
 )
 
 
+# chapters/ch01-attention.qmd:198
 def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     """Return the softmax of ``scores`` along ``dim``, without overflow.
 

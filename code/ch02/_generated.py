@@ -1,10 +1,7 @@
 # Generated from chapters/ch02-tinygpt.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-# ruff: noqa: E402, F811, I001
 """Code saved from chapters/ch02-tinygpt.qmd ("TinyGPT: a small language model and its KV cache")."""
 
-
-# chapters/ch02-tinygpt.qmd:29
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,7 +21,6 @@ from longctx.support import (
     check_tensor,
     check_type,
 )
-
 
 # chapters/ch02-tinygpt.qmd:72
 CORPUS_FILE = "pride-and-prejudice-ch01-30.txt"

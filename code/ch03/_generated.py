@@ -1,17 +1,27 @@
 # Generated from chapters/ch03-long-context.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-# ruff: noqa: E402, F811, I001
 """Code saved from chapters/ch03-long-context.qmd ("Attention, Position, and Long Context")."""
 
-
-# chapters/ch03-long-context.qmd:115
+import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from longctx.support import check_int, describe
+import torch
+from torch import Tensor, nn
+
+from longctx import ch01, support
+from longctx.support import (
+    check_choice,
+    check_int,
+    check_number,
+    check_tensor,
+    describe,
+)
 
 
+# chapters/ch03-long-context.qmd:122
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.1).
@@ -142,11 +152,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:308
-import json
-
-from longctx import support
-
+# chapters/ch03-long-context.qmd:312
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "int8": 1}
@@ -212,14 +218,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 head_dim=head_dim, bytes_per_scalar=bytes_per_scalar)
 
 
-# chapters/ch03-long-context.qmd:443
-import torch
-from torch import Tensor, nn
-
-from longctx import ch01
-from longctx.support import check_number, check_tensor
-
-
+# chapters/ch03-long-context.qmd:450
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -721,11 +720,7 @@ def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
     return turned[..., order]
 
 
-# chapters/ch03-long-context.qmd:1847
-import math
-
-from longctx.support import check_choice
-
+# chapters/ch03-long-context.qmd:1851
 #: The RoPE constructions ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
 

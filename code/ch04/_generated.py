@@ -1,10 +1,7 @@
 # Generated from chapters/ch04-efficient-architectures.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-# ruff: noqa: E402, F811, I001
 """Code saved from chapters/ch04-efficient-architectures.qmd ("Efficient architectures: windows, sums, states and compressed caches")."""
 
-
-# chapters/ch04-efficient-architectures.qmd:64
 import math
 from dataclasses import replace
 
@@ -22,6 +19,7 @@ from longctx.support import (
     describe,
 )
 
+# chapters/ch04-efficient-architectures.qmd:81
 RUNNING_EXAMPLE = ch03.KVConfig(
     name="Llama-3-8B shape", layers=32, query_heads=32, kv_heads=8,
     head_dim=128, bytes_per_scalar=2,
@@ -136,7 +134,9 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     ``ch03.visibility_mask(T, window=w)`` (Equation 4.2).
 
     Args:
-        query, key: (..., T, d). value: (..., T, d_v). window: w >= 1.
+        query, key: (..., T, d).
+        value: (..., T, d_v).
+        window: w >= 1.
 
     Raises:
         TypeError: an input is not a floating tensor, or window not an int.
@@ -160,7 +160,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch04-efficient-architectures.qmd:572
+# chapters/ch04-efficient-architectures.qmd:574
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -206,7 +206,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:788
+# chapters/ch04-efficient-architectures.qmd:790
 def sliding_window_block_mask(seq_len: int, window: int,
                               block_size: int) -> Tensor:
     """Return the bool (n, n) tile mask of a causal window, n = ceil(T / b).
@@ -233,8 +233,7 @@ def sliding_window_block_mask(seq_len: int, window: int,
 
 def expand_block_mask(block_mask: Tensor, block_size: int,
                       seq_len: int) -> Tensor:
-    """Return the bool (T, T) token mask of a tile mask: every pair of a
-    marked tile.
+    """Return the bool (T, T) token mask: True on every pair of a marked tile.
 
     Raises:
         TypeError: block_mask is not a bool tensor, or a count not an int.
@@ -265,7 +264,8 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     A query that sees no key gets a zero output, as in Chapter 1.
 
     Args:
-        query, key: (..., T, d). value: (..., T, d_v).
+        query, key: (..., T, d).
+        value: (..., T, d_v).
         block_mask: bool (n, n) with n = ceil(T / block_size).
         block_size: tokens per block.
         token_mask: optional bool (T, T).
@@ -312,7 +312,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1002
+# chapters/ch04-efficient-architectures.qmd:1004
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     check_tensor("x", x, floating=True)
@@ -419,7 +419,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1210
+# chapters/ch04-efficient-architectures.qmd:1212
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -457,7 +457,7 @@ def sharpness_comparison(query_scale: float, seed: int = 11,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1340
+# chapters/ch04-efficient-architectures.qmd:1342
 def _check_ssm(A: Tensor, B: Tensor, C: Tensor) -> None:
     """Raise unless A is (N, N), B and C are (N,), floating, of one dtype."""
     check_tensor("A", A, dims=2, floating=True)
@@ -474,12 +474,15 @@ def _check_ssm(A: Tensor, B: Tensor, C: Tensor) -> None:
 
 
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
-    """Return y_t = C h_t with h_t = A h_{t-1} + B x_t, step by step
-    (Equation 4.5).
+    """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.5).
+
+    The recurrence runs step by step, one token at a time.
 
     Args:
         x: one channel of inputs, (T,).
-        A: the state matrix, (N, N). B: input weights, (N,). C: readout, (N,).
+        A: the state matrix, (N, N).
+        B: input weights, (N,).
+        C: readout, (N,).
 
     Raises:
         TypeError: an input is not a floating tensor, or the dtypes differ.
@@ -507,8 +510,10 @@ def ssm_kernel(A: Tensor, B: Tensor, C: Tensor, length: int) -> Tensor:
 
 
 def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
-    """Return ``ssm_recurrent``'s outputs as one causal convolution with the
-    kernel, through the FFT in O(T log T)."""
+    """Return ``ssm_recurrent``'s outputs as one causal convolution.
+
+    The convolution with the kernel runs through the FFT in O(T log T).
+    """
     _check_ssm(A, B, C)
     check_tensor("x", x, dims=1, dtype=A.dtype, nonempty=True)
     tokens = x.shape[0]
@@ -518,7 +523,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1522
+# chapters/ch04-efficient-architectures.qmd:1529
 def _check_scan(a: Tensor, b: Tensor) -> None:
     """Raise unless a and b are non-empty floating tensors of one shape."""
     check_tensor("a", a, floating=True, min_dims=1, nonempty=True)
@@ -558,8 +563,9 @@ def step_sizes(markers: Tensor, sharpness: float = 10.0,
 
 def discretize(delta: Tensor, a: float = -1.0,
                b: float = 1.0) -> tuple[Tensor, Tensor]:
-    """Return the zero-order hold of Equation 4.6, (A_bar, B_bar) =
-    (e^(delta a), (e^(delta a) - 1) / a * b).
+    """Return (A_bar, B_bar), the zero-order hold of Equation 4.6.
+
+    A_bar = e^(delta a) and B_bar = (e^(delta a) - 1) / a * b.
 
     Raises:
         TypeError: delta is not a floating tensor, or a, b are not numbers.
@@ -576,8 +582,9 @@ def discretize(delta: Tensor, a: float = -1.0,
 
 def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
                   *, readout: float = 1.0) -> Tensor:
-    """Return c h_t for a one-channel SSM whose every step has its own delta_t
-    (Equation 4.6), time last; the recurrence runs in ``sequential_scan``.
+    """Return c h_t of a one-channel SSM with a delta_t per step (Equation 4.6).
+
+    Time is the last dimension; the recurrence runs in ``sequential_scan``.
     """
     check_tensor("x", x, floating=True, min_dims=1, nonempty=True)
     check_tensor("delta", delta, dtype=x.dtype)
@@ -589,7 +596,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:1764
+# chapters/ch04-efficient-architectures.qmd:1773
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -600,15 +607,14 @@ def scan_rounds(length: int) -> int:
 
 
 def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
-    """Return ``sequential_scan``'s states in ceil(log2 T) rounds
-    (Equation 4.7).
+    """Return ``sequential_scan``'s states in ceil(log2 T) rounds.
 
-    In round r every position merges with the one 2^r places earlier, all
-    at once; a position with nothing that far back keeps its step, as if
-    merged with the do-nothing step (1, 0). After round r, position t holds
-    the merge of steps t - 2^(r+1) + 1 .. t. Nothing is divided, so a = 0
-    and long sequences are safe, and nothing is written in place, so
-    gradients flow through it.
+    In round r every position merges (Equation 4.7) with the one 2^r
+    places earlier, all at once; a position with nothing that far back
+    keeps its step, as if merged with the do-nothing step (1, 0). After
+    round r, position t holds the merge of steps t - 2^(r+1) + 1 .. t.
+    Nothing is divided, so a = 0 and long sequences are safe, and nothing
+    is written in place, so gradients flow through it.
     """
     _check_scan(a, b)
     shift = 1
@@ -624,7 +630,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2019
+# chapters/ch04-efficient-architectures.qmd:2027
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.8).
@@ -636,7 +642,8 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     zero-order hold. The recurrence runs through ``parallel_scan``.
 
     Args:
-        u: inputs, (b, d, l). delta: step sizes, (b, d, l).
+        u: inputs, (b, d, l).
+        delta: step sizes, (b, d, l).
         A: rates, (d, n), negative for a state that decays.
         B, C: every step's input and readout weights, (b, n, l).
         D: optional skip weights, (d,).
@@ -666,7 +673,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2174
+# chapters/ch04-efficient-architectures.qmd:2183
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -683,7 +690,9 @@ class SelectiveSSMLayer(nn.Module):
     layer, time-invariant, as in S4.
 
     Args:
-        d_model: model width. state_size: N. expand: d_inner / d_model.
+        d_model: model width.
+        state_size: N.
+        expand: d_inner / d_model.
         selective: compute delta, B and C from each token.
 
     Raises:
@@ -737,7 +746,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2264
+# chapters/ch04-efficient-architectures.qmd:2275
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -862,7 +871,7 @@ def train_copying(model: CopyingModel, *, steps: int, length: int,
             "losses": losses}
 
 
-# chapters/ch04-efficient-architectures.qmd:2521
+# chapters/ch04-efficient-architectures.qmd:2532
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -876,8 +885,9 @@ def ssm_state_bytes(channels: int, state_size: int,
 def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
                        attention_layers: int = 4, channels: int = 4096,
                        state_size: int = 16) -> int:
-    """Return a hybrid stack's cache (Equation 4.9): attention layers grow
-    with T, the other layers keep a fixed SSM state.
+    """Return a hybrid stack's cache bytes (Equation 4.9).
+
+    Attention layers grow with T; the other layers keep a fixed SSM state.
 
     ``config`` gives the total layers and the attention layers' shape
     (default RUNNING_EXAMPLE); the SSM state uses the same bytes per number.
@@ -907,7 +917,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:2759
+# chapters/ch04-efficient-architectures.qmd:2771
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -986,7 +996,7 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch04-efficient-architectures.qmd:2942
+# chapters/ch04-efficient-architectures.qmd:2954
 def quantize_kv(x: Tensor, bits: int, *,
                 per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d).
@@ -1008,8 +1018,7 @@ def quantize_kv(x: Tensor, bits: int, *,
 
 def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
                                  scale_bytes: int = 2) -> int:
-    """Return the cache bytes per token at ``bits`` per number
-    (Equation 4.11).
+    """Return the cache bytes per token at ``bits`` per number (Equation 4.11).
 
     Every stored vector costs its packed codes, rounded up to whole bytes,
     plus one scale: a standard cache stores 2 L H_kv vectors of d_h numbers
@@ -1036,9 +1045,10 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
                           tokens: int = 64, dim: int = 64,
                           outlier_channels: int = 0,
                           outlier_scale: float = 10.0, seed: int = 0) -> float:
-    """Return ||approx - exact|| / ||exact|| for causal attention outputs
-    when keys (scaled ``keys_per``) and values (per token) are stored at
-    ``bits``.
+    """Return the relative error of causal attention from a quantized cache.
+
+    The error is ||approx - exact|| / ||exact|| of the outputs when keys
+    (scaled ``keys_per``) and values (per token) are stored at ``bits``.
 
     ``outlier_channels`` key channels are multiplied by ``outlier_scale``,
     as trained keys often have a few large channels. Random data, not a
@@ -1071,7 +1081,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:3154
+# chapters/ch04-efficient-architectures.qmd:3166
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:

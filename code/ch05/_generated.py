@@ -1,15 +1,32 @@
 # Generated from chapters/ch05-measured.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-# ruff: noqa: E402, F811, I001
 """Code saved from chapters/ch05-measured.qmd ("What long context costs, measured")."""
 
+import dataclasses
+import importlib
+import math
+import os
+import socket
+import time
+import warnings
 
-# chapters/ch05-measured.qmd:99
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch import multiprocessing as torch_multiprocessing
 from torch.utils import benchmark as torch_benchmark
 
-from longctx.support import check_int, check_number, describe
+from longctx import ch02, ch03, ch04
+from longctx.support import (
+    check_choice,
+    check_int,
+    check_number,
+    check_tensor,
+    describe,
+)
 
 
+# chapters/ch05-measured.qmd:104
 def median_seconds(function, *, threads: int = 1,
                    min_run_time: float = 0.2) -> float:
     """Return the median seconds per call of ``function`` after a warm-up.
@@ -36,14 +53,7 @@ def median_seconds(function, *, threads: int = 1,
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
-# chapters/ch05-measured.qmd:312
-import math
-
-import torch
-from torch import Tensor
-
-from longctx.support import check_tensor, describe
-
+# chapters/ch05-measured.qmd:319
 #: The state of an online softmax: (m, l, a), shaped (..., R, 1),
 #: (..., R, 1) and (..., R, d_v) for R query rows.
 OnlineState = tuple[Tensor, Tensor, Tensor]
@@ -113,10 +123,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-measured.qmd:400
-from longctx.support import check_int
-
-
+# chapters/ch05-measured.qmd:403
 def visible_ranges(tokens: int, window: int | None = None,
                    sinks: int = 0) -> list[tuple[int, int]]:
     """Return the [start, stop) position runs the newest query may read.
@@ -150,16 +157,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:466
-import dataclasses
-
-import torch
-from torch import Tensor
-
-from longctx import ch02, ch04
-from longctx.support import check_choice, check_int, check_tensor, describe
-
-
+# chapters/ch05-measured.qmd:475
 def pack_int4(codes: Tensor) -> Tensor:
     """Return 4-bit codes packed two a byte: (..., d) int8 -> (..., d/2).
 
@@ -309,16 +307,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out
 
 
-# chapters/ch05-measured.qmd:633
-import math
-
-import torch
-from torch import Tensor
-
-from longctx import ch03
-from longctx.support import check_number, check_tensor
-
-
+# chapters/ch05-measured.qmd:642
 def decode_shapes(query: Tensor, key: Tensor | QuantizedKV,
                   value: Tensor | QuantizedKV) -> tuple[int, int, int, int]:
     """Return (H_kv, G, T, d_v) of a decode step, checking the arguments.
@@ -416,16 +405,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:802
-import math
-import warnings
-
-import torch
-from torch import Tensor
-
-from longctx.support import check_number
-
-
+# chapters/ch05-measured.qmd:811
 def tile_codes(tile: Tensor, bits: int,
                dtype: torch.dtype) -> list[tuple[Tensor, slice]]:
     """Return a tile as float pieces, each with the head-width slice it covers.
@@ -444,7 +424,7 @@ def tile_codes(tile: Tensor, bits: int,
 def fused_tile_update(state: OnlineState, rows: Tensor, key_tile: Tensor,
                       key_scale: Tensor | None, value_tile: Tensor,
                       value_scale: Tensor | None, bits: int) -> OnlineState:
-    """Return the state after one tile, from the codes as stored (Eq. 5.3).
+    """Return the state after one tile, from the codes as stored (Equation 5.3).
 
     Written for torch.compile: codes become floats inside the kernel, the
     per-token scales multiply scores and weights after the dot products,
@@ -551,14 +531,7 @@ def fused_flash_decode(query: Tensor, key: Tensor | QuantizedKV,
     return out.reshape(batch, query_heads, 1, value_width)
 
 
-# chapters/ch05-measured.qmd:972
-import math
-
-from torch import Tensor
-
-from longctx.support import check_tensor
-
-
+# chapters/ch05-measured.qmd:979
 def flash_decode_latent(query: Tensor, latent: Tensor, key_up: Tensor,
                         value_up: Tensor, *, tile: int = 4096,
                         window: int | None = None, sinks: int = 0) -> Tensor:
@@ -596,10 +569,7 @@ def flash_decode_latent(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1992
-from longctx.support import check_int
-
-
+# chapters/ch05-measured.qmd:1995
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -632,19 +602,12 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2041
-import math
-
-import torch
-from torch import Tensor
-
-from longctx.support import check_choice
-
-
+# chapters/ch05-measured.qmd:2049
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
-    """Return scaled scores (..., T_q, T_k) of a query block against a key
-    block, -inf where the key lies in the query's future.
+    """Return scaled scores (..., T_q, T_k) of a query block on a key block.
+
+    A score is -inf where the key lies in the query's future.
 
     Query row i is token query_start + i and key column j is token
     key_start + j; the query may see the key when j <= i.
@@ -691,15 +654,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2136
-import math
-import os
-
-import torch
-import torch.distributed as dist
-from torch import Tensor
-
-
+# chapters/ch05-measured.qmd:2145
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor) -> None:
@@ -762,19 +717,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2215
-import dataclasses
-import importlib
-import socket
-import time
-
-import torch
-from torch import Tensor
-from torch import multiprocessing as torch_multiprocessing
-
-from longctx.support import check_int, check_number, check_tensor
-
-
+# chapters/ch05-measured.qmd:2228
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
