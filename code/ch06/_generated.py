@@ -1,10 +1,7 @@
 # Generated from chapters/ch06-extension.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-# ruff: noqa: E402, F811, I001
 """Code saved from chapters/ch06-extension.qmd ("Stretching a trained model's context, measured")."""
 
-
-# chapters/ch06-extension.qmd:32
 import copy
 import json
 import math
