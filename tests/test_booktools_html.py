@@ -395,7 +395,7 @@ def test_crossrefs_are_links_made_from_labels(built):
 
 
 def test_citations_and_references_per_chapter(built):
-    """citeproc's Chicago author-date, as in the Quarto edition: "et al." from four authors or `and others`."""
+    """No `csl:` in `_quarto.yml`: citeproc's default, Chicago author-date ("et al." from four authors)."""
     _, _, soups = built
     ch01 = soups["ch01-demo.html"]
     assert [text_of(span) for span in ch01.select("span.citation")] == [
@@ -423,32 +423,56 @@ def test_citations_and_references_per_chapter(built):
         assert soups[name].select_one("#refs") is None and soups[name].find(id="references") is None
 
 
-CSL_ET_AL_FROM_THREE = """\
-<?xml version="1.0" encoding="utf-8"?>
-<style xmlns="http://purl.org/net/xbiblio/csl" class="in-text" version="1.0">
-  <info><title>Author-year, et al. from three</title><id>etal3</id><updated>2024-01-01T00:00:00+00:00</updated></info>
-  <citation et-al-min="3" et-al-use-first="1">
-    <layout prefix="(" suffix=")" delimiter="; ">
-      <group delimiter=" "><names variable="author"><name form="short" and="text"/></names>
-        <date variable="issued"><date-part name="year"/></date></group>
-    </layout>
-  </citation>
-  <bibliography><layout><names variable="author"/><text variable="title" prefix=". "/></layout></bibliography>
-</style>
-"""
+# The book's own style (style/longctx-author-date.csl), which the real `_quarto.yml` names.
+BOOK_CSL = Path(__file__).resolve().parents[1] / "style" / "longctx-author-date.csl"
 
 
-def test_a_style_named_in_quarto_yml_is_the_one_both_editions_use(tmp_path):
+@pytest.fixture(scope="module")
+def built_in_book_style(tmp_path_factory):
+    """The fixture book with the book's own style named in its `_quarto.yml`: (pages, notebooks)."""
+    tmp_path = tmp_path_factory.mktemp("html-book-style")
     root, executed = make_fixture_book(tmp_path)
-    (root / "etal.csl").write_text(CSL_ET_AL_FROM_THREE)
-    (root / "_quarto.yml").write_text(QUARTO + "csl: etal.csl\n")
+    (root / "style").mkdir()
+    (root / "style" / BOOK_CSL.name).write_bytes(BOOK_CSL.read_bytes())
+    (root / "_quarto.yml").write_text(QUARTO + f"csl: style/{BOOK_CSL.name}\n")
     out = tmp_path / "_book"
     book_html.build_book(root, executed, out, node_modules=fake_node_modules(tmp_path))
-    page = BeautifulSoup((out / "ch01-demo.html").read_text(), "html.parser")
-    assert [text_of(span) for span in page.select("span.citation")][:2] == ["(Vaswani et al. 2017)", "Gu et al. (2022)"]
+    pages = {name: BeautifulSoup((out / name).read_text(), "html.parser") for name in ("ch01-demo.html", "ch02-more.html")}
     paths, _ = export_book(load_book(root), tmp_path / "notebooks")
-    notebook = nbformat.read(paths[1], as_version=4)
-    assert "Intro cites (Vaswani et al. 2017) and Gu et al. (2022)." in notebook.cells[0].source
+    return pages, [nbformat.read(path, as_version=4) for path in paths]
+
+
+def test_the_book_style_cites_three_authors_with_et_al_in_both_editions(built_in_book_style):
+    """The style `_quarto.yml` names is the one both editions use: first author and "et al." from three."""
+    pages, notebooks = built_in_book_style
+    ch01, ch02 = pages["ch01-demo.html"], pages["ch02-more.html"]
+    assert [text_of(span) for span in ch01.select("span.citation")] == [
+        "(Vaswani et al. 2017)",
+        "Gu et al. (2022)",  # three authors: Chicago's default would name all three
+        "(Grattafiori et al. 2024)",
+    ]
+    assert [text_of(span) for span in ch02.select("span.citation")] == [
+        "(Su and Lu 2021; Grattafiori et al. 2024, 7)",  # two authors are both named; a page needs no "p."
+        "(see Gu et al. 2022, 2)",
+    ]
+    assert "Intro cites (Vaswani et al. 2017) and Gu et al. (2022)." in notebooks[1].cells[0].source
+    assert "(Su and Lu 2021; Grattafiori et al. 2024, 7)" in "".join(cell.source for cell in notebooks[2].cells)
+
+
+def test_the_book_style_lists_every_author_sorted_by_author(built_in_book_style):
+    pages, _ = built_in_book_style
+    entries = {entry["id"]: text_of(entry) for entry in pages["ch01-demo.html"].select("#refs .csl-entry")}
+    assert list(entries) == ["ref-grattafiori2024llama3", "ref-gu2021s4", "ref-vaswani2017attention"]
+    assert entries["ref-vaswani2017attention"] == (
+        "Vaswani, Ashish, Noam Shazeer, Niki Parmar, and Jakob Uszkoreit. 2017. "
+        "\u201cAttention Is All You Need.\u201d In Advances in Neural Information Processing Systems."
+    )
+    # R{\'e} keeps its accent; `and others` reads "et al."; the arXiv preprint is named as the .bib gives it
+    assert entries["ref-gu2021s4"].startswith("Gu, Albert, Karan Goel, and Christopher R\u00e9. 2022. ")
+    assert entries["ref-grattafiori2024llama3"] == (
+        "Grattafiori, Aaron, et al. 2024. \u201cThe Llama 3 Herd of Models.\u201d arXiv preprint arXiv:2407.21783."
+    )
+    assert pages["ch01-demo.html"].select_one("#refs .csl-entry em").get_text() == "arXiv preprint arXiv:2407.21783"
 
 
 def test_notebook_links_become_html(built):
@@ -568,13 +592,16 @@ def _source_citations(info, keys) -> list[str]:
 
 
 def _citeproc(citations: list[str]) -> BeautifulSoup:
-    """Pandoc's citeproc on its own (default style, no filter) for these citations."""
+    """Pandoc's citeproc on its own (no filter) for these citations, in the style `_quarto.yml` names."""
     import subprocess
 
     from booktools.pandoc import pandoc_path
 
+    csl = _real_book().csl
+    assert csl == REPO / "style" / "longctx-author-date.csl" and csl.is_file()
     done = subprocess.run(
-        [pandoc_path(), "--from=markdown", "--to=html", "--citeproc", f"--bibliography={REPO / 'references.bib'}"],
+        [pandoc_path(), "--from=markdown", "--to=html", "--citeproc", f"--bibliography={REPO / 'references.bib'}",
+         f"--csl={csl}"],
         input="\n\n".join(citations), capture_output=True, text=True, check=True,
     )
     return BeautifulSoup(done.stdout, "html.parser")
@@ -613,10 +640,29 @@ def test_real_book_many_authors_read_et_al_and_accents_stay(notebook_edition):
         entries.update((entry["id"], text_of(entry)) for entry in page.select("#refs .csl-entry"))
     assert "(Grattafiori et al. 2024)" in shown["grattafiori2024llama3"]  # author = {Grattafiori, Aaron and others}
     assert "(Vaswani et al. 2017)" in shown["vaswani2017attention"]  # eight authors
-    assert "(Gu, Goel, and R\u00e9 2022)" in shown["gu2021s4"]  # three authors are named, R{\'e} keeps its accent
-    assert "Christopher R\u00e9" in entries["ref-gu2021s4"] and "Federico Lebr\u00f3n" in entries["ref-ainslie2023gqa"]
-    assert "\u0141ukasz Kaiser" in entries["ref-vaswani2017attention"]
+    assert shown["gu2021s4"] == {"(Gu et al. 2022)"}  # three authors: the book's style, not Chicago's "Gu, Goel, and Re"
+    assert "(Su et al. 2021)" in shown["su2021roformer"]
+    assert "(Gu and Dao 2023)" in shown["gu2023mamba"]  # two authors are both named
+    # every author is listed, accents kept (R{\'e}, Lebr{\'o}n, {\L}ukasz)
+    assert entries["ref-gu2021s4"].startswith("Gu, Albert, Karan Goel, and Christopher R\u00e9. 2022. ")
+    assert "Federico Lebr\u00f3n" in entries["ref-ainslie2023gqa"]
+    assert "\u0141ukasz Kaiser, and Illia Polosukhin. 2017." in entries["ref-vaswani2017attention"]
     assert not any("others" in text for texts in shown.values() for text in texts)
+
+
+@pytest.mark.slow
+def test_real_book_tells_apart_two_works_that_would_cite_alike(notebook_edition):
+    """Chapter 4 cites two 2024 papers whose first author is a Liu: 2024a and 2024b, in text and in its list."""
+    page = _page(notebook_edition, "ch04-efficient-architectures.html")
+    shown: dict[str, set[str]] = {}
+    for span in page.select("article span.citation"):
+        shown.setdefault(span["data-cites"], set()).add(text_of(span))
+    entries = {entry["id"]: text_of(entry) for entry in page.select("#refs .csl-entry")}
+    assert shown["liu2024lost"] == {"(Liu et al. 2024a)"} and shown["liu2024kivi"] == {"(Liu et al. 2024b)"}
+    assert entries["ref-liu2024lost"].startswith("Liu, Nelson F., ")
+    assert ", and Percy Liang. 2024a." in entries["ref-liu2024lost"]
+    assert ", and Xia Hu. 2024b." in entries["ref-liu2024kivi"]
+    assert list(entries).index("ref-liu2024lost") < list(entries).index("ref-liu2024kivi")  # Nelson before Zirui
 
 
 @pytest.mark.slow

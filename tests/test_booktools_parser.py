@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 from booktools.bib import bibliography_keys, render_citations
@@ -231,6 +232,41 @@ def test_citations_are_formatted_by_citeproc_as_quarto_formats_them(tmp_path):
         "(Gu, Goel, and R\u00e9 2022, 3)",  # the accent of R{\\'e} kept
         "(Grattafiori et al. 2024; OpenAI 2024)",
         "(2017)",
+    ]
+
+
+BOOK_CSL = Path(__file__).resolve().parents[1] / "style" / "longctx-author-date.csl"
+
+
+def test_the_book_style_cites_first_author_et_al_from_three(tmp_path):
+    """style/longctx-author-date.csl: one or two authors are named, three or more read "et al."."""
+    bib = tmp_path / "refs.bib"
+    bib.write_text(
+        BIBTEX.replace("@misc{a2017, author = {Someone}, year = {1999}}", "")
+        + qmd(
+            """
+            @article{f2024, author = {Liu, Nelson and Lin, Kevin and Hewitt, John}, title = {Lost}, year = {2024}}
+            @article{g2024, author = {Liu, Zirui and Yuan, Jiayi and Jin, Hongye}, title = {KIVI}, year = {2024}}
+            @article{i2022, author = {Su, Jianlin and Lu, Yu}, title = {Again}, year = {2022}}
+            @article{h2019, author = {Sch{\\"u}tze, Hinrich and {\\O}stergaard, Pia}, title = {Accents}, year = {2019}}
+            """
+        )
+    )
+    cited = [
+        "[@a2017]", "@b2021", "[@c2022, p. 3]", "[see @c2022, sec. 2]", "[@b2021; @d2024, 7]",
+        "[@d2024; @e2024]", "[-@a2017]", "[@f2024; @g2024]", "[@b2021; @i2022]", "@h2019",
+    ]
+    assert render_citations(cited, [bib], csl=BOOK_CSL, what="test") == [
+        "(Vaswani et al. 2017)",
+        "Su and Lu (2021)",
+        "(Gu et al. 2022, 3)",  # three authors: "et al."; a page number stands alone
+        "(see Gu et al. 2022, sec. 2)",  # a prefix, and any other locator keeps its label
+        "(Su and Lu 2021; Grattafiori et al. 2024, 7)",
+        "(Grattafiori et al. 2024; OpenAI 2024)",
+        "(2017)",
+        "(Liu et al. 2024a; Liu et al. 2024b)",  # two works that would read alike get a and b
+        "(Su and Lu 2021, 2022)",  # works of the same authors share their names
+        "Sch\u00fctze and \u00d8stergaard (2019)",  # accents kept
     ]
 
 

@@ -119,6 +119,10 @@ def test_a_stale_execution_is_refused(demo):
 
 
 def test_the_staged_project_lists_notebooks_and_executes_nothing(fixture_book, tmp_path):
+    (fixture_book / "cite").mkdir()
+    (fixture_book / "cite" / "own.csl").write_text("<style/>\n")  # a style outside style/ travels too
+    with (fixture_book / "_quarto.yml").open("a") as config:
+        config.write("csl: cite/own.csl\n")
     book = load_book(fixture_book)
     executed = tmp_path / "executed"
     executed.mkdir()
@@ -141,6 +145,7 @@ def test_the_staged_project_lists_notebooks_and_executes_nothing(fixture_book, t
     assert list(config["format"]) == ["html", "epub"] and config["book"]["downloads"] == ["epub"]
     assert (stage / "index.qmd").read_text() == (fixture_book / "index.qmd").read_text()
     assert (stage / "references.bib").is_file()
+    assert config["csl"] == "cite/own.csl" and (stage / "cite" / "own.csl").read_text() == "<style/>\n"
     alpha = nbformat.read(stage / "chapters" / "ch01-alpha.ipynb", as_version=4)
     assert alpha.cells[0].cell_type == "raw" and alpha.cells[0].source.startswith("---\nexecute:")
 
@@ -322,6 +327,32 @@ def test_every_listed_file_is_a_page_and_the_sidebar_numbers_the_chapters(quarto
     ]
     shown = [text for text in shown if text != "Appendices"]
     assert shown == expected
+
+
+def _text(tag) -> str:
+    return re.sub(r"[ \t\n]+", " ", tag.get_text()).strip()
+
+
+@pytest.mark.slow
+def test_the_quarto_edition_cites_as_the_notebook_edition_does(quarto_book, notebook_edition):
+    """Page by page the same citations and References in the book's style (style/longctx-author-date.csl)."""
+    from collections import Counter
+
+    book = load_book(ROOT)
+    assert book.csl == ROOT / "style" / "longctx-author-date.csl"
+    cited = {}
+    for entry in book.entries:
+        path = Path(entry.path).with_suffix(".html")
+        quarto_page = BeautifulSoup((quarto_book.directory / path).read_text(encoding="utf-8"), "html.parser")
+        notebook_page = BeautifulSoup((notebook_edition / path.name).read_text(encoding="utf-8"), "html.parser")
+        shown = [_text(span) for span in quarto_page.select("main span.citation")]
+        assert Counter(shown) == Counter(_text(span) for span in notebook_page.select("article span.citation")), path
+        assert [(tag["id"], _text(tag)) for tag in quarto_page.select("#refs .csl-entry")] == [
+            (tag["id"], _text(tag)) for tag in notebook_page.select("#refs .csl-entry")
+        ], path
+        for span in quarto_page.select("main span.citation"):
+            cited.setdefault(span["data-cites"], set()).add(_text(span))
+    assert cited["gu2021s4"] == {"(Gu et al. 2022)"}  # three authors read "et al." in Quarto's pages too
 
 
 _EPUBCHECK_LINE = re.compile(

@@ -1,8 +1,8 @@
 """The bibliography: its keys, and citations formatted by pandoc's citeproc, as Quarto formats them.
 
 Pandoc reads the `.bib` files (`@string` macros, accents such as `R{\\'e}`, `and others`)
-and citeproc formats the citations in its default style, Chicago author-date, which is
-the style Quarto uses too. The only reading done here is the scan for keys, so that
+and citeproc formats the citations in the style `_quarto.yml` names (`csl:`; the book's is
+style/longctx-author-date.csl), as Quarto does; with none, in pandoc's default, Chicago author-date. The only reading done here is the scan for keys, so that
 `check` can name a duplicate or a missing key with its line without running pandoc.
 """
 

@@ -5,8 +5,8 @@ into `_book/`, in book order:
 
 - the prose is the chapter's own source (`.qmd`), parsed once for the whole book and
   rendered by pandoc (the pinned `pypandoc-binary`), with citeproc for citations in the
-  Quarto edition's style (Chicago author-date) and a References section on every page
-  that cites anything;
+  Quarto edition's style (the `csl:` that `_quarto.yml` names) and a References section on
+  every page that cites anything;
 - the book's numbering (numbering.py) is applied by a small pandoc filter
   (html_assets/edition.lua): section numbers, cross-references as links made from their
   labels ("Figure 3.2"), equation tags, figure and table captions, callouts;

@@ -288,11 +288,14 @@ def stage_project(book: Book, executed: Path, stage: Path, *, formats: list[str]
         config["book"].pop("downloads", None)
     config.setdefault("project", {})["output-dir"] = "_book"
     write_atomic(stage / "_quarto.yml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=100))
-    for path in book.bibliography:
-        if path.is_file():
-            shutil.copyfile(path, stage / path.relative_to(book.root))
     if (book.root / ASSETS).is_dir():
         shutil.copytree(book.root / ASSETS, stage / ASSETS)
+    # The .bib files and the citation style (`csl:`), at the paths the staged _quarto.yml names.
+    for path in [*book.bibliography, *([book.csl] if book.csl else [])]:
+        target = stage / path.relative_to(book.root)
+        if path.is_file() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
     return [renamed[entry.path] for entry in book.entries if entry.path in renamed]
 
 
