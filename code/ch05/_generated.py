@@ -4,7 +4,7 @@
 """Code saved from chapters/ch05-measured.qmd ("What long context costs, measured")."""
 
 
-# chapters/ch05-measured.qmd:99
+# chapters/ch05-measured.qmd:113
 from torch.utils import benchmark as torch_benchmark
 
 from longctx.support import check_int, check_number, describe
@@ -36,7 +36,7 @@ def median_seconds(function, *, threads: int = 1,
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
-# chapters/ch05-measured.qmd:312
+# chapters/ch05-measured.qmd:326
 import math
 
 import torch
@@ -122,7 +122,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-measured.qmd:409
+# chapters/ch05-measured.qmd:423
 from longctx.support import check_int, check_type
 
 
@@ -160,7 +160,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:476
+# chapters/ch05-measured.qmd:490
 import dataclasses
 
 import torch
@@ -334,7 +334,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out
 
 
-# chapters/ch05-measured.qmd:658
+# chapters/ch05-measured.qmd:672
 import math
 
 import torch
@@ -441,7 +441,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:827
+# chapters/ch05-measured.qmd:841
 import math
 import warnings
 from collections.abc import Callable
@@ -595,7 +595,7 @@ def fused_flash_decode(query: Tensor, key: Tensor | QuantizedKV,
     return out.reshape(batch, query_heads, 1, value_width)
 
 
-# chapters/ch05-measured.qmd:1016
+# chapters/ch05-measured.qmd:1030
 import math
 
 from torch import Tensor
@@ -640,7 +640,7 @@ def flash_decode_latent(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:2036
+# chapters/ch05-measured.qmd:2050
 from longctx.support import check_int
 
 
@@ -676,7 +676,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2085
+# chapters/ch05-measured.qmd:2099
 import math
 
 import torch
@@ -768,7 +768,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2213
+# chapters/ch05-measured.qmd:2227
 import math
 import os
 
@@ -851,7 +851,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2304
+# chapters/ch05-measured.qmd:2318
 import dataclasses
 import importlib
 import socket
