@@ -470,8 +470,12 @@ def test_rope_errors():
         ch03.apply_rope(torch.randn(2, 8), [0, 1], bands[:3])
     with pytest.raises(ValueError, match="one position per row"):
         ch03.apply_rope(torch.randn(2, 8), [0, 1, 2], bands)
-    with pytest.raises(TypeError, match="positions must be integers"):
+    with pytest.raises(TypeError, match="positions must be a sequence of integers"):
         ch03.apply_rope(torch.randn(2, 8), [0.0, 1.5], bands)
+    with pytest.raises(TypeError, match="positions"):
+        ch03.apply_rope(torch.randn(2, 8), None, bands)
+    with pytest.raises(ValueError, match="magnitude"):
+        ch03.apply_rope(torch.randn(2, 8), [0, 1], bands, magnitude=0.0)
     with pytest.raises(TypeError, match="vectors"):
         ch03.apply_rope([[1.0] * 8], [0], bands)
     with pytest.raises(ValueError, match="vectors"):

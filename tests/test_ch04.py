@@ -283,9 +283,9 @@ def test_sparse_masks_reject_bad_input():
         ch04.strided_mask(4, 1.5)  # the review's case: once returned a mask
     with pytest.raises(ValueError, match="window must be a positive integer"):
         ch04.global_local_mask(8, 0)
-    with pytest.raises(ValueError, match="global_tokens must be an integer <= 7"):
+    with pytest.raises(ValueError, match="global_tokens must hold integers <= 7"):
         ch04.global_local_mask(8, 2, (8,))
-    with pytest.raises(TypeError, match="global_tokens must be a tuple"):
+    with pytest.raises(TypeError, match="global_tokens must be a sequence of integers"):
         ch04.global_local_mask(8, 2, 3)
     with pytest.raises(TypeError, match="causal must be True or False"):
         ch04.global_local_mask(8, 2, causal=1)

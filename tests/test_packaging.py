@@ -232,3 +232,28 @@ def test_jedi_goes_to_kvconfigs_definition_in_the_generated_module(tmp_path):
     # The editable install's files are links in build/; the definition is the file they link to.
     assert Path(definition.module_path).resolve() == generated
     assert generated.read_text().splitlines()[definition.line - 1].startswith("class KVConfig")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder", [".", "chapters", "notebooks"])
+def test_wheel_runs_chapter_5s_setup_from_anywhere_in_the_book(wheel_python, folder):
+    """Chapter 5 finds benchmarks/ from the book it runs in, not from where longctx keeps its data.
+
+    A wheel keeps the data inside site-packages, so the data folder's parent is no repository
+    root. The chapter's first cell runs with the wheel's Python from the book's root (where
+    booktools and Quarto run it), from chapters/ and from notebooks/ (where Jupyter does).
+    """
+    from booktools.qmd import parse
+
+    chapter = ROOT / "chapters" / "ch05-measured.qmd"
+    setup = next(cell for cell in parse(chapter.read_text(encoding="utf-8")).cells if cell.is_python)
+    source = setup.code + "\nprint('book root:', REPO)\nprint('results:', common.RESULTS_DIR)\n"
+    where = ROOT / folder
+    where.mkdir(exist_ok=True)  # notebooks/ is made by the export step and git-ignored
+    environment = _clean_environment() | {"MPLBACKEND": "Agg"}
+    done = subprocess.run([str(wheel_python), "-c", source], cwd=where, capture_output=True, text=True,
+                          timeout=300, env=environment)
+    assert done.returncode == 0, f"chapter 5's setup failed from {where}:\n{done.stderr[-3000:]}"
+    assert f"book root: {ROOT}\n" in done.stdout
+    assert f"results: {ROOT / 'benchmarks' / 'results'}\n" in done.stdout
+    assert "saved results: " in done.stdout

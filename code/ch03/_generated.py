@@ -14,9 +14,12 @@ from torch import Tensor, nn
 from longctx import ch01, support
 from longctx.support import (
     check_choice,
+    check_device,
     check_int,
+    check_int_sequence,
     check_number,
     check_tensor,
+    check_type,
     describe,
 )
 
@@ -63,24 +66,22 @@ class KVConfig:
     windowed_layers: int = 0         # layers that keep only W tokens
 
     def __post_init__(self) -> None:
+        check_type("name", self.name, str)
         for field in ("layers", "query_heads", "head_dim", "bytes_per_scalar"):
             check_int(field, getattr(self, field), minimum=1)
+        for field in ("kv_heads", "latent_rank", "window"):  # None or >= 1
+            if getattr(self, field) is not None:
+                check_int(field, getattr(self, field), minimum=1)
         if (self.kv_heads is None) == (self.latent_rank is None):
             raise ValueError("give exactly one of kv_heads (standard cache) "
                              "and latent_rank (latent cache)")
-        if self.kv_heads is not None:
-            check_int("kv_heads", self.kv_heads, minimum=1)
-            if self.query_heads % self.kv_heads:
-                raise ValueError(f"kv_heads must divide query_heads (got "
-                                 f"{self.query_heads} and {self.kv_heads})")
-        else:
-            check_int("latent_rank", self.latent_rank, minimum=1)
+        if self.kv_heads is not None and self.query_heads % self.kv_heads:
+            raise ValueError(f"kv_heads must divide query_heads (got "
+                             f"{self.query_heads} and {self.kv_heads})")
         check_int("rope_key_dim", self.rope_key_dim, minimum=0)
         check_int("windowed_layers", self.windowed_layers, minimum=0,
                   maximum=self.layers)
-        if self.window is not None:
-            check_int("window", self.window, minimum=1)
-        elif self.windowed_layers:
+        if self.window is None and self.windowed_layers:
             raise ValueError("windowed_layers > 0 needs a window width")
 
     def cached_scalars_per_layer_token(self) -> int:
@@ -112,6 +113,8 @@ class KVConfig:
         if not isinstance(mapping, Mapping):
             raise TypeError("mapping must be a dict-like config.json "
                             f"(got {describe(mapping)})")
+        if name is not None:
+            check_type("name", name, str)
         if isinstance(mapping.get("text_config"), Mapping):
             mapping = {**mapping, **mapping["text_config"]}
         fields = read_head_fields(mapping, bytes_per_scalar)
@@ -194,8 +197,14 @@ def read_head_fields(mapping: Mapping[str, Any],
     and ``torch_dtype`` (or ``dtype``), unless ``bytes_per_scalar`` is given.
 
     Raises:
+        TypeError: If ``mapping`` is not a mapping or ``bytes_per_scalar``
+            not an int.
         ValueError: If a field is missing or unusable.
     """
+    check_type("mapping", mapping, Mapping)
+    if bytes_per_scalar is not None:
+        bytes_per_scalar = check_int("bytes_per_scalar", bytes_per_scalar,
+                                     minimum=1)
     layers = _config_int(mapping, "num_hidden_layers")
     query_heads = _config_int(mapping, "num_attention_heads")
     if mapping.get("head_dim") is not None:
@@ -218,7 +227,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 head_dim=head_dim, bytes_per_scalar=bytes_per_scalar)
 
 
-# chapters/ch03-long-context.qmd:450
+# chapters/ch03-long-context.qmd:457
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -229,7 +238,7 @@ def repeat_kv(x: Tensor, groups: int) -> Tensor:
         TypeError: If ``x`` is not a tensor or ``groups`` not an int.
         ValueError: If ``x`` is not 4-D or ``groups`` is below 1.
     """
-    check_tensor("x", x, dims=4)
+    check_tensor("x", x, dims=4, floating=True, nonempty=True)
     groups = check_int("groups", groups, minimum=1)
     batch, kv_heads, length, width = x.shape
     copies = x[:, :, None].expand(batch, kv_heads, groups, length, width)
@@ -283,7 +292,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:539
+# chapters/ch03-long-context.qmd:546
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -302,6 +311,8 @@ def causal_rows(query_len: int, key_len: int, *,
     """
     query_len = check_int("query_len", query_len, minimum=1)
     key_len = check_int("key_len", key_len, minimum=query_len)
+    if device is not None:
+        device = check_device("device", device)
     first = key_len - query_len
     query_at = torch.arange(first, key_len, device=device)[:, None]  # (T_q, 1)
     keys = torch.arange(key_len, device=device)[None, :]             # (1, T_k)
@@ -319,6 +330,7 @@ def decode_token_by_token(layer: nn.Module, x: Tensor) -> Tensor:
         TypeError: If ``x`` is not a tensor.
         ValueError: If ``x`` is not (B, T, d).
     """
+    check_type("layer", layer, nn.Module)
     check_tensor("x", x, dims=3)
     outputs, state = [], None
     for position in range(x.size(1)):
@@ -398,7 +410,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:825
+# chapters/ch03-long-context.qmd:835
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -407,8 +419,10 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     ``kv_lora_rank`` has a standard cache and gives an empty dict.
 
     Raises:
+        TypeError: If ``mapping`` is not a mapping.
         ValueError: If a field is present but not a usable integer.
     """
+    check_type("mapping", mapping, Mapping)
     if mapping.get("kv_lora_rank") is None:
         return {}
     rank = check_int("kv_lora_rank", mapping["kv_lora_rank"], minimum=1)
@@ -417,7 +431,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope}
 
 
-# chapters/ch03-long-context.qmd:878
+# chapters/ch03-long-context.qmd:890
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -556,11 +570,12 @@ class ToyLatentKVAttention(nn.Module):
 
     def rotary_queries(self, x: Tensor, positions: Tensor) -> Tensor:
         """Return each head's rotated rotary query, (B, H, T, d_R)."""
+        check_tensor("x", x, dims=3, floating=True, sizes={-1: self.d_model})
         per_head = ch01.split_heads(self.rope_query(x), self.query_heads)
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:1130
+# chapters/ch03-long-context.qmd:1143
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -572,8 +587,11 @@ def read_window_fields(mapping: Mapping[str, Any],
     ``use_sliding_window: false`` turns the window off.
 
     Raises:
+        TypeError: If ``mapping`` is not a mapping or ``layers`` not an int.
         ValueError: If a field is present but not a usable integer.
     """
+    check_type("mapping", mapping, Mapping)
+    layers = check_int("layers", layers, minimum=1)
     window = mapping.get("sliding_window")
     if window is None or mapping.get("use_sliding_window") is False:
         return {}
@@ -595,7 +613,7 @@ def read_window_fields(mapping: Mapping[str, Any],
     return {"window": window, "windowed_layers": windowed}
 
 
-# chapters/ch03-long-context.qmd:1194
+# chapters/ch03-long-context.qmd:1210
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -636,7 +654,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:1511
+# chapters/ch03-long-context.qmd:1527
 def apply_rope(vectors: Tensor, positions: Tensor | list[int],
                frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
     """Return ``vectors`` rotated by RoPE (Equation 3.4).
@@ -658,13 +676,10 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int],
         ValueError: If d_R is odd, the frequency count is not d_R / 2, or
             the position count is not T.
     """
-    check_tensor("vectors", vectors, min_dims=2, floating=True)
+    check_tensor("vectors", vectors, min_dims=2, floating=True, nonempty=True)
     check_tensor("frequencies", frequencies, dims=1, floating=True)
-    magnitude = check_number("magnitude", magnitude)
-    positions = torch.as_tensor(positions)
-    if positions.is_floating_point() or positions.is_complex():
-        raise TypeError("positions must be integers "
-                        f"(got {describe(positions)})")
+    magnitude = check_number("magnitude", magnitude, above=0)
+    positions = check_int_sequence("positions", positions)
     width = vectors.size(-1)
     if width % 2:
         raise ValueError(f"the rotary dimension must be even (got {width})")
@@ -685,7 +700,7 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int],
     return turned.flatten(-2) * magnitude                  # (..., T, d_R)
 
 
-# chapters/ch03-long-context.qmd:1614
+# chapters/ch03-long-context.qmd:1627
 def interleaved_to_half_order(width: int) -> Tensor:
     """Return the order (0, 2, 4, ..., 1, 3, 5, ...) from interleaved to half.
 
@@ -711,7 +726,7 @@ def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
         TypeError: On the same bad inputs as ``apply_rope``.
         ValueError: On the same bad inputs as ``apply_rope``.
     """
-    check_tensor("vectors", vectors, min_dims=2, floating=True)
+    check_tensor("vectors", vectors, min_dims=2, floating=True, nonempty=True)
     order = interleaved_to_half_order(vectors.size(-1))
     inverse = torch.argsort(order)
     # Back to the interleaved order, rotate there, and reorder again.
@@ -720,7 +735,7 @@ def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
     return turned[..., order]
 
 
-# chapters/ch03-long-context.qmd:1851
+# chapters/ch03-long-context.qmd:1864
 #: The RoPE constructions ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
 
@@ -801,6 +816,8 @@ def inverse_frequencies(dim: int,                      # d_R, even
     factor = check_number("factor", factor, minimum=1)
     original_context = check_int("original_context", original_context,
                                  minimum=1)
+    low = check_number("low_freq_factor", low_freq_factor, above=0)
+    high = check_number("high_freq_factor", high_freq_factor, above=low)
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2j/d_R
     plain = base ** -exponents                                       # omega_j
     if method == "rope":
@@ -813,8 +830,6 @@ def inverse_frequencies(dim: int,                      # d_R, even
         ramp = _yarn_ramp(dim, base, original_context, beta_fast, beta_slow)
         bands = (1 - ramp) * plain + ramp * plain / factor    # Equation 3.7
         return bands, _yarn_magnitude(factor)
-    low = check_number("low_freq_factor", low_freq_factor, above=0)
-    high = check_number("high_freq_factor", high_freq_factor, above=low)
     wavelength = 2 * math.pi / plain                               # lambda_j
     share = (original_context / wavelength - low) / (high - low)   # s_j
     blended = (1 - share) * plain / factor + share * plain    # Equation 3.8
@@ -844,7 +859,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:2060
+# chapters/ch03-long-context.qmd:2073
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 
@@ -931,7 +946,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:2402
+# chapters/ch03-long-context.qmd:2415
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth

@@ -14,12 +14,14 @@ from longctx.support import (
     check_bool,
     check_choice,
     check_int,
+    check_int_sequence,
     check_number,
     check_tensor,
+    check_type,
     describe,
 )
 
-# chapters/ch04-efficient-architectures.qmd:81
+# chapters/ch04-efficient-architectures.qmd:83
 RUNNING_EXAMPLE = ch03.KVConfig(
     name="Llama-3-8B shape", layers=32, query_heads=32, kv_heads=8,
     head_dim=128, bytes_per_scalar=2,
@@ -27,7 +29,7 @@ RUNNING_EXAMPLE = ch03.KVConfig(
 """The chapter's running example: 32 layers, 8 KV heads of 128, 2 bytes."""
 
 
-# chapters/ch04-efficient-architectures.qmd:127
+# chapters/ch04-efficient-architectures.qmd:129
 def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     """Return both bills of a T-token context (Equation 4.1).
 
@@ -57,7 +59,7 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     }
 
 
-# chapters/ch04-efficient-architectures.qmd:285
+# chapters/ch04-efficient-architectures.qmd:287
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     check_tensor("mask", mask, dtype=torch.bool)
@@ -101,7 +103,7 @@ def hops_needed(distance: int, window: int) -> int:
     return -(-distance // (window - 1))  # ceil(distance / (w - 1)), exactly
 
 
-# chapters/ch04-efficient-architectures.qmd:424
+# chapters/ch04-efficient-architectures.qmd:426
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -160,7 +162,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch04-efficient-architectures.qmd:574
+# chapters/ch04-efficient-architectures.qmd:576
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -181,11 +183,8 @@ def global_local_mask(seq_len: int, window: int,
     seq_len = check_int("seq_len", seq_len, minimum=1)
     window = check_int("window", window, minimum=1)
     causal = check_bool("causal", causal)
-    if not isinstance(global_tokens, tuple | list):
-        raise TypeError("global_tokens must be a tuple of ints "
-                        f"(got {describe(global_tokens)})")
-    chosen = [check_int("global_tokens", g, minimum=0, maximum=seq_len - 1)
-              for g in global_tokens]
+    chosen = check_int_sequence("global_tokens", global_tokens, minimum=0,
+                                maximum=seq_len - 1)
     distance = torch.arange(seq_len)[:, None] - torch.arange(seq_len)  # i - j
     mask = distance.abs() < window
     mask[:, chosen] = True  # everyone reads the global tokens
@@ -206,7 +205,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:790
+# chapters/ch04-efficient-architectures.qmd:789
 def sliding_window_block_mask(seq_len: int, window: int,
                               block_size: int) -> Tensor:
     """Return the bool (n, n) tile mask of a causal window, n = ceil(T / b).
@@ -312,10 +311,10 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1004
+# chapters/ch04-efficient-architectures.qmd:1003
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
-    check_tensor("x", x, floating=True)
+    check_tensor("x", x, floating=True, nonempty=True)
     return F.elu(x) + 1.0
 
 
@@ -419,14 +418,14 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1212
+# chapters/ch04-efficient-architectures.qmd:1211
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
     ``mean_of_row_max`` averages each row's largest weight over the last
     ``last_rows`` rows; ``max`` is the largest weight in those rows.
     """
-    check_tensor("weights", weights, dims=2, floating=True)
+    check_tensor("weights", weights, dims=2, floating=True, nonempty=True)
     last_rows = check_int("last_rows", last_rows, minimum=1,
                           maximum=weights.shape[0])
     tail = weights[-last_rows:]
@@ -457,7 +456,7 @@ def sharpness_comparison(query_scale: float, seed: int = 11,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1342
+# chapters/ch04-efficient-architectures.qmd:1341
 def _check_ssm(A: Tensor, B: Tensor, C: Tensor) -> None:
     """Raise unless A is (N, N), B and C are (N,), floating, of one dtype."""
     check_tensor("A", A, dims=2, floating=True)
@@ -523,7 +522,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1529
+# chapters/ch04-efficient-architectures.qmd:1528
 def _check_scan(a: Tensor, b: Tensor) -> None:
     """Raise unless a and b are non-empty floating tensors of one shape."""
     check_tensor("a", a, floating=True, min_dims=1, nonempty=True)
@@ -555,7 +554,7 @@ def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
 def step_sizes(markers: Tensor, sharpness: float = 10.0,
                bias: float = -5.0) -> Tensor:
     """Return delta_t = softplus(sharpness * marker_t + bias) (Equation 4.6)."""
-    check_tensor("markers", markers, floating=True)
+    check_tensor("markers", markers, floating=True, nonempty=True)
     sharpness = check_number("sharpness", sharpness)
     bias = check_number("bias", bias)
     return F.softplus(sharpness * markers + bias)
@@ -571,7 +570,7 @@ def discretize(delta: Tensor, a: float = -1.0,
         TypeError: delta is not a floating tensor, or a, b are not numbers.
         ValueError: a is not negative, or a step size is negative.
     """
-    check_tensor("delta", delta, floating=True)
+    check_tensor("delta", delta, floating=True, nonempty=True)
     a = check_number("a", a, below=0)
     b = check_number("b", b)
     if (delta < 0).any():
@@ -596,7 +595,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:1773
+# chapters/ch04-efficient-architectures.qmd:1772
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -630,7 +629,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2027
+# chapters/ch04-efficient-architectures.qmd:2026
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.8).
@@ -673,7 +672,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2183
+# chapters/ch04-efficient-architectures.qmd:2182
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -746,7 +745,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2275
+# chapters/ch04-efficient-architectures.qmd:2274
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -825,6 +824,8 @@ class CopyingModel(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Return logits over the symbols at every position, (B, T, symbols)."""
+        check_tensor("tokens", tokens, dims=2, dtype=(torch.int32, torch.int64),
+                     nonempty=True)
         x = self.embed(tokens)  # (B, T, d_model)
         x = x + self.mixer(self.norm_in(x))
         return self.head(self.norm_out(x))
@@ -841,7 +842,12 @@ def train_copying(model: CopyingModel, *, steps: int, length: int,
     positions named right on ``test_size`` sequences drawn from a separate
     generator, and ``losses``, one per step.
     """
+    check_type("model", model, nn.Module)
     steps = check_int("steps", steps, minimum=1)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    length = check_int("length", length, minimum=1)
+    copies = check_int("copies", copies, minimum=1, maximum=length)
+    symbols = check_int("symbols", symbols, minimum=1)
     learning_rate = check_number("learning_rate", learning_rate, above=0)
     seed = check_int("seed", seed, minimum=0)
     test_size = check_int("test_size", test_size, minimum=1)
@@ -871,7 +877,7 @@ def train_copying(model: CopyingModel, *, steps: int, length: int,
             "losses": losses}
 
 
-# chapters/ch04-efficient-architectures.qmd:2532
+# chapters/ch04-efficient-architectures.qmd:2538
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -917,7 +923,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:2771
+# chapters/ch04-efficient-architectures.qmd:2777
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -996,7 +1002,7 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch04-efficient-architectures.qmd:2954
+# chapters/ch04-efficient-architectures.qmd:2960
 def quantize_kv(x: Tensor, bits: int, *,
                 per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d).
@@ -1081,7 +1087,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:3166
+# chapters/ch04-efficient-architectures.qmd:3172
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:

@@ -9,6 +9,7 @@ import os
 import socket
 import time
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -20,13 +21,15 @@ from longctx import ch02, ch03, ch04
 from longctx.support import (
     check_choice,
     check_int,
+    check_int_sequence,
     check_number,
     check_tensor,
+    check_type,
     describe,
 )
 
 
-# chapters/ch05-measured.qmd:104
+# chapters/ch05-measured.qmd:118
 def median_seconds(function, *, threads: int = 1,
                    min_run_time: float = 0.2) -> float:
     """Return the median seconds per call of ``function`` after a warm-up.
@@ -53,7 +56,7 @@ def median_seconds(function, *, threads: int = 1,
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
-# chapters/ch05-measured.qmd:319
+# chapters/ch05-measured.qmd:334
 #: The state of an online softmax: (m, l, a), shaped (..., R, 1),
 #: (..., R, 1) and (..., R, d_v) for R query rows.
 OnlineState = tuple[Tensor, Tensor, Tensor]
@@ -68,6 +71,9 @@ def online_softmax_start(rows: tuple[int, ...], value_width: int,
         value_width: d_v, the width of the values to be mixed.
         like: a tensor whose dtype and device the state takes.
     """
+    rows = tuple(check_int_sequence("rows", rows, minimum=0,
+                                    nonempty=True).tolist())
+    value_width = check_int("value_width", value_width, minimum=1)
     check_tensor("like", like, floating=True)
     running_max = like.new_full((*rows, 1), -math.inf)  # m
     running_sum = like.new_zeros((*rows, 1))  # l
@@ -102,9 +108,11 @@ def online_softmax_update(state: OnlineState, scores: Tensor,
                          f"(got {tuple(scores.shape)})")
     if not callable(values):
         check_tensor("values", values, min_dims=2, floating=True)
-        if values.shape[-2] != scores.shape[-1]:
-            raise ValueError(f"values must have one row per key: "
-                             f"{scores.shape[-1]} (got {values.shape[-2]})")
+        wanted = (*scores.shape[:-2], scores.shape[-1], accumulator.shape[-1])
+        if tuple(values.shape) != wanted:
+            raise ValueError(f"values must have one row per key of scores "
+                             f"and the state's d_v: {wanted} "
+                             f"(got {tuple(values.shape)})")
     new_max = torch.maximum(running_max, scores.amax(-1, keepdim=True))
     # a row that has seen no key keeps m' = -inf: shift it by 0 instead
     shift = torch.where(new_max.isfinite(), new_max, 0.0)
@@ -117,13 +125,16 @@ def online_softmax_update(state: OnlineState, scores: Tensor,
 
 def finish_online_softmax(state: OnlineState) -> Tensor:
     """Return a / l, the attention output; a row that saw no key gets 0."""
+    if not (isinstance(state, tuple) and len(state) == 3):
+        raise TypeError(f"state must be the tuple (m, l, a) "
+                        f"(got {describe(state)})")
     _, running_sum, accumulator = state
     seen = running_sum > 0
     return torch.where(seen, accumulator / torch.where(seen, running_sum, 1.0),
                        0.0)
 
 
-# chapters/ch05-measured.qmd:403
+# chapters/ch05-measured.qmd:426
 def visible_ranges(tokens: int, window: int | None = None,
                    sinks: int = 0) -> list[tuple[int, int]]:
     """Return the [start, stop) position runs the newest query may read.
@@ -151,13 +162,14 @@ def visible_ranges(tokens: int, window: int | None = None,
 def tile_ranges(ranges: list[tuple[int, int]],
                 tile: int) -> list[tuple[int, int]]:
     """Return the runs cut into [start, stop) tiles of at most ``tile``."""
+    check_type("ranges", ranges, (list, tuple))
     tile = check_int("tile", tile, minimum=1)
     return [(begin, min(begin + tile, stop))
             for start, stop in ranges
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:475
+# chapters/ch05-measured.qmd:500
 def pack_int4(codes: Tensor) -> Tensor:
     """Return 4-bit codes packed two a byte: (..., d) int8 -> (..., d/2).
 
@@ -169,7 +181,7 @@ def pack_int4(codes: Tensor) -> Tensor:
         TypeError: if codes is not an int8 tensor.
         ValueError: if d is odd or a code lies outside [-8, 7].
     """
-    check_tensor("codes", codes, min_dims=1, dtype=torch.int8)
+    check_tensor("codes", codes, min_dims=1, dtype=torch.int8, nonempty=True)
     if codes.shape[-1] % 2:
         raise ValueError(f"codes must have an even last dimension to pack "
                          f"two a byte (got {tuple(codes.shape)})")
@@ -188,7 +200,8 @@ def int4_halves(packed: Tensor) -> tuple[Tensor, Tensor]:
     The low nibbles are the first half of the head width, the high
     nibbles the second (pack_int4's layout).
     """
-    check_tensor("packed", packed, min_dims=1, dtype=torch.uint8)
+    check_tensor("packed", packed, min_dims=1, dtype=torch.uint8,
+                 nonempty=True)
     signed = packed.view(torch.int8)
     low = torch.bitwise_right_shift(torch.bitwise_left_shift(signed, 4), 4)
     return low, torch.bitwise_right_shift(signed, 4)  # shifts keep the sign
@@ -227,7 +240,7 @@ class QuantizedKV:
             raise ValueError(f"bits must be 4 or 8 (got {self.bits})")
         check_choice("per", self.per, ("token", "channel"))
         dtype = torch.int8 if self.bits == 8 else torch.uint8
-        check_tensor("codes", self.codes, dims=4, dtype=dtype)
+        check_tensor("codes", self.codes, dims=4, dtype=dtype, nonempty=True)
         check_tensor("scale", self.scale, dims=4, dtype=torch.float32)
         batch, heads, tokens, width = self.shape
         wanted = ((batch, heads, tokens, 1) if self.per == "token"
@@ -249,6 +262,9 @@ class QuantizedKV:
 
     def scale_at(self, start: int, stop: int) -> Tensor:
         """Return the scales that positions [start, stop) use."""
+        tokens = self.shape[2]
+        start = check_int("start", start, minimum=0, maximum=tokens - 1)
+        stop = check_int("stop", stop, minimum=start + 1, maximum=tokens)
         return self.scale[..., start:stop, :] if self.per == "token" \
             else self.scale
 
@@ -292,8 +308,18 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     allocates once and reuses for every tile; the result, a view of it,
     equals ch02.dequantize's for those positions.
     """
+    check_type("cache", cache, (Tensor, QuantizedKV))
+    batch, heads, tokens, width = cache.shape
+    start = check_int("start", start, minimum=0, maximum=tokens - 1)
+    stop = check_int("stop", stop, minimum=start + 1, maximum=tokens)
     if isinstance(cache, Tensor):
         return cache[..., start:stop, :]
+    check_tensor("buffer", buffer, dims=4, dtype=torch.float32)
+    if (buffer.shape[:2] != (batch, heads) or buffer.shape[-1] != width
+            or buffer.shape[2] < stop - start):
+        raise ValueError(f"buffer must be ({batch}, {heads}, >= "
+                         f"{stop - start}, {width}) "
+                         f"(got {tuple(buffer.shape)})")
     out = buffer[..., : stop - start, :]
     codes = cache.codes[..., start:stop, :]
     if cache.bits == 8:
@@ -307,7 +333,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out
 
 
-# chapters/ch05-measured.qmd:642
+# chapters/ch05-measured.qmd:681
 def decode_shapes(query: Tensor, key: Tensor | QuantizedKV,
                   value: Tensor | QuantizedKV) -> tuple[int, int, int, int]:
     """Return (H_kv, G, T, d_v) of a decode step, checking the arguments.
@@ -317,10 +343,10 @@ def decode_shapes(query: Tensor, key: Tensor | QuantizedKV,
             neither a float tensor of query's dtype nor a QuantizedKV.
         ValueError: if the shapes do not form one decode step.
     """
-    check_tensor("query", query, dims=4, floating=True)
+    check_tensor("query", query, dims=4, floating=True, nonempty=True)
     for name, cache in (("key", key), ("value", value)):
         if not isinstance(cache, QuantizedKV):
-            check_tensor(name, cache, dims=4, dtype=query.dtype)
+            check_tensor(name, cache, dims=4, dtype=query.dtype, nonempty=True)
     batch, query_heads, query_len, width = query.shape
     kv_heads, tokens = key.shape[1], key.shape[2]
     if query_len != 1:
@@ -405,7 +431,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:811
+# chapters/ch05-measured.qmd:851
 def tile_codes(tile: Tensor, bits: int,
                dtype: torch.dtype) -> list[tuple[Tensor, slice]]:
     """Return a tile as float pieces, each with the head-width slice it covers.
@@ -413,6 +439,13 @@ def tile_codes(tile: Tensor, bits: int,
     One piece for a float or int8 tile; for a packed int4 tile, the low
     nibbles (the first half of the width) and the high ones (the second).
     """
+    bits = check_int("bits", bits)
+    if bits not in (4, 8, 32):
+        raise ValueError(f"bits must be 4, 8 or 32 (got {bits})")
+    check_type("dtype", dtype, torch.dtype)
+    stored = {4: torch.uint8, 8: torch.int8}.get(bits)  # None: float tiles
+    check_tensor("tile", tile, dims=4, floating=stored is None, dtype=stored,
+                 nonempty=True)
     if bits == 4:
         low, high = int4_halves(tile)
         half = tile.shape[-1]
@@ -440,8 +473,18 @@ def fused_tile_update(state: OnlineState, rows: Tensor, key_tile: Tensor,
         key_scale, value_scale: (B, H_kv, n, 1) per-token scales, or None.
         bits: 32 for float tiles, 8 or 4.
     """
+    bits = check_int("bits", bits)
     if bits not in (4, 8, 32):
         raise ValueError(f"bits must be 4, 8 or 32 (got {bits!r})")
+    check_tensor("rows", rows, dims=4, floating=True, nonempty=True)
+    stored = {4: torch.uint8, 8: torch.int8}.get(bits)  # None: float tiles
+    for name, tile, scale in (("key", key_tile, key_scale),
+                              ("value", value_tile, value_scale)):
+        check_tensor(f"{name}_tile", tile, dims=4, floating=stored is None,
+                     dtype=stored, nonempty=True)
+        if scale is not None:
+            check_tensor(f"{name}_scale", scale, dims=4, floating=True,
+                         sizes={-1: 1})
     groups = rows.shape[-2]
     keys = tile_codes(key_tile, bits, rows.dtype)
     values = tile_codes(value_tile, bits, rows.dtype)
@@ -499,6 +542,7 @@ def fused_flash_decode(query: Tensor, key: Tensor | QuantizedKV,
     CompiledTileUpdate (the fast path). Arguments and result are
     flash_decode's; key and value must be both float or both quantised.
     """
+    check_type("tile_update", tile_update, Callable)
     kv_heads, groups, tokens, value_width = decode_shapes(query, key, value)
     batch, query_heads, _, width = query.shape
     quantized = isinstance(key, QuantizedKV)
@@ -531,7 +575,7 @@ def fused_flash_decode(query: Tensor, key: Tensor | QuantizedKV,
     return out.reshape(batch, query_heads, 1, value_width)
 
 
-# chapters/ch05-measured.qmd:979
+# chapters/ch05-measured.qmd:1037
 def flash_decode_latent(query: Tensor, latent: Tensor, key_up: Tensor,
                         value_up: Tensor, *, tile: int = 4096,
                         window: int | None = None, sinks: int = 0) -> Tensor:
@@ -550,8 +594,8 @@ def flash_decode_latent(query: Tensor, latent: Tensor, key_up: Tensor,
     Returns:
         (B, H, 1, d_h), the heads' outputs before the output projection.
     """
-    check_tensor("query", query, dims=4, floating=True)
-    check_tensor("latent", latent, dims=3, dtype=query.dtype)
+    check_tensor("query", query, dims=4, floating=True, nonempty=True)
+    check_tensor("latent", latent, dims=3, dtype=query.dtype, nonempty=True)
     heads, head_dim, rank = query.shape[1], query.shape[-1], latent.shape[-1]
     for name, weight in (("key_up", key_up), ("value_up", value_up)):
         check_tensor(name, weight, dims=2, dtype=query.dtype)
@@ -569,7 +613,7 @@ def flash_decode_latent(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1995
+# chapters/ch05-measured.qmd:2053
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -602,7 +646,32 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2049
+# chapters/ch05-measured.qmd:2107
+def check_query_key_value(query: Tensor, key: Tensor, value: Tensor) -> None:
+    """Raise unless query and key are (..., T, d) and value (..., T, d_v).
+
+    All three are float tensors with the same leading shape (..., T), and
+    T, d and d_v are at least 1: the sequence that blockwise and ring
+    attention split into blocks.
+
+    Raises:
+        TypeError: if an argument is not a floating-point tensor.
+        ValueError: if a tensor has fewer than 2 dimensions, T, d or d_v
+            is 0, or the shapes disagree.
+    """
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        check_tensor(name, tensor, min_dims=2, floating=True)
+    if query.shape[-2] < 1 or query.shape[-1] < 1:
+        raise ValueError(f"query must be (..., T, d) with T >= 1 and d >= 1 "
+                         f"(got shape {tuple(query.shape)})")
+    if (key.shape != query.shape or value.shape[:-1] != query.shape[:-1]
+            or value.shape[-1] < 1):
+        raise ValueError("query and key must be (..., T, d) and value "
+                         "(..., T, d_v >= 1) with the same (..., T) (got "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, "
+                         f"{tuple(value.shape)})")
+
+
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -612,6 +681,12 @@ def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
     Query row i is token query_start + i and key column j is token
     key_start + j; the query may see the key when j <= i.
     """
+    check_tensor("query", query, min_dims=2, floating=True, nonempty=True)
+    check_tensor("key", key, min_dims=2, dtype=query.dtype, nonempty=True,
+                 sizes={-1: query.shape[-1]})
+    query_start = check_int("query_start", query_start, minimum=0)
+    key_start = check_int("key_start", key_start, minimum=0)
+    scale = check_number("scale", scale, above=0)
     query_pos = torch.arange(query_start, query_start + query.shape[-2],
                              device=query.device)
     key_pos = torch.arange(key_start, key_start + key.shape[-2],
@@ -632,8 +707,10 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
 
     Raises:
         TypeError: if parts is not an integer or order not a string.
-        ValueError: for P < 1, T < P or an unknown order.
+        ValueError: for P < 1, T < P, an unknown order or shapes that
+            disagree.
     """
+    check_query_key_value(query, key, value)
     check_choice("order", order, ("ring", "reverse"))
     bounds = partition_bounds(query.shape[-2], parts)
     scale = 1.0 / math.sqrt(query.shape[-1])
@@ -654,7 +731,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2145
+# chapters/ch05-measured.qmd:2238
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor) -> None:
@@ -674,12 +751,22 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         bytes_sent: shared int64 (P, P), bytes this rank sent each step.
         cache_bytes: shared int64 (P,), bytes of keys and values held.
     """
+    parts = check_int("parts", parts, minimum=1)
+    rank = check_int("rank", rank, minimum=0, maximum=parts - 1)
+    port = check_int("port", port, minimum=1, maximum=65_535)
+    check_query_key_value(query, key, value)
+    check_tensor("output", output, dtype=value.dtype, sizes=dict(
+        enumerate(value.shape)), dims=value.dim())
+    check_tensor("bytes_sent", bytes_sent, dims=2, dtype=torch.int64,
+                 sizes={0: parts, 1: parts})
+    check_tensor("cache_bytes", cache_bytes, dims=1, dtype=torch.int64,
+                 sizes={0: parts})
+    bounds = partition_bounds(query.shape[-2], parts)
     torch.set_num_threads(1)  # P processes share the cores
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # stay on loopback
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=parts)
     try:
-        bounds = partition_bounds(query.shape[-2], parts)
         q_start, q_stop = bounds[rank]
         rows = query[..., q_start:q_stop, :].clone()
         block_key = key[..., q_start:q_stop, :].clone()  # 1/P of the cache
@@ -717,7 +804,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2228
+# chapters/ch05-measured.qmd:2332
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -734,6 +821,28 @@ class RingResult:
     bounds: list
     cache_bytes_per_rank: list  # bytes of keys and values each rank held
     bytes_sent_per_step: list  # [rank][step], P - 1 steps
+
+    def __post_init__(self) -> None:
+        check_tensor("output", self.output, min_dims=2, floating=True,
+                     nonempty=True)
+        parts = check_int("parts", self.parts, minimum=1)
+        check_type("bounds", self.bounds, list)
+        tokens = self.output.shape[-2]
+        if [tuple(pair) for pair in self.bounds] != partition_bounds(
+                tokens, parts):
+            raise ValueError(f"bounds must be partition_bounds({tokens}, "
+                             f"{parts}) (got {self.bounds})")
+        held = check_int_sequence("cache_bytes_per_rank",
+                                  self.cache_bytes_per_rank, minimum=0)
+        if len(held) != parts:
+            raise ValueError(f"cache_bytes_per_rank must hold {parts} "
+                             f"counts (got {len(held)})")
+        check_type("bytes_sent_per_step", self.bytes_sent_per_step, list)
+        sent = [check_int_sequence("bytes_sent_per_step", row, minimum=0)
+                for row in self.bytes_sent_per_step]
+        if len(sent) != parts or any(len(row) != parts - 1 for row in sent):
+            raise ValueError(f"bytes_sent_per_step must hold {parts} rows "
+                             f"of {parts - 1} counts (got {len(sent)} rows)")
 
     @property
     def total_cache_bytes(self) -> int:
@@ -767,16 +876,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
     """
     parts = check_int("parts", parts, minimum=1)
     timeout_s = check_number("timeout_s", timeout_s, above=0)
-    for name, tensor in (("query", query), ("key", key), ("value", value)):
-        check_tensor(name, tensor, min_dims=2, floating=True)
-    if query.shape[-2] < 1:
-        raise ValueError(f"query must be (..., T, d) with T >= 1 "
-                         f"(got shape {tuple(query.shape)})")
-    if key.shape != query.shape or value.shape[:-1] != query.shape[:-1]:
-        raise ValueError("query and key must be (..., T, d) and value "
-                         "(..., T, d_v) with the same (..., T) (got "
-                         f"{tuple(query.shape)}, {tuple(key.shape)}, "
-                         f"{tuple(value.shape)})")
+    check_query_key_value(query, key, value)
     bounds = partition_bounds(query.shape[-2], parts)
     shared = [t.detach().to("cpu").contiguous().share_memory_()
               for t in (query, key, value)]
