@@ -31,7 +31,7 @@ import torch
 # ------------------------------------------------------------------------------------------
 # The modules the sweep covers. A new chapter's module is added here when it merges, with an
 # entry in VALID_CALLS for each public callable (the first test lists those that lack one).
-SWEPT_MODULES = ("support", "ch01", "ch02", "ch03", "ch04", "ch05")
+SWEPT_MODULES = ("support", "ch01", "ch02", "ch03", "ch04", "ch05", "ch06")
 # ------------------------------------------------------------------------------------------
 
 INTEGER_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -483,6 +483,76 @@ VALID_CALLS.update({
                      timeout_s=60.0),
         accepts={"query": {"more-dims"}, "key": {"more-dims"}, "value": {"more-dims"}},
     ),
+})
+
+
+def _rotary_model():
+    torch.manual_seed(0)
+    config = _ch("ch02").GPTConfig(vocab_size=256, context_length=8, d_model=16, layers=1, heads=2)
+    return _ch("ch06").RotaryGPT(config).eval()
+
+
+def _byte_text(tokens: int = 200) -> torch.Tensor:
+    """Filler text as byte ids: lowercase letters, never the key mark or a digit."""
+    return torch.arange(tokens) % 26 + ord("a")
+
+
+def _tiny_settings():
+    return _ch("ch06").ExtensionSettings(trained_length=8, factors=(1, 2), d_model=16, layers=1, heads=2,
+                                         steps=1, batch_size=2, finetune_steps=1, windows=2, depths=(0.0, 1.0),
+                                         trials=2, seeds=(0,), methods=("rope", "pi"))
+
+
+VALID_CALLS.update({
+    # ---------------------------------------------------------------- longctx.ch06
+    "ch06.ExtensionSettings": Valid(
+        lambda: dict(trained_length=8, factors=(1, 2), d_model=16, layers=1, heads=2, base=10000.0, steps=1,
+                     batch_size=2, learning_rate=0.003, key_share=0.25, finetune_steps=1,
+                     finetune_learning_rate=0.001, windows=2, depths=(0.0, 1.0), trials=2, seeds=(0,),
+                     methods=("rope", "pi"), fused=True),
+        accepts={"key_share": {"zero"}},  # text only, no keys: a valid (if dull) run
+    ),
+    "ch06.RotarySelfAttention": Valid(lambda: dict(d_model=16, heads=2, fused=False)),
+    "ch06.RotarySelfAttention.set_bands": Valid(
+        lambda layer: dict(frequencies=torch.ones(4, dtype=torch.float64), magnitude=1.0),
+        instance=lambda: _ch("ch06").RotarySelfAttention(16, 2),
+    ),
+    "ch06.RotarySelfAttention.forward": Valid(
+        lambda layer: dict(x=_randn(1, 3, 16), cache=None, layer=0),
+        instance=lambda: _ch("ch06").RotarySelfAttention(16, 2).eval(),
+        accepts={"layer": {"zero"}},
+    ),
+    "ch06.RotaryGPT": Valid(
+        lambda: dict(config=_ch("ch02").GPTConfig(vocab_size=256, context_length=8, d_model=16, layers=1, heads=2),
+                     base=10000.0, fused=False),
+    ),
+    "ch06.RotaryGPT.set_rope": Valid(lambda model: dict(method="pi", factor=2.0), instance=_rotary_model),
+    "ch06.RotaryGPT.forward": Valid(
+        lambda model: dict(tokens=torch.tensor([[1, 2, 3]]), cache=None), instance=_rotary_model,
+    ),
+    "ch06.recipe_bands": Valid(
+        lambda: dict(method="yarn", head_dim=8, factor=2.0, base=10000.0, original_context=8),
+    ),
+    "ch06.passkey_batch": Valid(
+        lambda: dict(data=_byte_text(), depths=torch.tensor([0.0, 1.0]), length=8,
+                     generator=torch.Generator().manual_seed(0)),
+    ),
+    "ch06.train_with_keys": Valid(
+        lambda: dict(model=_rotary_model(), token_ids=_byte_text(), steps=1, batch_size=2, length=8,
+                     key_share=0.5, learning_rate=0.003, seed=0, progress=None),
+        accepts={"seed": {"zero"}, "key_share": {"zero"}},  # no keyed windows: text only
+    ),
+    "ch06.position_losses": Valid(
+        lambda: dict(model=_rotary_model(), token_ids=_byte_text(), length=8, windows=2, span=8),
+    ),
+    "ch06.passkey_hits": Valid(
+        lambda: dict(model=_rotary_model(), token_ids=_byte_text(), length=8, depths=(0.0, 1.0), trials=2,
+                     seed=0, chunk=2),
+        accepts={"seed": {"zero"}},
+    ),
+    "ch06.wilson_interval": Valid(lambda: dict(hits=3, trials=8, z=1.96), accepts={"hits": {"zero"}}),
+    "ch06.run_extension_experiment": Valid(lambda: dict(settings=_tiny_settings(), progress=False)),
+    "ch06.load_extension_results": Valid(lambda: dict(folder=None)),  # run from the repository
 })
 
 

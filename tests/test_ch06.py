@@ -356,8 +356,13 @@ def test_load_extension_results_prefers_the_newest_full_run(tmp_path):
     write("extension-c-tiny.json", "tiny", "2026-03-01T00:00:00Z")
     results, path = ch06.load_extension_results(tmp_path)
     assert results["tag"] == "extension-b.json" and path.name == "extension-b.json"
+    (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="make experiment"):
         ch06.load_extension_results(tmp_path / "empty")
+    with pytest.raises(ValueError, match="folder must be an existing folder"):
+        ch06.load_extension_results(tmp_path / "missing")
+    with pytest.raises(TypeError, match="folder"):
+        ch06.load_extension_results(str(tmp_path))
 
 
 # --- bad input -----------------------------------------------------------------------------------
@@ -456,8 +461,8 @@ def test_task_and_measurements_refuse_bad_input():
 
 
 @pytest.mark.parametrize(("field", "value", "error"), [
-    ("trained_length", 2, ValueError), ("trained_length", 8.0, TypeError), ("factors", (), TypeError),
-    ("factors", [1, 2], TypeError), ("factors", (1, 1), ValueError), ("factors", (0, 2), ValueError),
+    ("trained_length", 2, ValueError), ("trained_length", 8.0, TypeError), ("factors", (), ValueError),
+    ("factors", "12", TypeError), ("factors", (1, 1), ValueError), ("factors", (0, 2), ValueError),
     ("depths", (0.0, 1.5), ValueError), ("methods", ("rope", "alibi"), ValueError), ("seeds", (-1,), ValueError),
     ("key_share", 2.0, ValueError), ("learning_rate", 0.0, ValueError), ("fused", "yes", TypeError),
     ("heads", 3, ValueError), ("windows", 1, ValueError), ("base", 1.0, ValueError),

@@ -75,10 +75,15 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
         and its values are appended.
 
         Raises:
-            TypeError: If ``x`` is not a floating-point tensor.
-            ValueError: If ``x`` is not (B, T, d) with T >= 1.
+            TypeError: If ``x`` is not a floating-point tensor, ``cache``
+                not a KVCache or ``layer`` not an int.
+            ValueError: If ``x`` is not (B, T, d) with T >= 1, or
+                ``layer`` is negative.
         """
         support.check_tensor("x", x, dims=3, floating=True, nonempty=True)
+        layer = support.check_int("layer", layer, minimum=0)
+        if cache is not None:
+            support.check_type("cache", cache, ch02.KVCache)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must have width d_model = {self.d_model} "
                              f"(got shape {tuple(x.shape)})")
@@ -107,7 +112,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
         return self.output(ch01.merge_heads(mixed))  # (B, T, d)
 
 
-# chapters/ch06-extension.qmd:187
+# chapters/ch06-extension.qmd:192
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's wavelength
 #: thresholds (its config.json). Recipes not named here need none.
@@ -136,6 +141,7 @@ def recipe_bands(method: str, head_dim: int, *, factor: float,
         TypeError, ValueError: For an unknown method or a bad number.
     """
     method = support.check_choice("method", method, ch03.ROPE_METHODS)
+    head_dim = support.check_int("head_dim", head_dim, minimum=2)
     factor = support.check_number("factor", factor, minimum=1)
     original_context = support.check_int("original_context",
                                          original_context, minimum=1)
@@ -221,7 +227,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:386
+# chapters/ch06-extension.qmd:392
 #: The byte that opens the key and, at the end of the window, asks for it.
 KEY_MARK = "#"
 
@@ -270,7 +276,7 @@ def passkey_batch(data: Tensor, depths: Tensor, length: int,
     return window[:, :-1], window[:, 1:]  # (B, T) each
 
 
-# chapters/ch06-extension.qmd:488
+# chapters/ch06-extension.qmd:494
 def train_with_keys(model: RotaryGPT, token_ids: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int,
@@ -295,10 +301,16 @@ def train_with_keys(model: RotaryGPT, token_ids: Tensor, *, steps: int,
     Raises:
         TypeError, ValueError: For an argument of the wrong type or range.
     """
+    support.check_type("model", model, RotaryGPT)
     support.check_tensor("token_ids", token_ids, dims=1, dtype=torch.long)
     steps = support.check_int("steps", steps, minimum=1)
     batch_size = support.check_int("batch_size", batch_size, minimum=1)
     length = support.check_int("length", length, minimum=4)
+    if token_ids.numel() <= length + 1:
+        raise ValueError(f"token_ids must hold more than length + 1 = "
+                         f"{length + 1} tokens (got {token_ids.numel()})")
+    if progress is not None:
+        support.check_type("progress", progress, tqdm)
     key_share = support.check_number("key_share", key_share, minimum=0,
                                      maximum=1)
     learning_rate = support.check_number("learning_rate", learning_rate,
@@ -344,7 +356,7 @@ def train_with_keys(model: RotaryGPT, token_ids: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:579
+# chapters/ch06-extension.qmd:591
 @torch.no_grad()
 def position_losses(model: RotaryGPT, token_ids: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -364,6 +376,7 @@ def position_losses(model: RotaryGPT, token_ids: Tensor, *, length: int,
     Raises:
         TypeError, ValueError: For a bad argument, or too little text.
     """
+    support.check_type("model", model, RotaryGPT)
     support.check_tensor("token_ids", token_ids, dims=1, dtype=torch.long)
     length = support.check_int("length", length, minimum=1)
     windows = support.check_int("windows", windows, minimum=2)
@@ -394,10 +407,21 @@ def passkey_hits(model: RotaryGPT, token_ids: Tensor, *, length: int,
     Raises:
         TypeError, ValueError: For a bad argument (as ``passkey_batch``).
     """
+    support.check_type("model", model, RotaryGPT)
+    support.check_tensor("token_ids", token_ids, dims=1, dtype=torch.long)
+    length = support.check_int("length", length, minimum=4)
+    if token_ids.numel() <= length + 1:
+        raise ValueError(f"token_ids must hold more than length + 1 = "
+                         f"{length + 1} tokens (got {token_ids.numel()})")
+    support.check_type("depths", depths, (tuple, list))
+    if not depths:
+        raise ValueError("depths must not be empty")
+    for depth in depths:
+        support.check_number("each of depths", depth, minimum=0, maximum=1)
     trials = support.check_int("trials", trials, minimum=1)
+    seed = support.check_int("seed", seed, minimum=0)
     chunk = support.check_int("chunk", chunk, minimum=1)
     depth_rows = torch.tensor(depths, dtype=torch.float64)
-    support.check_tensor("depths", depth_rows, dims=1, nonempty=True)
     generator = torch.Generator().manual_seed(seed)
     inputs, targets = passkey_batch(token_ids,
                                     depth_rows.repeat_interleave(trials),
@@ -407,7 +431,7 @@ def passkey_hits(model: RotaryGPT, token_ids: Tensor, *, length: int,
     return (guesses == targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:655
+# chapters/ch06-extension.qmd:679
 def wilson_interval(hits: int, trials: int,
                     z: float = 1.96) -> tuple[float, float]:
     """Return the Wilson interval (low, high) of Equation 6.2.
@@ -431,7 +455,7 @@ def wilson_interval(hits: int, trials: int,
     return low, high
 
 
-# chapters/ch06-extension.qmd:715
+# chapters/ch06-extension.qmd:739
 @dataclass(frozen=True)
 class ExtensionSettings:
     """The sizes of one run; the defaults are those of ``make experiment``.
@@ -482,18 +506,19 @@ class ExtensionSettings:
         check("trained_length", self.trained_length, minimum=4)
         for name in ("factors", "depths", "seeds", "methods"):
             value = getattr(self, name)
-            if not isinstance(value, tuple) or not value:
-                raise TypeError(f"{name} must be a non-empty tuple "
+            if not isinstance(value, tuple | list):
+                raise TypeError(f"{name} must be a tuple "
                                 f"(got {support.describe(value)})")
-        for factor in self.factors:
-            check("each of factors", factor, minimum=1)
+            if not value:
+                raise ValueError(f"{name} must not be empty")
+            object.__setattr__(self, name, tuple(value))  # a list will do
+        support.check_int_sequence("factors", self.factors, minimum=1)
         if len(set(self.factors)) != len(self.factors):
             raise ValueError(f"factors must differ (got {self.factors})")
         for depth in self.depths:
             support.check_number("each of depths", depth, minimum=0,
                                  maximum=1)
-        for seed in self.seeds:
-            check("each of seeds", seed, minimum=0)
+        support.check_int_sequence("seeds", self.seeds, minimum=0)
         for method in self.methods:
             support.check_choice("each of methods", method, ch03.ROPE_METHODS)
         support.check_number("base", self.base, above=1)
@@ -511,7 +536,7 @@ class ExtensionSettings:
                              f"for RoPE (got {width})")
 
 
-# chapters/ch06-extension.qmd:801
+# chapters/ch06-extension.qmd:826
 def run_extension_experiment(settings: ExtensionSettings | None = None, *,
                              progress: bool = True) -> dict:
     """Train, extend and measure; return the results as plain numbers.
@@ -623,17 +648,32 @@ def load_extension_results(folder: pathlib.Path | None = None
                            ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``make experiment`` and its path.
 
-    Reads ``experiments/results/extension-*.json`` (or ``folder``); takes
-    the newest file whose machine record says ``mode: full``, else the
-    newest of any mode.
+    Reads ``folder``, by default ``experiments/results`` of the book's
+    repository, found from the working directory up (the repository root,
+    or its notebooks/ folder); takes the newest ``extension-*.json`` whose
+    machine record says ``mode: full``, else the newest of any mode.
 
     Raises:
-        FileNotFoundError: If there is no results file.
+        TypeError: If ``folder`` is not a pathlib.Path.
+        ValueError: If ``folder`` is not an existing folder.
+        FileNotFoundError: If there is no results file, or no repository
+            above the working directory when ``folder`` is None.
     """
     if folder is None:
-        folder = support.data_path().parent / "experiments" / "results"
+        here = pathlib.Path.cwd().resolve()
+        roots = [path for path in (here, *here.parents)
+                 if (path / "_quarto.yml").is_file()]
+        if not roots:
+            raise FileNotFoundError(f"no book repository at or above {here}:"
+                                    " pass folder=")
+        folder = roots[0] / "experiments" / "results"
+    else:
+        support.check_type("folder", folder, pathlib.Path)
+        if not folder.is_dir():
+            raise ValueError(f"folder must be an existing folder "
+                             f"(got {str(folder)!r})")
     runs = [(json.loads(path.read_text(encoding="utf-8")), path)
-            for path in sorted(pathlib.Path(folder).glob("extension-*.json"))]
+            for path in sorted(folder.glob("extension-*.json"))]
     if not runs:
         raise FileNotFoundError(f"no extension-*.json in {folder}; "
                                 "run `make experiment` first")
