@@ -9,8 +9,11 @@ shown whole (no scrolling) in a 1280 px window.
 Builds `_book/` from the executed chapters (once per session, into a temporary folder), serves it
 on 127.0.0.1 and, for every page the book lists: no console errors, no failed requests and none to
 another host; every image loaded with alt text; maths typeset; every Mermaid diagram an SVG; no raw
-Quarto syntax in the text; every internal link resolving to a file and an id. A full-page
-screenshot of each page goes to tests/artifacts/screenshots/ (git-ignored).
+Quarto syntax in the text; every internal link resolving to a file and an id. A screenshot of
+each page at 1280 and at 390 px goes to tests/artifacts/screenshots/ (git-ignored): the first
+screenful by default, the whole page when LONGCTX_FULL_SCREENSHOTS=1 (for reading the book as it
+renders; stitching a long chapter's page costs several seconds, about a minute and a half for
+both editions).
 
 Set LONGCTX_BOOK_DIR to a built `_book/` to check that folder instead of building one.
 """
@@ -138,6 +141,9 @@ def _full_page_screenshot(page, path: Path) -> None:
     Playwright's own full-page capture resizes the viewport to the page's height, which takes
     about a minute for a long chapter on two cores; scrolling and stitching takes seconds.
     """
+    if os.environ.get("LONGCTX_FULL_SCREENSHOTS") != "1":
+        page.screenshot(path=str(path))  # the first screenful
+        return
     from PIL import Image
 
     page.add_style_tag(
