@@ -192,6 +192,71 @@ def _overflowing(page) -> list[str]:
     )
 
 
+# --- checks both editions' page tests make ---------------------------------------------------------
+
+
+def _image_problems(page, *, must_fit: bool = False) -> list[str]:
+    """Images that did not load or have no alt text (and, if asked, are wider than the text column)."""
+    images = page.evaluate(
+        "() => Array.from(document.images).map(i => ({src: i.getAttribute('src'), "
+        "ok: i.complete && i.naturalWidth > 0, alt: (i.getAttribute('alt') || '').trim(), "
+        "fits: i.getBoundingClientRect().width <= (i.closest('main') || document.body).clientWidth + 1}))"
+    )
+    problems = []
+    for image in images:
+        if not image["ok"]:
+            problems.append(f"image did not load: {image['src']}")
+        if not image["alt"]:
+            problems.append(f"image without alt text: {image['src']}")
+        if must_fit and not image["fits"]:
+            problems.append(f"image wider than the text column: {image['src']}")
+    return problems
+
+
+def _maths_and_diagram_problems(page, diagrams: str) -> list[str]:
+    """MathJax errors, and mermaid blocks (CSS selector `diagrams`) without an SVG or with an error one."""
+    errors = page.evaluate("() => Array.from(document.querySelectorAll('mjx-merror')).map(e => e.textContent)")
+    problems = [f"MathJax error: {error}" for error in errors]
+    found = page.evaluate(
+        f"() => Array.from(document.querySelectorAll('{diagrams}')).map(d => ({{svg: !!d.querySelector('svg'), "
+        "error: !!d.querySelector('svg[aria-roledescription=error]'), text: d.textContent.slice(0, 60)}))"
+    )
+    for diagram in found:
+        if not diagram["svg"] or diagram["error"]:
+            problems.append(f"mermaid diagram not rendered: {diagram['text']!r}")
+    return problems
+
+
+def _raw_quarto_problems(text: str) -> list[str]:
+    problems = []
+    for match in RAW_QUARTO.finditer(text):
+        start = max(0, match.start() - 40)
+        problems.append(f"raw Quarto syntax {match.group(0)!r} in: ...{text[start : match.end() + 40]!r}")
+    return problems
+
+
+def _link_problems(page, host: str, book_dir: Path) -> list[str]:
+    """Links on this host whose file or id does not exist (a folder link means its index.html).
+
+    External links are allowed in prose; the browser never loaded them.
+    """
+    problems = []
+    links = page.evaluate("() => Array.from(document.querySelectorAll('a[href]')).map(a => a.href)")
+    for link in sorted(set(links)):
+        target = urllib.parse.urlsplit(link)
+        if target.scheme in ("data", "mailto") or target.hostname != host:
+            continue
+        path = urllib.parse.unquote(target.path).lstrip("/") or "index.html"
+        file = book_dir / path
+        if file.is_dir():
+            file = file / "index.html"
+        if not file.is_file():
+            problems.append(f"broken link: {link} (no file {path})")
+        elif target.fragment and file.suffix == ".html" and urllib.parse.unquote(target.fragment) not in _ids_in(file):
+            problems.append(f"broken link: {link} (no id #{target.fragment} in {path})")
+    return problems
+
+
 # Text a reader sees (folded code included), without scripts, styles, typeset maths or diagrams.
 _VISIBLE_TEXT = """() => {
   const skip = new Set(["SCRIPT", "STYLE", "NOSCRIPT", "MJX-CONTAINER", "svg", "SVG"]);
@@ -244,15 +309,7 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
         )
         page.wait_for_load_state("networkidle")
 
-        images = page.evaluate(
-            "() => Array.from(document.images).map(i => ({src: i.getAttribute('src'), "
-            "ok: i.complete && i.naturalWidth > 0, alt: (i.getAttribute('alt') || '').trim()}))"
-        )
-        for image in images:
-            if not image["ok"]:
-                problems.append(f"image did not load: {image['src']}")
-            if not image["alt"]:
-                problems.append(f"image without alt text: {image['src']}")
+        problems += _image_problems(page)
 
         text = page.evaluate(_VISIBLE_TEXT)
         html_source = (book_dir / name).read_text(encoding="utf-8")
@@ -262,36 +319,9 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
                 problems.append("the page loads MathJax but no maths was typeset")
         if "$$" in text:
             problems.append("raw $$ left in the text (maths not typeset)")
-        errors = page.evaluate(
-            "() => Array.from(document.querySelectorAll('mjx-merror')).map(e => e.textContent)"
-        )
-        problems += [f"MathJax error: {error}" for error in errors]
-
-        diagrams = page.evaluate(
-            "() => Array.from(document.querySelectorAll('pre.mermaid')).map(d => ({svg: !!d.querySelector('svg'), "
-            "error: !!d.querySelector('svg[aria-roledescription=error]'), text: d.textContent.slice(0, 60)}))"
-        )
-        for diagram in diagrams:
-            if not diagram["svg"] or diagram["error"]:
-                problems.append(f"mermaid diagram not rendered: {diagram['text']!r}")
-
-        for match in RAW_QUARTO.finditer(text):
-            start = max(0, match.start() - 40)
-            problems.append(f"raw Quarto syntax {match.group(0)!r} in: ...{text[start : match.end() + 40]!r}")
-
-        links = page.evaluate("() => Array.from(document.querySelectorAll('a[href]')).map(a => a.href)")
-        for link in sorted(set(links)):
-            target = urllib.parse.urlsplit(link)
-            if target.scheme in ("data", "mailto"):
-                continue
-            if target.hostname != host:
-                continue  # external links are allowed in prose; the browser never loaded them
-            path = urllib.parse.unquote(target.path).lstrip("/") or "index.html"
-            file = book_dir / path
-            if not file.is_file():
-                problems.append(f"broken link: {link} (no file {path})")
-            elif target.fragment and urllib.parse.unquote(target.fragment) not in _ids_in(file):
-                problems.append(f"broken link: {link} (no id #{target.fragment} in {path})")
+        problems += _maths_and_diagram_problems(page, "pre.mermaid")
+        problems += _raw_quarto_problems(text)
+        problems += _link_problems(page, host, book_dir)
 
         wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
         if wide > 0:
@@ -409,55 +439,22 @@ def test_quarto_page_reads_cleanly(name, quarto_book, quarto_server, browser, sc
         )
         page.wait_for_load_state("networkidle", timeout=120_000)
 
-        images = page.evaluate(
-            "() => Array.from(document.images).map(i => ({src: i.getAttribute('src'), "
-            "ok: i.complete && i.naturalWidth > 0, alt: (i.getAttribute('alt') || '').trim(), "
-            "fits: i.getBoundingClientRect().width <= (i.closest('main') || document.body).clientWidth + 1}))"
-        )
-        for image in images:
-            if not image["ok"]:
-                problems.append(f"image did not load: {image['src']}")
-            if not image["alt"]:
-                problems.append(f"image without alt text: {image['src']}")
-            if not image["fits"]:
-                problems.append(f"image wider than the text column: {image['src']}")
+        problems += _image_problems(page, must_fit=True)
 
         html_source = (book_dir / name).read_text(encoding="utf-8")
         if 'class="math' in html_source:
             if page.evaluate("() => document.querySelectorAll('mjx-container').length") == 0:
                 problems.append("the page has maths but none was typeset")
-        errors = page.evaluate("() => Array.from(document.querySelectorAll('mjx-merror')).map(e => e.textContent)")
-        problems += [f"MathJax error: {error}" for error in errors]
-        diagrams = page.evaluate(
-            "() => Array.from(document.querySelectorAll('pre.mermaid-js')).map(d => ({svg: !!d.querySelector('svg'), "
-            "error: !!d.querySelector('svg[aria-roledescription=error]'), text: d.textContent.slice(0, 60)}))"
-        )
-        for diagram in diagrams:
-            if not diagram["svg"] or diagram["error"]:
-                problems.append(f"mermaid diagram not rendered: {diagram['text']!r}")
+        problems += _maths_and_diagram_problems(page, "pre.mermaid-js")
 
         text = page.evaluate(_QUARTO_PROSE)
-        for match in RAW_QUARTO.finditer(text):
-            start = max(0, match.start() - 40)
-            problems.append(f"raw Quarto syntax {match.group(0)!r} in: ...{text[start : match.end() + 40]!r}")
+        problems += _raw_quarto_problems(text)
         for what, pattern in _LEAKS:
             for match in pattern.finditer(text):
                 start = max(0, match.start() - 40)
                 problems.append(f"{what}: ...{text[start : match.end() + 40]!r}")
 
-        links = page.evaluate("() => Array.from(document.querySelectorAll('a[href]')).map(a => a.href)")
-        for link in sorted(set(links)):
-            target = urllib.parse.urlsplit(link)
-            if target.scheme in ("data", "mailto") or target.hostname != host:
-                continue
-            path = urllib.parse.unquote(target.path).lstrip("/") or "index.html"
-            file = book_dir / path
-            if file.is_dir():
-                file = file / "index.html"
-            if not file.is_file():
-                problems.append(f"broken link: {link} (no file {path})")
-            elif target.fragment and file.suffix == ".html" and urllib.parse.unquote(target.fragment) not in _ids_in(file):
-                problems.append(f"broken link: {link} (no id #{target.fragment} in {path})")
+        problems += _link_problems(page, host, book_dir)
 
         wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
         if wide > 0:
