@@ -24,7 +24,418 @@ from longctx.support import (
 )
 
 
-# chapters/ch03-long-context.qmd:122
+# chapters/ch03-long-context.qmd:159
+def apply_rope(vectors: Tensor, positions: Tensor | list[int],
+               frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
+    """Return ``vectors`` rotated by RoPE (Equation 3.4).
+
+    Pair (2j, 2j+1) of row t turns by ``positions[t] * frequencies[j]``.
+    Lengths are kept (times ``magnitude``), and a query rotated at m and a
+    key rotated at n have a dot product that depends only on n - m
+    (Equation 3.5). Angles are computed in float64; the result has the
+    dtype of ``vectors``.
+
+    Args:
+        vectors: (..., T, d_R) queries or keys, d_R even.
+        positions: (T,) integer positions, one per row.
+        frequencies: (d_R / 2,) band frequencies (``inverse_frequencies``).
+        magnitude: Factor applied to the result (YaRN's; 1 keeps lengths).
+
+    Raises:
+        TypeError: If an input is of the wrong kind.
+        ValueError: If d_R is odd, the frequency count is not d_R / 2, or
+            the position count is not T.
+    """
+    check_tensor("vectors", vectors, min_dims=2, floating=True, nonempty=True)
+    check_tensor("frequencies", frequencies, dims=1, floating=True)
+    magnitude = check_number("magnitude", magnitude, above=0)
+    positions = check_int_sequence("positions", positions)
+    width = vectors.size(-1)
+    if width % 2:
+        raise ValueError(f"the rotary dimension must be even (got {width})")
+    if 2 * frequencies.numel() != width:
+        raise ValueError(f"need {width // 2} frequencies for width {width} "
+                         f"(got shape {tuple(frequencies.shape)})")
+    if positions.dim() != 1 or positions.numel() != vectors.size(-2):
+        raise ValueError(f"need one position per row, {vectors.size(-2)} "
+                         f"(got positions of shape {tuple(positions.shape)})")
+    angles = (positions.to(frequencies.device, torch.float64)[:, None]
+              * frequencies.to(torch.float64))                  # m * omega_j
+    cos = angles.cos().to(vectors.device, vectors.dtype)         # (T, d_R/2)
+    sin = angles.sin().to(vectors.device, vectors.dtype)
+    x_even, x_odd = vectors[..., 0::2], vectors[..., 1::2]      # x_2j, x_2j+1
+    new_even = x_even * cos - x_odd * sin                  # first row of R_j
+    new_odd = x_even * sin + x_odd * cos                   # second row of R_j
+    turned = torch.stack([new_even, new_odd], dim=-1)      # (..., T, d_R/2, 2)
+    return turned.flatten(-2) * magnitude                  # (..., T, d_R)
+
+
+# chapters/ch03-long-context.qmd:259
+def interleaved_to_half_order(width: int) -> Tensor:
+    """Return the order (0, 2, 4, ..., 1, 3, 5, ...) from interleaved to half.
+
+    Raises:
+        TypeError: If ``width`` is not an int.
+        ValueError: If ``width`` is not a positive even integer.
+    """
+    width = check_int("width", width, minimum=2)
+    if width % 2:
+        raise ValueError(f"width must be even (got {width})")
+    return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
+
+
+def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
+                           frequencies: Tensor,
+                           magnitude: float = 1.0) -> Tensor:
+    """Return ``vectors`` rotated in the rotate-half layout (j pairs j + d_R/2).
+
+    The layout of Hugging Face's Llama code; it equals ``apply_rope`` on
+    coordinates reordered by ``interleaved_to_half_order``.
+
+    Raises:
+        TypeError: On the same bad inputs as ``apply_rope``.
+        ValueError: On the same bad inputs as ``apply_rope``.
+    """
+    check_tensor("vectors", vectors, min_dims=2, floating=True, nonempty=True)
+    order = interleaved_to_half_order(vectors.size(-1))
+    inverse = torch.argsort(order)
+    # Back to the interleaved order, rotate there, and reorder again.
+    turned = apply_rope(vectors[..., inverse], positions, frequencies,
+                        magnitude)
+    return turned[..., order]
+
+
+# chapters/ch03-long-context.qmd:382
+#: The config excerpts shipped in data/configs/, in the chapter's order.
+MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite",
+                      "mistral-7b-v0.1", "gemma-3-1b")
+
+
+def load_model_config(name: str) -> dict[str, Any]:
+    """Return the shipped excerpt ``data/configs/<name>.json`` as a dict.
+
+    Raises:
+        TypeError: If ``name`` is not a string.
+        ValueError: If no excerpt of that name is shipped (the message
+            lists those that are).
+    """
+    folder = support.data_path("configs")
+    shipped = sorted(path.stem for path in folder.glob("*.json"))
+    support.check_choice("name", name, shipped)
+    with (folder / f"{name}.json").open(encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def _config_int(mapping: Mapping[str, Any], key: str) -> int:
+    """Return the positive int ``mapping[key]``; ValueError if it is absent."""
+    if mapping.get(key) is None:
+        raise ValueError(f"config is missing required field {key!r}")
+    return check_int(key, mapping[key], minimum=1)
+
+
+# chapters/ch03-long-context.qmd:545
+#: The RoPE constructions ``inverse_frequencies`` understands.
+ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
+
+
+def ntk_base(base: float, factor: float, dim: int) -> float:
+    """Raised base b' = b * a^(d_R / (d_R - 2)) of NTK scaling (Equation 3.6).
+
+    Args:
+        base: Original base b (> 1).
+        factor: Extension factor a (>= 1).
+        dim: Rotary width d_R (even, >= 4).
+
+    Raises:
+        TypeError: If an argument is of the wrong type.
+        ValueError: If dim is odd or below 4, base <= 1, or factor < 1.
+    """
+    base = check_number("base", base, above=1)
+    factor = check_number("factor", factor, minimum=1)
+    dim = check_int("dim", dim, minimum=4)
+    if dim % 2:
+        raise ValueError(f"dim must be an even integer >= 4 (got {dim})")
+    return base * factor ** (dim / (dim - 2))
+
+
+def yarn_correction_dim(turns: float, dim: int, base: float,
+                        original_context: int) -> float:
+    """Return the fractional band index j(beta) (Equation 3.7).
+
+    The band that makes ``turns`` turns over ``original_context``
+    positions: d_R ln(T_0 / (2 pi beta)) / (2 ln b).
+
+    Raises:
+        TypeError: If an argument is of the wrong type.
+        ValueError: If turns <= 0, dim < 2, base <= 1 or T_0 < 1.
+    """
+    turns = check_number("turns", turns, above=0)
+    dim = check_int("dim", dim, minimum=2)
+    base = check_number("base", base, above=1)
+    original_context = check_int("original_context", original_context,
+                                 minimum=1)
+    ratio = original_context / (turns * 2 * math.pi)
+    return dim * math.log(ratio) / (2 * math.log(base))
+
+
+def _yarn_magnitude(factor: float, mscale: float = 1.0) -> float:
+    """Return YaRN's 0.1 * mscale * ln(a) + 1, or 1 when a <= 1."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def inverse_frequencies(dim: int,                      # d_R, even
+                        *,
+                        method: str = "rope",          # one of ROPE_METHODS
+                        base: float = 10_000.0,        # b
+                        factor: float = 1.0,           # a = T_1 / T_0
+                        original_context: int = 2_048,  # T_0 (YaRN, Llama 3)
+                        beta_fast: float = 32.0,       # YaRN: keep above
+                        beta_slow: float = 1.0,        # YaRN: divide below
+                        low_freq_factor: float = 1.0,   # Llama 3: l
+                        high_freq_factor: float = 4.0,  # Llama 3: h
+                        ) -> tuple[Tensor, float]:
+    """Return (band frequencies (dim/2,) float64, magnitude) for one method.
+
+    ``rope``: omega_j = base^(-2j/dim) (Equation 3.4). ``pi``: every band
+    divided by ``factor``. ``ntk``: the bands of ``ntk_base`` (Equation
+    3.6). ``yarn``: the ramp of Equation 3.7, with magnitude
+    0.1 ln(factor) + 1. ``llama3``: the wavelength bands of Equation 3.8.
+    Every method but YaRN returns magnitude 1.
+
+    Raises:
+        TypeError: If an argument is of the wrong type.
+        ValueError: If an argument is out of range or the method unknown.
+    """
+    dim = check_int("dim", dim, minimum=2)
+    if dim % 2:
+        raise ValueError(f"dim must be even (got {dim})")
+    check_choice("method", method, ROPE_METHODS)
+    base = check_number("base", base, above=1)
+    factor = check_number("factor", factor, minimum=1)
+    original_context = check_int("original_context", original_context,
+                                 minimum=1)
+    low = check_number("low_freq_factor", low_freq_factor, above=0)
+    high = check_number("high_freq_factor", high_freq_factor, above=low)
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2j/d_R
+    plain = base ** -exponents                                       # omega_j
+    if method == "rope":
+        return plain, 1.0
+    if method == "pi":
+        return plain / factor, 1.0
+    if method == "ntk":
+        return ntk_base(base, factor, dim) ** -exponents, 1.0
+    if method == "yarn":
+        ramp = _yarn_ramp(dim, base, original_context, beta_fast, beta_slow)
+        bands = (1 - ramp) * plain + ramp * plain / factor    # Equation 3.7
+        return bands, _yarn_magnitude(factor)
+    wavelength = 2 * math.pi / plain                               # lambda_j
+    share = (original_context / wavelength - low) / (high - low)   # s_j
+    blended = (1 - share) * plain / factor + share * plain    # Equation 3.8
+    bands = torch.where(wavelength > original_context / low,   # long: / a
+                        plain / factor, blended)
+    bands = torch.where(wavelength < original_context / high,  # short: keep
+                        plain, bands)
+    return bands, 1.0
+
+
+def _yarn_ramp(dim: int, base: float, original_context: int,
+               beta_fast: float, beta_slow: float) -> Tensor:
+    """Return YaRN's ramp gamma_j, (dim/2,) float64 (Equation 3.7)."""
+    beta_fast = check_number("beta_fast", beta_fast, above=0)
+    beta_slow = check_number("beta_slow", beta_slow, above=0)
+    if not beta_fast > beta_slow:
+        raise ValueError(f"need beta_fast > beta_slow "
+                         f"(got {beta_fast} and {beta_slow})")
+    low = math.floor(yarn_correction_dim(beta_fast, dim, base,
+                                         original_context))
+    high = math.ceil(yarn_correction_dim(beta_slow, dim, base,
+                                         original_context))
+    low, high = max(low, 0), min(high, dim - 1)        # j_low, j_high
+    if low == high:
+        high += 0.001                    # as the reference does, to avoid 0/0
+    band = torch.arange(dim // 2, dtype=torch.float64)             # j
+    return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
+
+
+# chapters/ch03-long-context.qmd:754
+#: The ``rope_scaling`` types ``rope_from_config`` understands.
+ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
+
+
+def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
+    """Return (frequencies, magnitude) of the RoPE a config.json describes.
+
+    Reads ``rope_theta``; the rotary width from ``qk_rope_head_dim``
+    (DeepSeek's rotary key), else ``head_dim``, else ``hidden_size //
+    num_attention_heads``, times ``partial_rotary_factor``; and
+    ``rope_scaling`` (or ``rope_parameters``), typed by ``rope_type`` or
+    ``type``: none or ``default`` gives plain bands, ``linear`` is PI,
+    ``yarn`` and ``llama3`` as ``inverse_frequencies`` builds them. T_0 is
+    ``original_max_position_embeddings`` (top level first, then in the
+    scaling), else ``max_position_embeddings``. YaRN's magnitude is
+    ``attention_factor`` if given, else m(mscale) / m(mscale_all_dim) when
+    both are set, else m(1), where m(s) = 0.1 s ln(a) + 1. A nested
+    ``text_config`` is read in place of the outer mapping; Gemma's local
+    base (``rope_local_base_freq``) is not read.
+
+    Raises:
+        TypeError: If ``mapping`` or its scaling is not a mapping.
+        ValueError: If the scaling type is unknown, or a field needed is
+            missing or out of range.
+    """
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"mapping must be a dict-like config.json "
+                        f"(got {describe(mapping)})")
+    if isinstance(mapping.get("text_config"), Mapping):
+        mapping = {**mapping, **mapping["text_config"]}
+    scaling = mapping.get("rope_scaling") or mapping.get("rope_parameters")
+    scaling = {} if scaling is None else scaling
+    if not isinstance(scaling, Mapping):
+        raise TypeError(f"rope_scaling must be a mapping or None "
+                        f"(got {describe(scaling)})")
+    base = mapping.get("rope_theta") or scaling.get("rope_theta") or 10_000.0
+    if mapping.get("qk_rope_head_dim"):
+        dim = _config_int(mapping, "qk_rope_head_dim")
+    else:
+        heads = _config_int(mapping, "num_attention_heads")
+        dim = (_config_int(mapping, "head_dim") if mapping.get("head_dim")
+               else _config_int(mapping, "hidden_size") // heads)
+        share = check_number("partial_rotary_factor",
+                             mapping.get("partial_rotary_factor", 1.0),
+                             above=0, maximum=1)
+        dim = int(dim * share)
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    check_choice("rope_scaling type", kind, ROPE_SCALING_TYPES)
+    if kind == "default":
+        return inverse_frequencies(dim, base=base)
+    original = (mapping.get("original_max_position_embeddings")
+                or scaling.get("original_max_position_embeddings")
+                or mapping.get("max_position_embeddings"))
+    factor = scaling.get("factor")
+    if factor is None and kind == "yarn" and original:   # a = T_1 / T_0
+        factor = _config_int(mapping, "max_position_embeddings") / original
+    if factor is None:
+        raise ValueError(f"rope_scaling of type {kind!r} needs a 'factor'")
+    if kind == "linear":
+        return inverse_frequencies(dim, method="pi", base=base, factor=factor)
+    if original is None:
+        raise ValueError("config is missing required field "
+                         "'original_max_position_embeddings'")
+    if kind == "llama3":
+        return inverse_frequencies(
+            dim, method="llama3", base=base, factor=factor,
+            original_context=original,
+            low_freq_factor=scaling.get("low_freq_factor", 1.0),
+            high_freq_factor=scaling.get("high_freq_factor", 4.0))
+    if scaling.get("truncate", True) is not True:
+        raise ValueError("rope_scaling 'truncate: false' is not supported")
+    bands, magnitude = inverse_frequencies(
+        dim, method="yarn", base=base, factor=factor,
+        original_context=original,
+        beta_fast=scaling.get("beta_fast") or 32.0,
+        beta_slow=scaling.get("beta_slow") or 1.0)
+    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if scaling.get("attention_factor") is not None:
+        magnitude = check_number("attention_factor",
+                                 scaling["attention_factor"], above=0)
+    elif mscale and mscale_all:                     # DeepSeek's two fields
+        magnitude = (_yarn_magnitude(factor, mscale)
+                     / _yarn_magnitude(factor, mscale_all))
+    return bands, magnitude
+
+
+# chapters/ch03-long-context.qmd:1018
+def retrieval_probe(method: str | tuple[Tensor, float], *,
+                    seed: int = 1_700,           # one generator for all draws
+                    trials: int = 256,           # per depth
+                    context: int = 128,          # T_1
+                    original_context: int = 32,  # T_0; factor T_1 / T_0
+                    dim: int = 32,               # rotary width
+                    ) -> list[dict[str, float]]:
+    """Return needle retrieval by depth under one RoPE construction, 21 rows.
+
+    At each depth (0%, 5%, ..., 100% of ``context - 2``), ``trials`` trials
+    draw a content vector c, a query c + 0.15 noise at the last position, a
+    needle c + 0.15 noise at the depth, and standard-normal distractor keys
+    everywhere else (drawn as their scores, which have the same
+    distribution). Query and needle are rotated with the bands of
+    ``method`` at factor ``context / original_context``. No weights are
+    learned: the curve isolates rotary phase; it is no language-model test.
+
+    Args:
+        method: A name in ``ROPE_METHODS``, or a (frequencies, magnitude)
+            pair such as ``inverse_frequencies`` returns.
+        seed: Seed of the one generator all draws come from.
+        trials: Trials per depth.
+        context: Sequence length T_1 (>= 2).
+        original_context: Trained length T_0 (1..context).
+        dim: Rotary width of the probe vectors (even).
+
+    Returns:
+        21 dicts with ``depth_percent``; ``accuracy``, the share of trials
+        whose top score is the needle's; ``standard_error``, the binomial
+        sqrt(p(1 - p) / trials); and ``needle_weight``, the mean softmax
+        weight (scores / sqrt(dim)) on the needle. A magnitude scales every
+        score alike: it can move ``needle_weight`` but never ``accuracy``.
+
+    Raises:
+        TypeError: If an argument is of the wrong kind.
+        ValueError: If a size is out of range, or the method is unknown or
+            its bands do not fit ``dim``.
+    """
+    seed = check_int("seed", seed, minimum=0)
+    trials = check_int("trials", trials, minimum=1)
+    context = check_int("context", context, minimum=2)
+    original_context = check_int("original_context", original_context,
+                                 minimum=1, maximum=context)
+    dim = check_int("dim", dim, minimum=2)
+    if dim % 2:
+        raise ValueError(f"dim must be even (got {dim})")
+    if isinstance(method, str):
+        frequencies, magnitude = inverse_frequencies(
+            dim, method=method, factor=context / original_context,
+            original_context=original_context)
+    elif isinstance(method, tuple | list) and len(method) == 2:
+        frequencies, magnitude = method
+        check_tensor("method's frequencies", frequencies, dims=1,
+                     floating=True)
+        magnitude = check_number("method's magnitude", magnitude, above=0)
+        if 2 * frequencies.numel() != dim:
+            raise ValueError(f"custom bands must have shape ({dim // 2},) "
+                             f"for dim {dim} (got {tuple(frequencies.shape)})")
+    else:
+        raise TypeError(f"method must be a name or a (frequencies, magnitude)"
+                        f" pair (got {describe(method)})")
+    depths = torch.linspace(0, 1, 21, dtype=torch.float64)
+    needle_at = torch.round(depths * (context - 2)).long()      # (D,)
+    gen = torch.Generator().manual_seed(seed)
+    content = torch.randn(depths.numel(), trials, dim, generator=gen)
+    query = content + 0.15 * torch.randn(content.shape, generator=gen)
+    needle = content + 0.15 * torch.randn(content.shape, generator=gen)
+    query_rot = apply_rope(query[:, :, None], [context - 1], frequencies,
+                           magnitude)[:, :, 0]                   # (D, N, dim)
+    needle_rot = apply_rope(needle.transpose(0, 1), needle_at, frequencies,
+                            magnitude).transpose(0, 1)           # (D, N, dim)
+    # A distractor is magnitude * (standard normal vector) in any rotation,
+    # so its score is normal with sd magnitude * |query_rot|: draw scores.
+    spread = magnitude * query_rot.norm(dim=-1, keepdim=True)    # (D, N, 1)
+    scores = spread * torch.randn(depths.numel(), trials, context,
+                                  generator=gen)                 # (D, N, T)
+    at = needle_at[:, None, None].expand(-1, trials, 1)          # (D, N, 1)
+    needle_score = (needle_rot * query_rot).sum(-1, keepdim=True)
+    scores.scatter_(2, at, needle_score)
+    accuracy = (scores.argmax(-1) == needle_at[:, None]).double().mean(-1)
+    weights = ch01.softmax(scores / math.sqrt(dim), dim=-1)      # (D, N, T)
+    needle_weight = weights.gather(2, at)[..., 0].double().mean(-1)  # (D,)
+    rows = zip(depths.tolist(), accuracy.tolist(), needle_weight.tolist(),
+               strict=True)
+    return [{"depth_percent": round(100 * depth), "accuracy": p,
+             "standard_error": math.sqrt(p * (1 - p) / trials),
+             "needle_weight": weight}
+            for depth, p, weight in rows]
+
+
+# chapters/ch03-long-context.qmd:1272
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.1).
@@ -155,37 +566,10 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:312
+# chapters/ch03-long-context.qmd:1458
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "int8": 1}
-
-#: The config excerpts shipped in data/configs/, in the chapter's order.
-MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite",
-                      "mistral-7b-v0.1", "gemma-3-1b")
-
-
-def load_model_config(name: str) -> dict[str, Any]:
-    """Return the shipped excerpt ``data/configs/<name>.json`` as a dict.
-
-    Raises:
-        TypeError: If ``name`` is not a string.
-        ValueError: If no excerpt of that name is shipped (the message
-            lists those that are).
-    """
-    folder = support.data_path("configs")
-    shipped = sorted(path.stem for path in folder.glob("*.json"))
-    support.check_choice("name", name, shipped)
-    with (folder / f"{name}.json").open(encoding="utf-8") as handle:
-        return json.load(handle)
-
-
-def _config_int(mapping: Mapping[str, Any], key: str) -> int:
-    """Return the positive int ``mapping[key]``; ValueError if it is absent."""
-    if mapping.get(key) is None:
-        raise ValueError(f"config is missing required field {key!r}")
-    return check_int(key, mapping[key], minimum=1)
-
 
 def read_head_fields(mapping: Mapping[str, Any],
                      bytes_per_scalar: int | None = None) -> dict[str, Any]:
@@ -227,7 +611,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 head_dim=head_dim, bytes_per_scalar=bytes_per_scalar)
 
 
-# chapters/ch03-long-context.qmd:457
+# chapters/ch03-long-context.qmd:1576
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -292,7 +676,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:546
+# chapters/ch03-long-context.qmd:1665
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -410,7 +794,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:835
+# chapters/ch03-long-context.qmd:1954
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -431,7 +815,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope}
 
 
-# chapters/ch03-long-context.qmd:890
+# chapters/ch03-long-context.qmd:2009
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -575,7 +959,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:1143
+# chapters/ch03-long-context.qmd:2241
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -613,7 +997,7 @@ def read_window_fields(mapping: Mapping[str, Any],
     return {"window": window, "windowed_layers": windowed}
 
 
-# chapters/ch03-long-context.qmd:1210
+# chapters/ch03-long-context.qmd:2308
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -652,386 +1036,3 @@ def visibility_mask(seq_len: int,               # T
     query = torch.arange(seq_len - rows, seq_len, device=device)[:, None]
     key = torch.arange(seq_len, device=device)[None, :]
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
-
-
-# chapters/ch03-long-context.qmd:1527
-def apply_rope(vectors: Tensor, positions: Tensor | list[int],
-               frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
-    """Return ``vectors`` rotated by RoPE (Equation 3.4).
-
-    Pair (2j, 2j+1) of row t turns by ``positions[t] * frequencies[j]``.
-    Lengths are kept (times ``magnitude``), and a query rotated at m and a
-    key rotated at n have a dot product that depends only on n - m
-    (Equation 3.5). Angles are computed in float64; the result has the
-    dtype of ``vectors``.
-
-    Args:
-        vectors: (..., T, d_R) queries or keys, d_R even.
-        positions: (T,) integer positions, one per row.
-        frequencies: (d_R / 2,) band frequencies (``inverse_frequencies``).
-        magnitude: Factor applied to the result (YaRN's; 1 keeps lengths).
-
-    Raises:
-        TypeError: If an input is of the wrong kind.
-        ValueError: If d_R is odd, the frequency count is not d_R / 2, or
-            the position count is not T.
-    """
-    check_tensor("vectors", vectors, min_dims=2, floating=True, nonempty=True)
-    check_tensor("frequencies", frequencies, dims=1, floating=True)
-    magnitude = check_number("magnitude", magnitude, above=0)
-    positions = check_int_sequence("positions", positions)
-    width = vectors.size(-1)
-    if width % 2:
-        raise ValueError(f"the rotary dimension must be even (got {width})")
-    if 2 * frequencies.numel() != width:
-        raise ValueError(f"need {width // 2} frequencies for width {width} "
-                         f"(got shape {tuple(frequencies.shape)})")
-    if positions.dim() != 1 or positions.numel() != vectors.size(-2):
-        raise ValueError(f"need one position per row, {vectors.size(-2)} "
-                         f"(got positions of shape {tuple(positions.shape)})")
-    angles = (positions.to(frequencies.device, torch.float64)[:, None]
-              * frequencies.to(torch.float64))                  # m * omega_j
-    cos = angles.cos().to(vectors.device, vectors.dtype)         # (T, d_R/2)
-    sin = angles.sin().to(vectors.device, vectors.dtype)
-    x_even, x_odd = vectors[..., 0::2], vectors[..., 1::2]      # x_2j, x_2j+1
-    new_even = x_even * cos - x_odd * sin                  # first row of R_j
-    new_odd = x_even * sin + x_odd * cos                   # second row of R_j
-    turned = torch.stack([new_even, new_odd], dim=-1)      # (..., T, d_R/2, 2)
-    return turned.flatten(-2) * magnitude                  # (..., T, d_R)
-
-
-# chapters/ch03-long-context.qmd:1627
-def interleaved_to_half_order(width: int) -> Tensor:
-    """Return the order (0, 2, 4, ..., 1, 3, 5, ...) from interleaved to half.
-
-    Raises:
-        TypeError: If ``width`` is not an int.
-        ValueError: If ``width`` is not a positive even integer.
-    """
-    width = check_int("width", width, minimum=2)
-    if width % 2:
-        raise ValueError(f"width must be even (got {width})")
-    return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
-
-
-def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
-                           frequencies: Tensor,
-                           magnitude: float = 1.0) -> Tensor:
-    """Return ``vectors`` rotated in the rotate-half layout (j pairs j + d_R/2).
-
-    The layout of Hugging Face's Llama code; it equals ``apply_rope`` on
-    coordinates reordered by ``interleaved_to_half_order``.
-
-    Raises:
-        TypeError: On the same bad inputs as ``apply_rope``.
-        ValueError: On the same bad inputs as ``apply_rope``.
-    """
-    check_tensor("vectors", vectors, min_dims=2, floating=True, nonempty=True)
-    order = interleaved_to_half_order(vectors.size(-1))
-    inverse = torch.argsort(order)
-    # Back to the interleaved order, rotate there, and reorder again.
-    turned = apply_rope(vectors[..., inverse], positions, frequencies,
-                        magnitude)
-    return turned[..., order]
-
-
-# chapters/ch03-long-context.qmd:1864
-#: The RoPE constructions ``inverse_frequencies`` understands.
-ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
-
-
-def ntk_base(base: float, factor: float, dim: int) -> float:
-    """Raised base b' = b * a^(d_R / (d_R - 2)) of NTK scaling (Equation 3.6).
-
-    Args:
-        base: Original base b (> 1).
-        factor: Extension factor a (>= 1).
-        dim: Rotary width d_R (even, >= 4).
-
-    Raises:
-        TypeError: If an argument is of the wrong type.
-        ValueError: If dim is odd or below 4, base <= 1, or factor < 1.
-    """
-    base = check_number("base", base, above=1)
-    factor = check_number("factor", factor, minimum=1)
-    dim = check_int("dim", dim, minimum=4)
-    if dim % 2:
-        raise ValueError(f"dim must be an even integer >= 4 (got {dim})")
-    return base * factor ** (dim / (dim - 2))
-
-
-def yarn_correction_dim(turns: float, dim: int, base: float,
-                        original_context: int) -> float:
-    """Return the fractional band index j(beta) (Equation 3.7).
-
-    The band that makes ``turns`` turns over ``original_context``
-    positions: d_R ln(T_0 / (2 pi beta)) / (2 ln b).
-
-    Raises:
-        TypeError: If an argument is of the wrong type.
-        ValueError: If turns <= 0, dim < 2, base <= 1 or T_0 < 1.
-    """
-    turns = check_number("turns", turns, above=0)
-    dim = check_int("dim", dim, minimum=2)
-    base = check_number("base", base, above=1)
-    original_context = check_int("original_context", original_context,
-                                 minimum=1)
-    ratio = original_context / (turns * 2 * math.pi)
-    return dim * math.log(ratio) / (2 * math.log(base))
-
-
-def _yarn_magnitude(factor: float, mscale: float = 1.0) -> float:
-    """Return YaRN's 0.1 * mscale * ln(a) + 1, or 1 when a <= 1."""
-    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
-
-
-def inverse_frequencies(dim: int,                      # d_R, even
-                        *,
-                        method: str = "rope",          # one of ROPE_METHODS
-                        base: float = 10_000.0,        # b
-                        factor: float = 1.0,           # a = T_1 / T_0
-                        original_context: int = 2_048,  # T_0 (YaRN, Llama 3)
-                        beta_fast: float = 32.0,       # YaRN: keep above
-                        beta_slow: float = 1.0,        # YaRN: divide below
-                        low_freq_factor: float = 1.0,   # Llama 3: l
-                        high_freq_factor: float = 4.0,  # Llama 3: h
-                        ) -> tuple[Tensor, float]:
-    """Return (band frequencies (dim/2,) float64, magnitude) for one method.
-
-    ``rope``: omega_j = base^(-2j/dim) (Equation 3.4). ``pi``: every band
-    divided by ``factor``. ``ntk``: the bands of ``ntk_base`` (Equation
-    3.6). ``yarn``: the ramp of Equation 3.7, with magnitude
-    0.1 ln(factor) + 1. ``llama3``: the wavelength bands of Equation 3.8.
-    Every method but YaRN returns magnitude 1.
-
-    Raises:
-        TypeError: If an argument is of the wrong type.
-        ValueError: If an argument is out of range or the method unknown.
-    """
-    dim = check_int("dim", dim, minimum=2)
-    if dim % 2:
-        raise ValueError(f"dim must be even (got {dim})")
-    check_choice("method", method, ROPE_METHODS)
-    base = check_number("base", base, above=1)
-    factor = check_number("factor", factor, minimum=1)
-    original_context = check_int("original_context", original_context,
-                                 minimum=1)
-    low = check_number("low_freq_factor", low_freq_factor, above=0)
-    high = check_number("high_freq_factor", high_freq_factor, above=low)
-    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2j/d_R
-    plain = base ** -exponents                                       # omega_j
-    if method == "rope":
-        return plain, 1.0
-    if method == "pi":
-        return plain / factor, 1.0
-    if method == "ntk":
-        return ntk_base(base, factor, dim) ** -exponents, 1.0
-    if method == "yarn":
-        ramp = _yarn_ramp(dim, base, original_context, beta_fast, beta_slow)
-        bands = (1 - ramp) * plain + ramp * plain / factor    # Equation 3.7
-        return bands, _yarn_magnitude(factor)
-    wavelength = 2 * math.pi / plain                               # lambda_j
-    share = (original_context / wavelength - low) / (high - low)   # s_j
-    blended = (1 - share) * plain / factor + share * plain    # Equation 3.8
-    bands = torch.where(wavelength > original_context / low,   # long: / a
-                        plain / factor, blended)
-    bands = torch.where(wavelength < original_context / high,  # short: keep
-                        plain, bands)
-    return bands, 1.0
-
-
-def _yarn_ramp(dim: int, base: float, original_context: int,
-               beta_fast: float, beta_slow: float) -> Tensor:
-    """Return YaRN's ramp gamma_j, (dim/2,) float64 (Equation 3.7)."""
-    beta_fast = check_number("beta_fast", beta_fast, above=0)
-    beta_slow = check_number("beta_slow", beta_slow, above=0)
-    if not beta_fast > beta_slow:
-        raise ValueError(f"need beta_fast > beta_slow "
-                         f"(got {beta_fast} and {beta_slow})")
-    low = math.floor(yarn_correction_dim(beta_fast, dim, base,
-                                         original_context))
-    high = math.ceil(yarn_correction_dim(beta_slow, dim, base,
-                                         original_context))
-    low, high = max(low, 0), min(high, dim - 1)        # j_low, j_high
-    if low == high:
-        high += 0.001                    # as the reference does, to avoid 0/0
-    band = torch.arange(dim // 2, dtype=torch.float64)             # j
-    return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
-
-
-# chapters/ch03-long-context.qmd:2073
-#: The ``rope_scaling`` types ``rope_from_config`` understands.
-ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
-
-
-def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
-    """Return (frequencies, magnitude) of the RoPE a config.json describes.
-
-    Reads ``rope_theta``; the rotary width from ``qk_rope_head_dim``
-    (DeepSeek's rotary key), else ``head_dim``, else ``hidden_size //
-    num_attention_heads``, times ``partial_rotary_factor``; and
-    ``rope_scaling`` (or ``rope_parameters``), typed by ``rope_type`` or
-    ``type``: none or ``default`` gives plain bands, ``linear`` is PI,
-    ``yarn`` and ``llama3`` as ``inverse_frequencies`` builds them. T_0 is
-    ``original_max_position_embeddings`` (top level first, then in the
-    scaling), else ``max_position_embeddings``. YaRN's magnitude is
-    ``attention_factor`` if given, else m(mscale) / m(mscale_all_dim) when
-    both are set, else m(1), where m(s) = 0.1 s ln(a) + 1. A nested
-    ``text_config`` is read in place of the outer mapping; Gemma's local
-    base (``rope_local_base_freq``) is not read.
-
-    Raises:
-        TypeError: If ``mapping`` or its scaling is not a mapping.
-        ValueError: If the scaling type is unknown, or a field needed is
-            missing or out of range.
-    """
-    if not isinstance(mapping, Mapping):
-        raise TypeError(f"mapping must be a dict-like config.json "
-                        f"(got {describe(mapping)})")
-    if isinstance(mapping.get("text_config"), Mapping):
-        mapping = {**mapping, **mapping["text_config"]}
-    scaling = mapping.get("rope_scaling") or mapping.get("rope_parameters")
-    scaling = {} if scaling is None else scaling
-    if not isinstance(scaling, Mapping):
-        raise TypeError(f"rope_scaling must be a mapping or None "
-                        f"(got {describe(scaling)})")
-    base = mapping.get("rope_theta") or scaling.get("rope_theta") or 10_000.0
-    if mapping.get("qk_rope_head_dim"):
-        dim = _config_int(mapping, "qk_rope_head_dim")
-    else:
-        heads = _config_int(mapping, "num_attention_heads")
-        dim = (_config_int(mapping, "head_dim") if mapping.get("head_dim")
-               else _config_int(mapping, "hidden_size") // heads)
-        share = check_number("partial_rotary_factor",
-                             mapping.get("partial_rotary_factor", 1.0),
-                             above=0, maximum=1)
-        dim = int(dim * share)
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    check_choice("rope_scaling type", kind, ROPE_SCALING_TYPES)
-    if kind == "default":
-        return inverse_frequencies(dim, base=base)
-    original = (mapping.get("original_max_position_embeddings")
-                or scaling.get("original_max_position_embeddings")
-                or mapping.get("max_position_embeddings"))
-    factor = scaling.get("factor")
-    if factor is None and kind == "yarn" and original:   # a = T_1 / T_0
-        factor = _config_int(mapping, "max_position_embeddings") / original
-    if factor is None:
-        raise ValueError(f"rope_scaling of type {kind!r} needs a 'factor'")
-    if kind == "linear":
-        return inverse_frequencies(dim, method="pi", base=base, factor=factor)
-    if original is None:
-        raise ValueError("config is missing required field "
-                         "'original_max_position_embeddings'")
-    if kind == "llama3":
-        return inverse_frequencies(
-            dim, method="llama3", base=base, factor=factor,
-            original_context=original,
-            low_freq_factor=scaling.get("low_freq_factor", 1.0),
-            high_freq_factor=scaling.get("high_freq_factor", 4.0))
-    if scaling.get("truncate", True) is not True:
-        raise ValueError("rope_scaling 'truncate: false' is not supported")
-    bands, magnitude = inverse_frequencies(
-        dim, method="yarn", base=base, factor=factor,
-        original_context=original,
-        beta_fast=scaling.get("beta_fast") or 32.0,
-        beta_slow=scaling.get("beta_slow") or 1.0)
-    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
-    if scaling.get("attention_factor") is not None:
-        magnitude = check_number("attention_factor",
-                                 scaling["attention_factor"], above=0)
-    elif mscale and mscale_all:                     # DeepSeek's two fields
-        magnitude = (_yarn_magnitude(factor, mscale)
-                     / _yarn_magnitude(factor, mscale_all))
-    return bands, magnitude
-
-
-# chapters/ch03-long-context.qmd:2415
-def retrieval_probe(method: str | tuple[Tensor, float], *,
-                    seed: int = 1_700,           # one generator for all draws
-                    trials: int = 256,           # per depth
-                    context: int = 128,          # T_1
-                    original_context: int = 32,  # T_0; factor T_1 / T_0
-                    dim: int = 32,               # rotary width
-                    ) -> list[dict[str, float]]:
-    """Return needle retrieval by depth under one RoPE construction, 21 rows.
-
-    At each depth (0%, 5%, ..., 100% of ``context - 2``), ``trials`` trials
-    draw a content vector c, a query c + 0.15 noise at the last position, a
-    needle c + 0.15 noise at the depth, and standard-normal distractor keys
-    everywhere else (drawn as their scores, which have the same
-    distribution). Query and needle are rotated with the bands of
-    ``method`` at factor ``context / original_context``. No weights are
-    learned: the curve isolates rotary phase; it is no language-model test.
-
-    Args:
-        method: A name in ``ROPE_METHODS``, or a (frequencies, magnitude)
-            pair such as ``inverse_frequencies`` returns.
-        seed: Seed of the one generator all draws come from.
-        trials: Trials per depth.
-        context: Sequence length T_1 (>= 2).
-        original_context: Trained length T_0 (1..context).
-        dim: Rotary width of the probe vectors (even).
-
-    Returns:
-        21 dicts with ``depth_percent``; ``accuracy``, the share of trials
-        whose top score is the needle's; ``standard_error``, the binomial
-        sqrt(p(1 - p) / trials); and ``needle_weight``, the mean softmax
-        weight (scores / sqrt(dim)) on the needle. A magnitude scales every
-        score alike: it can move ``needle_weight`` but never ``accuracy``.
-
-    Raises:
-        TypeError: If an argument is of the wrong kind.
-        ValueError: If a size is out of range, or the method is unknown or
-            its bands do not fit ``dim``.
-    """
-    seed = check_int("seed", seed, minimum=0)
-    trials = check_int("trials", trials, minimum=1)
-    context = check_int("context", context, minimum=2)
-    original_context = check_int("original_context", original_context,
-                                 minimum=1, maximum=context)
-    dim = check_int("dim", dim, minimum=2)
-    if dim % 2:
-        raise ValueError(f"dim must be even (got {dim})")
-    if isinstance(method, str):
-        frequencies, magnitude = inverse_frequencies(
-            dim, method=method, factor=context / original_context,
-            original_context=original_context)
-    elif isinstance(method, tuple | list) and len(method) == 2:
-        frequencies, magnitude = method
-        check_tensor("method's frequencies", frequencies, dims=1,
-                     floating=True)
-        magnitude = check_number("method's magnitude", magnitude, above=0)
-        if 2 * frequencies.numel() != dim:
-            raise ValueError(f"custom bands must have shape ({dim // 2},) "
-                             f"for dim {dim} (got {tuple(frequencies.shape)})")
-    else:
-        raise TypeError(f"method must be a name or a (frequencies, magnitude)"
-                        f" pair (got {describe(method)})")
-    depths = torch.linspace(0, 1, 21, dtype=torch.float64)
-    needle_at = torch.round(depths * (context - 2)).long()      # (D,)
-    gen = torch.Generator().manual_seed(seed)
-    content = torch.randn(depths.numel(), trials, dim, generator=gen)
-    query = content + 0.15 * torch.randn(content.shape, generator=gen)
-    needle = content + 0.15 * torch.randn(content.shape, generator=gen)
-    query_rot = apply_rope(query[:, :, None], [context - 1], frequencies,
-                           magnitude)[:, :, 0]                   # (D, N, dim)
-    needle_rot = apply_rope(needle.transpose(0, 1), needle_at, frequencies,
-                            magnitude).transpose(0, 1)           # (D, N, dim)
-    # A distractor is magnitude * (standard normal vector) in any rotation,
-    # so its score is normal with sd magnitude * |query_rot|: draw scores.
-    spread = magnitude * query_rot.norm(dim=-1, keepdim=True)    # (D, N, 1)
-    scores = spread * torch.randn(depths.numel(), trials, context,
-                                  generator=gen)                 # (D, N, T)
-    at = needle_at[:, None, None].expand(-1, trials, 1)          # (D, N, 1)
-    needle_score = (needle_rot * query_rot).sum(-1, keepdim=True)
-    scores.scatter_(2, at, needle_score)
-    accuracy = (scores.argmax(-1) == needle_at[:, None]).double().mean(-1)
-    weights = ch01.softmax(scores / math.sqrt(dim), dim=-1)      # (D, N, T)
-    needle_weight = weights.gather(2, at)[..., 0].double().mean(-1)  # (D,)
-    rows = zip(depths.tolist(), accuracy.tolist(), needle_weight.tolist(),
-               strict=True)
-    return [{"depth_percent": round(100 * depth), "accuracy": p,
-             "standard_error": math.sqrt(p * (1 - p) / trials),
-             "needle_weight": weight}
-            for depth, p, weight in rows]
