@@ -801,7 +801,38 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2185
+# chapters/ch03-long-context.qmd:2181
+def visibility_mask(seq_len: int,               # T
+                    window: int | None = None,  # W; None = full causal
+                    sinks: int = 0, *,
+                    query_len: int | None = None,
+                    device: torch.device | str | None = None) -> Tensor:
+    """Return a bool grid, True where a query row may read a key column.
+
+    ``window=None`` gives the causal mask. A finite ``window`` W keeps, for
+    the query at position i, the keys j with i - W < j <= i; ``sinks``
+    keeps the first ``sinks`` positions visible as well (StreamingLLM).
+    With ``query_len`` only the rows of the last ``query_len`` positions
+    are built, (query_len, seq_len): what a decode step needs.
+
+    Raises:
+        TypeError: If ``window`` or ``sinks`` is not an int.
+        ValueError: If ``window`` is below 1 (a mask with empty rows) or
+            ``sinks`` is negative.
+    """
+    if window is not None:
+        window = check_int("window", window, minimum=1)
+    sinks = check_int("sinks", sinks, minimum=0)
+    rows = seq_len if query_len is None else query_len
+    visible = causal_rows(rows, seq_len, device=device)           # (T_q, T)
+    if window is None:
+        return visible
+    query = torch.arange(seq_len - rows, seq_len, device=device)[:, None]
+    key = torch.arange(seq_len, device=device)[None, :]
+    return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
+
+
+# chapters/ch03-long-context.qmd:2267
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -837,34 +868,3 @@ def read_window_fields(mapping: Mapping[str, Any],
     if windowed == 0:
         return {}
     return {"window": window, "windowed_layers": windowed}
-
-
-# chapters/ch03-long-context.qmd:2252
-def visibility_mask(seq_len: int,               # T
-                    window: int | None = None,  # W; None = full causal
-                    sinks: int = 0, *,
-                    query_len: int | None = None,
-                    device: torch.device | str | None = None) -> Tensor:
-    """Return a bool grid, True where a query row may read a key column.
-
-    ``window=None`` gives the causal mask. A finite ``window`` W keeps, for
-    the query at position i, the keys j with i - W < j <= i; ``sinks``
-    keeps the first ``sinks`` positions visible as well (StreamingLLM).
-    With ``query_len`` only the rows of the last ``query_len`` positions
-    are built, (query_len, seq_len): what a decode step needs.
-
-    Raises:
-        TypeError: If ``window`` or ``sinks`` is not an int.
-        ValueError: If ``window`` is below 1 (a mask with empty rows) or
-            ``sinks`` is negative.
-    """
-    if window is not None:
-        window = check_int("window", window, minimum=1)
-    sinks = check_int("sinks", sinks, minimum=0)
-    rows = seq_len if query_len is None else query_len
-    visible = causal_rows(rows, seq_len, device=device)           # (T_q, T)
-    if window is None:
-        return visible
-    query = torch.arange(seq_len - rows, seq_len, device=device)[:, None]
-    key = torch.arange(seq_len, device=device)[None, :]
-    return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
