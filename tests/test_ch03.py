@@ -382,6 +382,18 @@ def test_visibility_mask_defaults_and_counts():
 
 
 @FAST
+@given(tokens=st.integers(1, 60), window=st.integers(1, 12), sinks=st.integers(0, 12))
+def test_a_decode_row_reads_the_window_and_the_sinks(tokens, window, sinks):
+    # Exercise 3: the newest query reads min(T, W + s) keys once window and sinks stop overlapping;
+    # while they overlap it reads fewer, and never more than T.
+    row = ch03.visibility_mask(tokens, window=window, sinks=sinks, query_len=1)
+    expected = len(set(range(max(0, tokens - window), tokens)) | set(range(min(sinks, tokens))))
+    assert int(row.sum()) == expected <= min(tokens, window + sinks)
+    if tokens >= window + sinks:
+        assert expected == window + sinks
+
+
+@FAST
 @given(n=st.integers(1, 20), rows=st.integers(1, 20), window=st.one_of(st.none(), st.integers(1, 25)),
        sinks=st.integers(0, 5))
 def test_visibility_mask_rows_are_the_last_rows_of_the_grid(n, rows, window, sinks):
