@@ -21,7 +21,7 @@ from longctx.support import (
 )
 
 
-# chapters/ch03-long-context.qmd:162
+# chapters/ch03-long-context.qmd:166
 def apply_rope(vectors: Tensor, positions: Tensor | list[int],
                frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
     """Return ``vectors`` (..., T, d_R) rotated by RoPE (Equation 3.1).
@@ -44,7 +44,7 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int],
     return turned.flatten(-2) * magnitude                  # (..., T, d_R)
 
 
-# chapters/ch03-long-context.qmd:240
+# chapters/ch03-long-context.qmd:248
 def interleaved_to_half_order(width: int) -> Tensor:
     """Return the order (0, 2, ..., 1, 3, ...) from interleaved to half."""
     return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
@@ -66,7 +66,7 @@ def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
     return turned[..., order]
 
 
-# chapters/ch03-long-context.qmd:356
+# chapters/ch03-long-context.qmd:368
 #: The config excerpts shipped in data/configs/, in the chapter's order.
 MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite",
                       "mistral-7b-v0.1", "gemma-3-1b")
@@ -94,7 +94,7 @@ def _config_int(mapping: Mapping[str, Any], key: str) -> int:
     return check_int(key, mapping[key], minimum=1)
 
 
-# chapters/ch03-long-context.qmd:519
+# chapters/ch03-long-context.qmd:531
 #: The RoPE constructions ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
 
@@ -192,7 +192,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:704
+# chapters/ch03-long-context.qmd:720
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 
@@ -275,7 +275,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:964
+# chapters/ch03-long-context.qmd:984
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth
@@ -361,7 +361,7 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
             for depth, p, weight in rows]
 
 
-# chapters/ch03-long-context.qmd:1228
+# chapters/ch03-long-context.qmd:1252
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.6).
@@ -489,7 +489,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1411
+# chapters/ch03-long-context.qmd:1435
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "int8": 1}
@@ -534,7 +534,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 head_dim=head_dim, bytes_per_scalar=bytes_per_scalar)
 
 
-# chapters/ch03-long-context.qmd:1532
+# chapters/ch03-long-context.qmd:1556
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -573,7 +573,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1595
+# chapters/ch03-long-context.qmd:1623
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -662,7 +662,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:1846
+# chapters/ch03-long-context.qmd:1878
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -683,7 +683,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope}
 
 
-# chapters/ch03-long-context.qmd:1900
+# chapters/ch03-long-context.qmd:1932
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -801,7 +801,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2243
+# chapters/ch03-long-context.qmd:2283
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -832,7 +832,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2329
+# chapters/ch03-long-context.qmd:2373
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
