@@ -600,11 +600,11 @@ def decode_token_by_token(layer: nn.Module, x: Tensor) -> Tensor:
     cached decoding computes the same function as one full pass.
 
     Raises:
-        TypeError: If ``layer`` is not a module or ``x`` not a tensor.
-        ValueError: If ``x`` is not (B, T, d).
+        TypeError: If ``layer`` is not a module or ``x`` not a float tensor.
+        ValueError: If ``x`` is not a non-empty (B, T, d).
     """
     check_type("layer", layer, nn.Module)
-    check_tensor("x", x, dims=3)
+    check_tensor("x", x, dims=3, floating=True, nonempty=True)
     outputs, state = [], None
     for position in range(x.size(1)):
         out, state = layer(x[:, position:position + 1], state)
