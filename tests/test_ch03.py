@@ -112,7 +112,7 @@ def test_from_hf_config_names_a_missing_field(missing):
 
 
 def test_from_hf_config_rejects_bad_input():
-    with pytest.raises(TypeError, match="dict-like"):
+    with pytest.raises(TypeError, match="mapping"):
         ch03.KVConfig.from_hf_config([1, 2])
     raw = {**ch03.load_model_config("llama-2-7b"), "torch_dtype": "float7"}
     with pytest.raises(ValueError, match="unknown torch_dtype"):
@@ -262,40 +262,28 @@ def test_gqa_layer_names_and_errors():
         ch03.GroupedQueryAttention(64, 0, 1)
     with pytest.raises(TypeError, match="kv_heads"):
         ch03.GroupedQueryAttention(64, 8, 2.0)
-    with pytest.raises(ValueError, match="shape"):
-        layer(torch.randn(1, 3, 32))
-    with pytest.raises(TypeError, match="x"):
-        layer(torch.ones(1, 3, 64, dtype=torch.long))
-    with pytest.raises(ValueError, match="divide query heads"):
+    with pytest.raises(ValueError, match="groups"):      # -1 would silently copy nothing
+        ch03.repeat_kv(torch.randn(1, 2, 2, 4), -1)
+
+
+def test_grouped_attention_refuses_heads_that_do_not_divide_by_failing_loudly():
+    # The kernel checks nothing itself; a head count that does not divide cannot reshape.
+    with pytest.raises(RuntimeError):
         ch03.grouped_attention(torch.randn(1, 3, 2, 4), torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
-    with pytest.raises(ValueError, match="share"):
-        ch03.grouped_attention(torch.randn(1, 4, 2, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 2, 4))
-    with pytest.raises(ValueError, match="mask must end in"):
-        ch03.grouped_attention(torch.randn(1, 4, 2, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4),
-                               torch.ones(2, 2, dtype=torch.bool))
-    with pytest.raises(TypeError, match="mask"):
-        ch03.grouped_attention(torch.randn(1, 4, 2, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4),
-                               torch.ones(2, 3))
-    with pytest.raises(ValueError, match="groups"):
-        ch03.repeat_kv(torch.randn(1, 2, 2, 4), 0)
-    with pytest.raises(ValueError, match="x"):
-        ch03.repeat_kv(torch.randn(2, 2, 4), 2)
 
 
-def test_gqa_rejects_a_cache_that_does_not_fit_the_layer():
+def test_gqa_a_cache_that_does_not_fit_the_layer_fails_loudly():
+    # forward checks nothing itself: every mismatch must still be an error, never a silent answer.
     layer = ch03.GroupedQueryAttention(64, 8, 2)
     x = torch.randn(1, 3, 64)
     _, (keys, values) = layer(x)
-    with pytest.raises(ValueError, match="cache keys must have shape \\(1, 2, T_past, 8\\)"):
-        layer(x, (keys.repeat(1, 2, 1, 1), values))                    # four heads, not two
-    with pytest.raises(ValueError, match="cache values"):
-        layer(x, (keys, values[..., :4]))                              # wrong width
-    with pytest.raises(ValueError, match="cache keys"):
-        layer(torch.randn(2, 3, 64), (keys, values))                   # another batch
-    with pytest.raises(TypeError, match="pair"):
-        layer(x, keys)
-    with pytest.raises(ValueError, match="share"):
-        layer(x, (keys, values[:, :, :2]))                             # keys and values disagree
+    for bad_x, bad_cache in ((x, (keys.repeat(1, 2, 1, 1), values)),    # four heads, not two
+                             (x, (keys, values[..., :4])),             # wrong width
+                             (torch.randn(2, 3, 64), (keys, values)),  # another batch
+                             (x, keys),                                # not a pair
+                             (x, (keys, values[:, :, :2]))):           # keys and values disagree
+        with pytest.raises((RuntimeError, ValueError)):
+            layer(bad_x, bad_cache)
 
 
 # --- the latent cache (@eq-ch03-latent) -----------------------------------------------------------
@@ -354,14 +342,9 @@ def test_latent_layer_errors():
     with pytest.raises(ValueError, match="rope_base"):
         ch03.ToyLatentKVAttention(64, 4, 16, rope_key_dim=4, rope_base=1.0)
     layer = ch03.ToyLatentKVAttention(64, 4, 16)
-    with pytest.raises(ValueError, match="cache"):
-        layer(torch.randn(1, 2, 64), torch.randn(1, 3, 15))
-    with pytest.raises(ValueError, match="cache"):
-        layer(torch.randn(1, 2, 64), torch.randn(2, 3, 16))            # another batch
-    with pytest.raises(TypeError, match="cache"):
-        layer(torch.randn(1, 2, 64), [[0.0] * 16])
-    with pytest.raises(ValueError, match="start"):
-        layer(torch.randn(1, 2, 64), start=-1)
+    for bad_cache in (torch.randn(1, 3, 15), torch.randn(2, 3, 16)):   # wrong width, another batch
+        with pytest.raises(RuntimeError):                             # loud, never silent
+            layer(torch.randn(1, 2, 64), bad_cache)
 
 
 def test_latent_rotary_bands_use_the_layer_base():
@@ -391,13 +374,23 @@ def test_visibility_mask_defaults_and_counts():
     assert int(ch03.visibility_mask(12).sum()) == 78
     assert int(ch03.visibility_mask(12, window=4).sum()) == 42
     assert int(ch03.visibility_mask(12, window=4, sinks=2).sum()) == 42 + 1 + 7 * 2   # row 4 regains key 0 only
-    for bad, message in (((0,), "seq_len"), ((5, 0), "window"), ((5, 2, -1), "sinks")):
+    for bad, message in (((5, 0), "window"), ((5, 2, -1), "sinks")):   # silently wrong masks
         with pytest.raises(ValueError, match=message):
             ch03.visibility_mask(*bad)
-    with pytest.raises(ValueError, match="query_len"):
-        ch03.visibility_mask(5, query_len=6)
     with pytest.raises(TypeError, match="window"):
         ch03.visibility_mask(5, 2.5)
+
+
+@FAST
+@given(tokens=st.integers(1, 60), window=st.integers(1, 12), sinks=st.integers(0, 12))
+def test_a_decode_row_reads_the_window_and_the_sinks(tokens, window, sinks):
+    # Exercise 3: the newest query reads min(T, W + s) keys once window and sinks stop overlapping;
+    # while they overlap it reads fewer, and never more than T.
+    row = ch03.visibility_mask(tokens, window=window, sinks=sinks, query_len=1)
+    expected = len(set(range(max(0, tokens - window), tokens)) | set(range(min(sinks, tokens))))
+    assert int(row.sum()) == expected <= min(tokens, window + sinks)
+    if tokens >= window + sinks:
+        assert expected == window + sinks
 
 
 @FAST
@@ -462,30 +455,14 @@ def test_interleaved_and_rotate_half_give_the_same_scores(dim, length, seed):
                           atol=1e-5)
 
 
-def test_rope_errors():
+def test_rope_shape_mismatches_fail_loudly():
+    # apply_rope checks nothing itself; a band count or position count that does not fit
+    # the vectors cannot broadcast, so PyTorch refuses it.
     bands, _ = ch03.inverse_frequencies(8)
-    with pytest.raises(ValueError, match="even"):
-        ch03.apply_rope(torch.randn(2, 7), [0, 1], bands[:3])
-    with pytest.raises(ValueError, match="frequencies"):
+    with pytest.raises(RuntimeError):
         ch03.apply_rope(torch.randn(2, 8), [0, 1], bands[:3])
-    with pytest.raises(ValueError, match="one position per row"):
+    with pytest.raises(RuntimeError):
         ch03.apply_rope(torch.randn(2, 8), [0, 1, 2], bands)
-    with pytest.raises(TypeError, match="positions must be a sequence of integers"):
-        ch03.apply_rope(torch.randn(2, 8), [0.0, 1.5], bands)
-    with pytest.raises(TypeError, match="positions"):
-        ch03.apply_rope(torch.randn(2, 8), None, bands)
-    with pytest.raises(ValueError, match="magnitude"):
-        ch03.apply_rope(torch.randn(2, 8), [0, 1], bands, magnitude=0.0)
-    with pytest.raises(TypeError, match="vectors"):
-        ch03.apply_rope([[1.0] * 8], [0], bands)
-    with pytest.raises(ValueError, match="vectors"):
-        ch03.apply_rope(torch.randn(8), [0], bands)
-    with pytest.raises(TypeError, match="magnitude"):
-        ch03.apply_rope(torch.randn(2, 8), [0, 1], bands, magnitude="1")
-    with pytest.raises(ValueError, match="even"):
-        ch03.interleaved_to_half_order(5)
-    with pytest.raises(TypeError, match="width"):
-        ch03.interleaved_to_half_order(4.0)
 
 
 # --- PI, NTK, YaRN (@eq-ch03-ntk, @eq-ch03-yarn) --------------------------------------------------------
@@ -566,7 +543,6 @@ def test_yarn_hand_derived_values():
     (dict(dim=16, method="yarn", original_context=0), "original_context"),
     (dict(dim=16, method="llama3", low_freq_factor=4.0, high_freq_factor=2.0), "high_freq_factor"),
     (dict(dim=16, method="llama3", low_freq_factor=0.0), "low_freq_factor"),
-    (dict(dim=2, method="ntk", factor=2.0), "dim must be an integer >= 4"),
 ])
 def test_inverse_frequencies_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -582,15 +558,10 @@ def test_inverse_frequencies_type_errors(kwargs, message):
         ch03.inverse_frequencies(**kwargs)
 
 
-def test_ntk_base_errors():
-    with pytest.raises(ValueError, match="factor"):
-        ch03.ntk_base(1e4, 0.9, 16)
-    with pytest.raises(ValueError, match="dim"):
-        ch03.ntk_base(1e4, 2.0, 2)
-    with pytest.raises(ValueError, match="even integer"):
-        ch03.ntk_base(1e4, 2.0, 7)
-    with pytest.raises(ValueError, match="turns"):
-        ch03.yarn_correction_dim(0, 16, 1e4, 32)
+def test_ntk_with_a_single_band_keeps_it():
+    # With d_R = 2 the only band is the fastest, which NTK never moves (b'^0 = 1).
+    bands, magnitude = ch03.inverse_frequencies(2, method="ntk", factor=8.0)
+    assert bands.tolist() == [1.0] and magnitude == 1.0
 
 
 # --- Llama 3's bands (@eq-ch03-llama3) and rope_from_config -------------------------------------------
@@ -694,7 +665,7 @@ def test_rope_from_config_spellings_and_sources_of_t0():
      ValueError, "truncate"),
     ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0},
      ValueError, "high_freq_factor"),
-    ("yarn", TypeError, "rope_scaling must be a mapping"),
+    ("yarn", TypeError, "rope_scaling must be a Mapping"),
 ])
 def test_rope_from_config_rejects_what_it_cannot_build(scaling, error, message):
     raw = {**ch03.load_model_config("llama-2-7b"), "rope_scaling": scaling}
@@ -733,7 +704,7 @@ def test_probe_is_reproducible_and_accepts_custom_bands():
     assert ch03.retrieval_probe("yarn", seed=5, **small) != ch03.retrieval_probe("yarn", seed=6, **small)
     bands = ch03.inverse_frequencies(8, method="pi", factor=4)
     assert ch03.retrieval_probe(bands, seed=5, **small) == ch03.retrieval_probe("pi", seed=5, **small)
-    with pytest.raises(ValueError, match="custom bands"):
+    with pytest.raises(ValueError, match="frequencies"):
         ch03.retrieval_probe((torch.ones(3, dtype=torch.float64), 1.0), **small)
     with pytest.raises(ValueError, match="context"):
         ch03.retrieval_probe("rope", context=8, original_context=16, dim=8, trials=4)

@@ -14,20 +14,357 @@ from torch import Tensor, nn
 from longctx import ch01, support
 from longctx.support import (
     check_choice,
-    check_device,
     check_int,
-    check_int_sequence,
     check_number,
     check_tensor,
     check_type,
-    describe,
 )
 
 
-# chapters/ch03-long-context.qmd:122
+# chapters/ch03-long-context.qmd:166
+def apply_rope(vectors: Tensor, positions: Tensor | list[int],
+               frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
+    """Return ``vectors`` (..., T, d_R) rotated by RoPE (Equation 3.1).
+
+    Pair (2j, 2j+1) of row t turns by ``positions[t] * frequencies[j]``:
+    ``positions`` has T entries and ``frequencies`` d_R / 2. Lengths are
+    kept (times ``magnitude``, YaRN's factor), and the dot product of a
+    query turned at m with a key turned at n depends only on n - m
+    (Equation 3.2). Angles are computed in float64.
+    """
+    positions = torch.as_tensor(positions)
+    angles = (positions.to(frequencies.device, torch.float64)[:, None]
+              * frequencies.to(torch.float64))                  # m * omega_j
+    cos = angles.cos().to(vectors.device, vectors.dtype)         # (T, d_R/2)
+    sin = angles.sin().to(vectors.device, vectors.dtype)
+    x_even, x_odd = vectors[..., 0::2], vectors[..., 1::2]      # x_2j, x_2j+1
+    new_even = x_even * cos - x_odd * sin                  # first row of R_j
+    new_odd = x_even * sin + x_odd * cos                   # second row of R_j
+    turned = torch.stack([new_even, new_odd], dim=-1)      # (..., T, d_R/2, 2)
+    return turned.flatten(-2) * magnitude                  # (..., T, d_R)
+
+
+# chapters/ch03-long-context.qmd:248
+def interleaved_to_half_order(width: int) -> Tensor:
+    """Return the order (0, 2, ..., 1, 3, ...) from interleaved to half."""
+    return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
+
+
+def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
+                           frequencies: Tensor,
+                           magnitude: float = 1.0) -> Tensor:
+    """Return ``vectors`` rotated in the rotate-half layout (j pairs j + d_R/2).
+
+    The layout of Hugging Face's Llama code; it equals ``apply_rope`` on
+    coordinates reordered by ``interleaved_to_half_order``.
+    """
+    order = interleaved_to_half_order(vectors.size(-1))
+    inverse = torch.argsort(order)
+    # Back to the interleaved order, rotate there, and reorder again.
+    turned = apply_rope(vectors[..., inverse], positions, frequencies,
+                        magnitude)
+    return turned[..., order]
+
+
+# chapters/ch03-long-context.qmd:368
+#: The config excerpts shipped in data/configs/, in the chapter's order.
+MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite",
+                      "mistral-7b-v0.1", "gemma-3-1b")
+
+
+def load_model_config(name: str) -> dict[str, Any]:
+    """Return the shipped excerpt ``data/configs/<name>.json`` as a dict.
+
+    Raises:
+        TypeError: If ``name`` is not a string.
+        ValueError: If no excerpt of that name is shipped (the message
+            lists those that are).
+    """
+    folder = support.data_path("configs")
+    shipped = sorted(path.stem for path in folder.glob("*.json"))
+    support.check_choice("name", name, shipped)
+    with (folder / f"{name}.json").open(encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def _config_int(mapping: Mapping[str, Any], key: str) -> int:
+    """Return the positive int ``mapping[key]``; ValueError if it is absent."""
+    if mapping.get(key) is None:
+        raise ValueError(f"config is missing required field {key!r}")
+    return check_int(key, mapping[key], minimum=1)
+
+
+# chapters/ch03-long-context.qmd:531
+#: The RoPE constructions ``inverse_frequencies`` understands.
+ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
+
+
+def ntk_base(base: float, factor: float, dim: int) -> float:
+    """NTK's larger base b' = b * a^(d_R / (d_R - 2)) (Equation 3.3)."""
+    return base * factor ** (dim / (dim - 2))
+
+
+def yarn_correction_dim(turns: float, dim: int, base: float,
+                        original_context: int) -> float:
+    """Return the fractional band index j(beta) (Equation 3.4).
+
+    The band that makes ``turns`` turns over ``original_context``
+    positions: d_R ln(T_0 / (2 pi beta)) / (2 ln b).
+    """
+    ratio = original_context / (turns * 2 * math.pi)
+    return dim * math.log(ratio) / (2 * math.log(base))
+
+
+def _yarn_magnitude(factor: float, mscale: float = 1.0) -> float:
+    """Return YaRN's 0.1 * mscale * ln(a) + 1, or 1 when a <= 1."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def inverse_frequencies(dim: int,                      # d_R, even
+                        *,
+                        method: str = "rope",          # one of ROPE_METHODS
+                        base: float = 10_000.0,        # b
+                        factor: float = 1.0,           # a = T_1 / T_0
+                        original_context: int = 2_048,  # T_0 (YaRN, Llama 3)
+                        beta_fast: float = 32.0,       # YaRN: keep above
+                        beta_slow: float = 1.0,        # YaRN: divide below
+                        low_freq_factor: float = 1.0,   # Llama 3: l
+                        high_freq_factor: float = 4.0,  # Llama 3: h
+                        ) -> tuple[Tensor, float]:
+    """Return (band frequencies (dim/2,) float64, magnitude) for one method.
+
+    ``rope``: omega_j = base^(-2j/dim) (Equation 3.1). ``pi``: every band
+    divided by ``factor``. ``ntk``: the bands of ``ntk_base`` (Equation
+    3.3). ``yarn``: the ramp of Equation 3.4, with magnitude
+    0.1 ln(factor) + 1. ``llama3``: the wavelength bands of Equation 3.5.
+    Every method but YaRN returns magnitude 1.
+
+    Raises:
+        TypeError: If an argument is of the wrong type.
+        ValueError: If an argument is out of range or the method unknown.
+    """
+    dim = check_int("dim", dim, minimum=2)
+    if dim % 2:                      # an odd width leaves a coordinate unturned
+        raise ValueError(f"dim must be even (got {dim})")
+    check_choice("method", method, ROPE_METHODS)
+    base = check_number("base", base, above=1)
+    factor = check_number("factor", factor, minimum=1)
+    original_context = check_int("original_context", original_context,
+                                 minimum=1)
+    beta_slow = check_number("beta_slow", beta_slow, above=0)
+    beta_fast = check_number("beta_fast", beta_fast, above=beta_slow)
+    low = check_number("low_freq_factor", low_freq_factor, above=0)
+    high = check_number("high_freq_factor", high_freq_factor, above=low)
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2j/d_R
+    plain = base ** -exponents                                       # omega_j
+    if method == "rope":
+        return plain, 1.0
+    if method == "pi":
+        return plain / factor, 1.0
+    if method == "ntk":            # one band (d_R = 2) is the fastest: kept
+        return (ntk_base(base, factor, dim) ** -exponents if dim > 2
+                else plain), 1.0
+    if method == "yarn":
+        ramp = _yarn_ramp(dim, base, original_context, beta_fast, beta_slow)
+        bands = (1 - ramp) * plain + ramp * plain / factor    # Equation 3.4
+        return bands, _yarn_magnitude(factor)
+    wavelength = 2 * math.pi / plain                               # lambda_j
+    share = (original_context / wavelength - low) / (high - low)   # s_j
+    blended = (1 - share) * plain / factor + share * plain    # Equation 3.5
+    bands = torch.where(wavelength > original_context / low,   # long: / a
+                        plain / factor, blended)
+    bands = torch.where(wavelength < original_context / high,  # short: keep
+                        plain, bands)
+    return bands, 1.0
+
+
+def _yarn_ramp(dim: int, base: float, original_context: int,
+               beta_fast: float, beta_slow: float) -> Tensor:
+    """Return YaRN's ramp gamma_j, (dim/2,) float64 (Equation 3.4)."""
+    low = math.floor(yarn_correction_dim(beta_fast, dim, base,
+                                         original_context))
+    high = math.ceil(yarn_correction_dim(beta_slow, dim, base,
+                                         original_context))
+    low, high = max(low, 0), min(high, dim - 1)        # j_low, j_high
+    if low == high:
+        high += 0.001                    # as the reference does, to avoid 0/0
+    band = torch.arange(dim // 2, dtype=torch.float64)             # j
+    return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
+
+
+# chapters/ch03-long-context.qmd:720
+#: The ``rope_scaling`` types ``rope_from_config`` understands.
+ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
+
+
+def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
+    """Return (frequencies, magnitude) of the RoPE a config.json describes.
+
+    Reads ``rope_theta``; the rotary width from ``qk_rope_head_dim``
+    (DeepSeek's rotary key), else ``head_dim``, else ``hidden_size //
+    num_attention_heads``, times ``partial_rotary_factor``; and
+    ``rope_scaling`` (or ``rope_parameters``), typed by ``rope_type`` or
+    ``type``: none or ``default`` gives plain bands, ``linear`` is PI,
+    ``yarn`` and ``llama3`` as ``inverse_frequencies`` builds them. T_0 is
+    ``original_max_position_embeddings`` (top level first, then in the
+    scaling), else ``max_position_embeddings``. YaRN's magnitude is
+    ``attention_factor`` if given, else m(mscale) / m(mscale_all_dim) when
+    both are set, else m(1), where m(s) = 0.1 s ln(a) + 1. A nested
+    ``text_config`` is read in place of the outer mapping; Gemma's local
+    base (``rope_local_base_freq``) is not read.
+
+    Raises:
+        TypeError: If ``mapping`` or its scaling is not a mapping.
+        ValueError: If the scaling type is unknown, or a field needed is
+            missing or out of range.
+    """
+    check_type("mapping", mapping, Mapping)
+    if isinstance(mapping.get("text_config"), Mapping):
+        mapping = {**mapping, **mapping["text_config"]}
+    scaling = mapping.get("rope_scaling") or mapping.get("rope_parameters")
+    scaling = {} if scaling is None else scaling
+    check_type("rope_scaling", scaling, Mapping)
+    base = mapping.get("rope_theta") or scaling.get("rope_theta") or 10_000.0
+    if mapping.get("qk_rope_head_dim"):
+        dim = _config_int(mapping, "qk_rope_head_dim")
+    else:
+        heads = _config_int(mapping, "num_attention_heads")
+        dim = (_config_int(mapping, "head_dim") if mapping.get("head_dim")
+               else _config_int(mapping, "hidden_size") // heads)
+        share = check_number("partial_rotary_factor",
+                             mapping.get("partial_rotary_factor", 1.0),
+                             above=0, maximum=1)
+        dim = int(dim * share)
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    check_choice("rope_scaling type", kind, ROPE_SCALING_TYPES)
+    if kind == "default":
+        return inverse_frequencies(dim, base=base)
+    original = (mapping.get("original_max_position_embeddings")
+                or scaling.get("original_max_position_embeddings")
+                or mapping.get("max_position_embeddings"))
+    factor = scaling.get("factor")
+    if factor is None and kind == "yarn" and original:   # a = T_1 / T_0
+        factor = _config_int(mapping, "max_position_embeddings") / original
+    if factor is None:
+        raise ValueError(f"rope_scaling of type {kind!r} needs a 'factor'")
+    if kind == "linear":
+        return inverse_frequencies(dim, method="pi", base=base, factor=factor)
+    if original is None:
+        raise ValueError("config is missing required field "
+                         "'original_max_position_embeddings'")
+    if kind == "llama3":
+        return inverse_frequencies(
+            dim, method="llama3", base=base, factor=factor,
+            original_context=original,
+            low_freq_factor=scaling.get("low_freq_factor", 1.0),
+            high_freq_factor=scaling.get("high_freq_factor", 4.0))
+    if scaling.get("truncate", True) is not True:
+        raise ValueError("rope_scaling 'truncate: false' is not supported")
+    bands, magnitude = inverse_frequencies(
+        dim, method="yarn", base=base, factor=factor,
+        original_context=original,
+        beta_fast=scaling.get("beta_fast") or 32.0,
+        beta_slow=scaling.get("beta_slow") or 1.0)
+    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if scaling.get("attention_factor") is not None:
+        magnitude = check_number("attention_factor",
+                                 scaling["attention_factor"], above=0)
+    elif mscale and mscale_all:                     # DeepSeek's two fields
+        magnitude = (_yarn_magnitude(factor, mscale)
+                     / _yarn_magnitude(factor, mscale_all))
+    return bands, magnitude
+
+
+# chapters/ch03-long-context.qmd:984
+def retrieval_probe(method: str | tuple[Tensor, float], *,
+                    seed: int = 1_700,           # one generator for all draws
+                    trials: int = 256,           # per depth
+                    context: int = 128,          # T_1
+                    original_context: int = 32,  # T_0; factor T_1 / T_0
+                    dim: int = 32,               # rotary width
+                    ) -> list[dict[str, float]]:
+    """Return needle retrieval by depth under one RoPE construction, 21 rows.
+
+    At each depth (0%, 5%, ..., 100% of ``context - 2``), ``trials`` trials
+    draw a content vector c, a query c + 0.15 noise at the last position, a
+    needle c + 0.15 noise at the depth, and standard-normal distractor keys
+    everywhere else (drawn as their scores, which have the same
+    distribution). Query and needle are rotated with the bands of
+    ``method`` at factor ``context / original_context``. No weights are
+    learned: the curve isolates rotary phase; it is no language-model test.
+
+    Args:
+        method: A name in ``ROPE_METHODS``, or a (frequencies, magnitude)
+            pair such as ``inverse_frequencies`` returns.
+        seed: Seed of the one generator all draws come from.
+        trials: Trials per depth.
+        context: Sequence length T_1 (>= 2).
+        original_context: Trained length T_0 (1..context).
+        dim: Rotary width of the probe vectors (even).
+
+    Returns:
+        21 dicts with ``depth_percent``; ``accuracy``, the share of trials
+        whose top score is the needle's; ``standard_error``, the binomial
+        sqrt(p(1 - p) / trials); and ``needle_weight``, the mean softmax
+        weight (scores / sqrt(dim)) on the needle. A magnitude scales every
+        score alike: it can move ``needle_weight`` but never ``accuracy``.
+
+    Raises:
+        TypeError: If an argument is of the wrong kind.
+        ValueError: If a size is out of range, or the method is unknown or
+            its bands do not fit ``dim``.
+    """
+    seed = check_int("seed", seed, minimum=0)
+    trials = check_int("trials", trials, minimum=1)
+    context = check_int("context", context, minimum=2)
+    original_context = check_int("original_context", original_context,
+                                 minimum=1, maximum=context)
+    dim = check_int("dim", dim, minimum=2)
+    if dim % 2:
+        raise ValueError(f"dim must be even (got {dim})")
+    check_type("method", method, (str, tuple, list))
+    if isinstance(method, str):
+        frequencies, magnitude = inverse_frequencies(
+            dim, method=method, factor=context / original_context,
+            original_context=original_context)
+    else:                                  # custom (frequencies, magnitude)
+        frequencies, magnitude = method
+        check_tensor("method's frequencies", frequencies, dims=1,
+                     floating=True, sizes={0: dim // 2})
+        magnitude = check_number("method's magnitude", magnitude, above=0)
+    depths = torch.linspace(0, 1, 21, dtype=torch.float64)
+    needle_at = torch.round(depths * (context - 2)).long()      # (D,)
+    gen = torch.Generator().manual_seed(seed)
+    content = torch.randn(depths.numel(), trials, dim, generator=gen)
+    query = content + 0.15 * torch.randn(content.shape, generator=gen)
+    needle = content + 0.15 * torch.randn(content.shape, generator=gen)
+    query_rot = apply_rope(query[:, :, None], [context - 1], frequencies,
+                           magnitude)[:, :, 0]                   # (D, N, dim)
+    needle_rot = apply_rope(needle.transpose(0, 1), needle_at, frequencies,
+                            magnitude).transpose(0, 1)           # (D, N, dim)
+    # A distractor is magnitude * (standard normal vector) in any rotation,
+    # so its score is normal with sd magnitude * |query_rot|: draw scores.
+    spread = magnitude * query_rot.norm(dim=-1, keepdim=True)    # (D, N, 1)
+    scores = spread * torch.randn(depths.numel(), trials, context,
+                                  generator=gen)                 # (D, N, T)
+    at = needle_at[:, None, None].expand(-1, trials, 1)          # (D, N, 1)
+    needle_score = (needle_rot * query_rot).sum(-1, keepdim=True)
+    scores.scatter_(2, at, needle_score)
+    accuracy = (scores.argmax(-1) == needle_at[:, None]).double().mean(-1)
+    weights = ch01.softmax(scores / math.sqrt(dim), dim=-1)      # (D, N, T)
+    needle_weight = weights.gather(2, at)[..., 0].double().mean(-1)  # (D,)
+    rows = zip(depths.tolist(), accuracy.tolist(), needle_weight.tolist(),
+               strict=True)
+    return [{"depth_percent": round(100 * depth), "accuracy": p,
+             "standard_error": math.sqrt(p * (1 - p) / trials),
+             "needle_weight": weight}
+            for depth, p, weight in rows]
+
+
+# chapters/ch03-long-context.qmd:1252
 @dataclass(frozen=True)
 class KVConfig:
-    """The architectural numbers that fix a KV cache's size (Equation 3.1).
+    """The architectural numbers that fix a KV cache's size (Equation 3.6).
 
     A standard layer caches ``2 * kv_heads * head_dim`` numbers per token.
     A latent (MLA) cache gives ``latent_rank`` instead of ``kv_heads`` and
@@ -110,9 +447,7 @@ class KVConfig:
             TypeError: If ``mapping`` is not a mapping.
             ValueError: If a required field is missing or unusable.
         """
-        if not isinstance(mapping, Mapping):
-            raise TypeError("mapping must be a dict-like config.json "
-                            f"(got {describe(mapping)})")
+        check_type("mapping", mapping, Mapping)
         if name is not None:
             check_type("name", name, str)
         if isinstance(mapping.get("text_config"), Mapping):
@@ -128,7 +463,7 @@ class KVConfig:
 
 
 def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
-    """Payload bytes of an append-only, unquantized KV cache (Equation 3.1).
+    """Payload bytes of an append-only, unquantized KV cache (Equation 3.6).
 
     Global layers keep all ``tokens``; windowed layers keep
     ``min(tokens, window)``. Tensor payload only: allocator padding,
@@ -143,8 +478,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
         TypeError: If ``config`` is not a KVConfig or a count not an int.
         ValueError: If ``tokens`` is negative or ``batch`` below 1.
     """
-    if not isinstance(config, KVConfig):
-        raise TypeError(f"config must be a KVConfig (got {describe(config)})")
+    check_type("config", config, KVConfig)
     tokens = check_int("tokens", tokens, minimum=0)
     batch = check_int("batch", batch, minimum=1)
     global_layers = config.layers - config.windowed_layers
@@ -155,37 +489,10 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:312
+# chapters/ch03-long-context.qmd:1435
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "int8": 1}
-
-#: The config excerpts shipped in data/configs/, in the chapter's order.
-MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite",
-                      "mistral-7b-v0.1", "gemma-3-1b")
-
-
-def load_model_config(name: str) -> dict[str, Any]:
-    """Return the shipped excerpt ``data/configs/<name>.json`` as a dict.
-
-    Raises:
-        TypeError: If ``name`` is not a string.
-        ValueError: If no excerpt of that name is shipped (the message
-            lists those that are).
-    """
-    folder = support.data_path("configs")
-    shipped = sorted(path.stem for path in folder.glob("*.json"))
-    support.check_choice("name", name, shipped)
-    with (folder / f"{name}.json").open(encoding="utf-8") as handle:
-        return json.load(handle)
-
-
-def _config_int(mapping: Mapping[str, Any], key: str) -> int:
-    """Return the positive int ``mapping[key]``; ValueError if it is absent."""
-    if mapping.get(key) is None:
-        raise ValueError(f"config is missing required field {key!r}")
-    return check_int(key, mapping[key], minimum=1)
-
 
 def read_head_fields(mapping: Mapping[str, Any],
                      bytes_per_scalar: int | None = None) -> dict[str, Any]:
@@ -227,19 +534,14 @@ def read_head_fields(mapping: Mapping[str, Any],
                 head_dim=head_dim, bytes_per_scalar=bytes_per_scalar)
 
 
-# chapters/ch03-long-context.qmd:457
+# chapters/ch03-long-context.qmd:1556
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
-    Query head ``h`` reads KV head ``h // groups`` (Equation 3.2). The
+    Query head ``h`` reads KV head ``h // groups`` (Equation 3.7). The
     copies are materialized; ``grouped_attention`` avoids them.
-
-    Raises:
-        TypeError: If ``x`` is not a tensor or ``groups`` not an int.
-        ValueError: If ``x`` is not 4-D or ``groups`` is below 1.
     """
-    check_tensor("x", x, dims=4, floating=True, nonempty=True)
-    groups = check_int("groups", groups, minimum=1)
+    groups = check_int("groups", groups, minimum=1)   # -1 would copy nothing
     batch, kv_heads, length, width = x.shape
     copies = x[:, :, None].expand(batch, kv_heads, groups, length, width)
     return copies.reshape(batch, kv_heads * groups, length, width)
@@ -249,39 +551,18 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
                       mask: Tensor | None = None) -> Tensor:
     """Return grouped-query attention, (B, H_q, T_q, d_v), copying no head.
 
-    Args:
-        query: (B, H_q, T_q, d_h).
-        key: (B, H_kv, T_k, d_h) with H_kv dividing H_q.
-        value: (B, H_kv, T_k, d_v).
-        mask: Optional bool mask broadcastable to (B, H_q, T_q, T_k);
-            True where a query may read a key.
-
-    Raises:
-        TypeError: If an input is not a floating tensor (the mask: bool).
-        ValueError: If the shapes do not fit together.
+    ``query`` is (B, H_q, T_q, d_h); ``key`` and ``value`` are
+    (B, H_kv, T_k, d_h) and (B, H_kv, T_k, d_v) with H_kv dividing H_q;
+    ``mask`` is a bool (T_q, T_k) grid or broadcasts to (B, H_q, T_q, T_k).
     """
-    for name, tensor in (("query", query), ("key", key), ("value", value)):
-        check_tensor(name, tensor, dims=4, floating=True)
     batch, query_heads, query_len, width = query.shape
     kv_heads, key_len = key.size(1), key.size(2)
-    if key.shape[:3] != value.shape[:3] or key.size(0) != batch:
-        raise ValueError("key and value must share (B, H_kv, T_k) with the "
-                         f"query's B (got {tuple(key.shape)}, "
-                         f"{tuple(value.shape)}, batch {batch})")
-    if key.size(-1) != width or query_heads % kv_heads:
-        raise ValueError(f"key heads must divide query heads and widths match"
-                         f" (got query {tuple(query.shape)}, "
-                         f"key {tuple(key.shape)})")
     groups = query_heads // kv_heads
     # Head h = kv * g + j, so a group's g heads are adjacent: a view.
     q = query.reshape(batch, kv_heads, groups * query_len, width)
     # q: (B, H_kv, g*T_q, d_h)
     if mask is not None:
-        check_tensor("mask", mask, dims=(2, 3, 4), dtype=torch.bool)
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-        if mask.size(-2) != query_len or mask.size(-1) != key_len:
-            raise ValueError(f"mask must end in ({query_len}, {key_len}) "
-                             f"(got {tuple(mask.shape)})")
         if mask.size(1) == 1:    # shared by all heads: once per group row
             mask = mask.repeat(1, 1, groups, 1)       # (B|1, 1, g*T_q, T_k)
         else:                    # one mask per query head: same view as q
@@ -292,7 +573,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:546
+# chapters/ch03-long-context.qmd:1623
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -304,15 +585,7 @@ def causal_rows(query_len: int, key_len: int, *,
     A bool (query_len, key_len) tensor, True where query i (at position
     key_len - query_len + i) may read key j. A decode step (query_len 1)
     builds one row of T entries, never the T x T mask.
-
-    Raises:
-        TypeError: If a length is not an int.
-        ValueError: If a length is not positive or query_len > key_len.
     """
-    query_len = check_int("query_len", query_len, minimum=1)
-    key_len = check_int("key_len", key_len, minimum=query_len)
-    if device is not None:
-        device = check_device("device", device)
     first = key_len - query_len
     query_at = torch.arange(first, key_len, device=device)[:, None]  # (T_q, 1)
     keys = torch.arange(key_len, device=device)[None, :]             # (1, T_k)
@@ -327,11 +600,11 @@ def decode_token_by_token(layer: nn.Module, x: Tensor) -> Tensor:
     cached decoding computes the same function as one full pass.
 
     Raises:
-        TypeError: If ``x`` is not a tensor.
-        ValueError: If ``x`` is not (B, T, d).
+        TypeError: If ``layer`` is not a module or ``x`` not a float tensor.
+        ValueError: If ``x`` is not a non-empty (B, T, d).
     """
     check_type("layer", layer, nn.Module)
-    check_tensor("x", x, dims=3)
+    check_tensor("x", x, dims=3, floating=True, nonempty=True)
     outputs, state = [], None
     for position in range(x.size(1)):
         out, state = layer(x[:, position:position + 1], state)
@@ -344,7 +617,7 @@ class GroupedQueryAttention(nn.Module):
 
     ``query_heads`` query heads share ``kv_heads`` key-value heads, and only
     those are cached, so the cache shrinks by ``kv_heads / query_heads``
-    (Equation 3.2) while the output shape stays the same.
+    (Equation 3.7) while the output shape stays the same.
 
     Raises:
         TypeError: If a count is not an int.
@@ -376,28 +649,7 @@ class GroupedQueryAttention(nn.Module):
 
         ``cache`` is the (keys, values) pair the previous call returned,
         each (B, kv_heads, T_past, d_h); the new tokens are appended.
-
-        Raises:
-            TypeError: If ``x`` or ``cache`` is of the wrong kind.
-            ValueError: If ``x`` is not (B, T, d_model) or ``cache`` does
-                not fit this layer and batch.
         """
-        check_tensor("x", x, dims=3, floating=True)
-        if x.size(-1) != self.d_model:
-            raise ValueError(f"x must have shape (B, T, {self.d_model}) "
-                             f"(got {tuple(x.shape)})")
-        if cache is not None:                  # (keys, values) of this layer
-            if not isinstance(cache, tuple | list) or len(cache) != 2:
-                raise TypeError("cache must be a (keys, values) pair "
-                                f"(got {describe(cache)})")
-            want = (x.size(0), self.kv_heads, self.head_dim)
-            for name, part in zip(("cache keys", "cache values"), cache,
-                                      strict=True):
-                check_tensor(name, part, dims=4, floating=True)
-                if (part.size(0), part.size(1), part.size(3)) != want:
-                    raise ValueError(f"{name} must have shape ({want[0]}, "
-                                     f"{want[1]}, T_past, {want[2]}) "
-                                     f"(got {tuple(part.shape)})")
         q = ch01.split_heads(self.query(x), self.query_heads)  # (B,H_q,T,d_h)
         k = ch01.split_heads(self.key(x), self.kv_heads)       # (B,H_kv,T,d_h)
         v = ch01.split_heads(self.value(x), self.kv_heads)     # (B,H_kv,T,d_h)
@@ -410,7 +662,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:835
+# chapters/ch03-long-context.qmd:1878
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -431,12 +683,12 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope}
 
 
-# chapters/ch03-long-context.qmd:890
+# chapters/ch03-long-context.qmd:1932
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
     ``latent_down`` maps each token to a rank-``latent_rank`` latent, the
-    only thing cached (Equation 3.3); ``key_up`` and ``value_up`` rebuild
+    only thing cached (Equation 3.8); ``key_up`` and ``value_up`` rebuild
     per-head keys and values from it at read time. With ``rope_key_dim > 0``
     a decoupled rotary key (``rope_key``, shared by all heads) is rotated by
     ``apply_rope`` with bands of base ``rope_base`` and cached beside the
@@ -499,11 +751,7 @@ class ToyLatentKVAttention(nn.Module):
             cache: The latent returned by the previous call, or None.
             start: Position of the first new token for the rotary key;
                 defaults to the cache length (the only correct value; it is
-                exposed so that an exercise can break it).
-
-        Raises:
-            TypeError: If ``x`` or ``cache`` is not a floating tensor.
-            ValueError: If ``x`` or ``cache`` has the wrong shape.
+                exposed so that the chapter can break it on purpose).
         """
         latent, positions = self.extend_latent(x, cache, start=start)
         content = latent[..., :self.latent_rank]           # (B, T_k, r)
@@ -533,30 +781,9 @@ class ToyLatentKVAttention(nn.Module):
         The new tokens' latents (and, with ``rope_key_dim > 0``, their
         rotated rotary keys) are appended to ``cache``, giving
         (B, T_past + T, r + d_R). ``positions`` (T,) are the new tokens'
-        positions, from ``start`` or the cache length. Every forward pass
-        of a latent layer begins here.
-
-        Raises:
-            TypeError: If ``x`` or ``cache`` is not a floating tensor.
-            ValueError: If ``x`` or ``cache`` has the wrong shape.
+        positions, from ``start`` or the cache length.
         """
-        check_tensor("x", x, dims=3, floating=True)
-        if x.size(-1) != self.d_model:
-            raise ValueError(f"x must have shape (B, T, {self.d_model}) "
-                             f"(got {tuple(x.shape)})")
-        past = 0
-        if cache is not None:
-            check_tensor("cache", cache, dims=3, floating=True)
-            width = self.latent_width()
-            if cache.size(-1) != width:
-                raise ValueError(f"cache must have shape (B, T_past, {width}) "
-                                 f"(got {tuple(cache.shape)})")
-            if cache.size(0) != x.size(0):
-                raise ValueError(f"cache must hold x's batch of {x.size(0)} "
-                                 f"(got {tuple(cache.shape)})")
-            past = cache.size(1)
-        if start is not None:
-            start = check_int("start", start, minimum=0)
+        past = 0 if cache is None else cache.size(1)
         first = past if start is None else start
         positions = torch.arange(x.size(1), device=x.device) + first
         fresh = self.latent_down(x)                              # (B, T, r)
@@ -570,12 +797,42 @@ class ToyLatentKVAttention(nn.Module):
 
     def rotary_queries(self, x: Tensor, positions: Tensor) -> Tensor:
         """Return each head's rotated rotary query, (B, H, T, d_R)."""
-        check_tensor("x", x, dims=3, floating=True, sizes={-1: self.d_model})
         per_head = ch01.split_heads(self.rope_query(x), self.query_heads)
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:1143
+# chapters/ch03-long-context.qmd:2283
+def visibility_mask(seq_len: int,               # T
+                    window: int | None = None,  # W; None = full causal
+                    sinks: int = 0, *,
+                    query_len: int | None = None,
+                    device: torch.device | str | None = None) -> Tensor:
+    """Return a bool grid, True where a query row may read a key column.
+
+    ``window=None`` gives the causal mask. A finite ``window`` W keeps, for
+    the query at position i, the keys j with i - W < j <= i; ``sinks``
+    keeps the first ``sinks`` positions visible as well (StreamingLLM).
+    With ``query_len`` only the rows of the last ``query_len`` positions
+    are built, (query_len, seq_len): what a decode step needs.
+
+    Raises:
+        TypeError: If ``window`` or ``sinks`` is not an int.
+        ValueError: If ``window`` is below 1 (a mask with empty rows) or
+            ``sinks`` is negative.
+    """
+    if window is not None:
+        window = check_int("window", window, minimum=1)
+    sinks = check_int("sinks", sinks, minimum=0)
+    rows = seq_len if query_len is None else query_len
+    visible = causal_rows(rows, seq_len, device=device)           # (T_q, T)
+    if window is None:
+        return visible
+    query = torch.arange(seq_len - rows, seq_len, device=device)[:, None]
+    key = torch.arange(seq_len, device=device)[None, :]
+    return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
+
+
+# chapters/ch03-long-context.qmd:2373
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -611,427 +868,3 @@ def read_window_fields(mapping: Mapping[str, Any],
     if windowed == 0:
         return {}
     return {"window": window, "windowed_layers": windowed}
-
-
-# chapters/ch03-long-context.qmd:1210
-def visibility_mask(seq_len: int,               # T
-                    window: int | None = None,  # W; None = full causal
-                    sinks: int = 0, *,
-                    query_len: int | None = None,
-                    device: torch.device | str | None = None) -> Tensor:
-    """Return a bool grid, True where a query row may read a key column.
-
-    ``window=None`` gives the causal mask. A finite ``window`` W keeps, for
-    the query at position i, the keys j with i - W < j <= i; ``sinks``
-    keeps the first ``sinks`` positions visible as well (StreamingLLM).
-    With ``query_len`` only the rows of the last ``query_len`` positions
-    are built, (query_len, seq_len): what a decode step needs.
-
-    Args:
-        seq_len: Sequence length, the number of keys (>= 1).
-        window: Window width W (>= 1), or None for full causal attention.
-        sinks: Initial positions that stay visible (>= 0; with a window).
-        query_len: Rows to build, for the last positions (1..seq_len);
-            None builds every row, a (seq_len, seq_len) grid.
-        device: Where to build the mask (default: the CPU).
-
-    Raises:
-        TypeError: If a count is not an int.
-        ValueError: If an argument is out of range.
-    """
-    seq_len = check_int("seq_len", seq_len, minimum=1)
-    if window is not None:
-        window = check_int("window", window, minimum=1)
-    sinks = check_int("sinks", sinks, minimum=0)
-    rows = seq_len
-    if query_len is not None:
-        rows = check_int("query_len", query_len, minimum=1, maximum=seq_len)
-    visible = causal_rows(rows, seq_len, device=device)           # (T_q, T)
-    if window is None:
-        return visible
-    query = torch.arange(seq_len - rows, seq_len, device=device)[:, None]
-    key = torch.arange(seq_len, device=device)[None, :]
-    return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
-
-
-# chapters/ch03-long-context.qmd:1527
-def apply_rope(vectors: Tensor, positions: Tensor | list[int],
-               frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
-    """Return ``vectors`` rotated by RoPE (Equation 3.4).
-
-    Pair (2j, 2j+1) of row t turns by ``positions[t] * frequencies[j]``.
-    Lengths are kept (times ``magnitude``), and a query rotated at m and a
-    key rotated at n have a dot product that depends only on n - m
-    (Equation 3.5). Angles are computed in float64; the result has the
-    dtype of ``vectors``.
-
-    Args:
-        vectors: (..., T, d_R) queries or keys, d_R even.
-        positions: (T,) integer positions, one per row.
-        frequencies: (d_R / 2,) band frequencies (``inverse_frequencies``).
-        magnitude: Factor applied to the result (YaRN's; 1 keeps lengths).
-
-    Raises:
-        TypeError: If an input is of the wrong kind.
-        ValueError: If d_R is odd, the frequency count is not d_R / 2, or
-            the position count is not T.
-    """
-    check_tensor("vectors", vectors, min_dims=2, floating=True, nonempty=True)
-    check_tensor("frequencies", frequencies, dims=1, floating=True)
-    magnitude = check_number("magnitude", magnitude, above=0)
-    positions = check_int_sequence("positions", positions)
-    width = vectors.size(-1)
-    if width % 2:
-        raise ValueError(f"the rotary dimension must be even (got {width})")
-    if 2 * frequencies.numel() != width:
-        raise ValueError(f"need {width // 2} frequencies for width {width} "
-                         f"(got shape {tuple(frequencies.shape)})")
-    if positions.dim() != 1 or positions.numel() != vectors.size(-2):
-        raise ValueError(f"need one position per row, {vectors.size(-2)} "
-                         f"(got positions of shape {tuple(positions.shape)})")
-    angles = (positions.to(frequencies.device, torch.float64)[:, None]
-              * frequencies.to(torch.float64))                  # m * omega_j
-    cos = angles.cos().to(vectors.device, vectors.dtype)         # (T, d_R/2)
-    sin = angles.sin().to(vectors.device, vectors.dtype)
-    x_even, x_odd = vectors[..., 0::2], vectors[..., 1::2]      # x_2j, x_2j+1
-    new_even = x_even * cos - x_odd * sin                  # first row of R_j
-    new_odd = x_even * sin + x_odd * cos                   # second row of R_j
-    turned = torch.stack([new_even, new_odd], dim=-1)      # (..., T, d_R/2, 2)
-    return turned.flatten(-2) * magnitude                  # (..., T, d_R)
-
-
-# chapters/ch03-long-context.qmd:1627
-def interleaved_to_half_order(width: int) -> Tensor:
-    """Return the order (0, 2, 4, ..., 1, 3, 5, ...) from interleaved to half.
-
-    Raises:
-        TypeError: If ``width`` is not an int.
-        ValueError: If ``width`` is not a positive even integer.
-    """
-    width = check_int("width", width, minimum=2)
-    if width % 2:
-        raise ValueError(f"width must be even (got {width})")
-    return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
-
-
-def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
-                           frequencies: Tensor,
-                           magnitude: float = 1.0) -> Tensor:
-    """Return ``vectors`` rotated in the rotate-half layout (j pairs j + d_R/2).
-
-    The layout of Hugging Face's Llama code; it equals ``apply_rope`` on
-    coordinates reordered by ``interleaved_to_half_order``.
-
-    Raises:
-        TypeError: On the same bad inputs as ``apply_rope``.
-        ValueError: On the same bad inputs as ``apply_rope``.
-    """
-    check_tensor("vectors", vectors, min_dims=2, floating=True, nonempty=True)
-    order = interleaved_to_half_order(vectors.size(-1))
-    inverse = torch.argsort(order)
-    # Back to the interleaved order, rotate there, and reorder again.
-    turned = apply_rope(vectors[..., inverse], positions, frequencies,
-                        magnitude)
-    return turned[..., order]
-
-
-# chapters/ch03-long-context.qmd:1864
-#: The RoPE constructions ``inverse_frequencies`` understands.
-ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
-
-
-def ntk_base(base: float, factor: float, dim: int) -> float:
-    """Raised base b' = b * a^(d_R / (d_R - 2)) of NTK scaling (Equation 3.6).
-
-    Args:
-        base: Original base b (> 1).
-        factor: Extension factor a (>= 1).
-        dim: Rotary width d_R (even, >= 4).
-
-    Raises:
-        TypeError: If an argument is of the wrong type.
-        ValueError: If dim is odd or below 4, base <= 1, or factor < 1.
-    """
-    base = check_number("base", base, above=1)
-    factor = check_number("factor", factor, minimum=1)
-    dim = check_int("dim", dim, minimum=4)
-    if dim % 2:
-        raise ValueError(f"dim must be an even integer >= 4 (got {dim})")
-    return base * factor ** (dim / (dim - 2))
-
-
-def yarn_correction_dim(turns: float, dim: int, base: float,
-                        original_context: int) -> float:
-    """Return the fractional band index j(beta) (Equation 3.7).
-
-    The band that makes ``turns`` turns over ``original_context``
-    positions: d_R ln(T_0 / (2 pi beta)) / (2 ln b).
-
-    Raises:
-        TypeError: If an argument is of the wrong type.
-        ValueError: If turns <= 0, dim < 2, base <= 1 or T_0 < 1.
-    """
-    turns = check_number("turns", turns, above=0)
-    dim = check_int("dim", dim, minimum=2)
-    base = check_number("base", base, above=1)
-    original_context = check_int("original_context", original_context,
-                                 minimum=1)
-    ratio = original_context / (turns * 2 * math.pi)
-    return dim * math.log(ratio) / (2 * math.log(base))
-
-
-def _yarn_magnitude(factor: float, mscale: float = 1.0) -> float:
-    """Return YaRN's 0.1 * mscale * ln(a) + 1, or 1 when a <= 1."""
-    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
-
-
-def inverse_frequencies(dim: int,                      # d_R, even
-                        *,
-                        method: str = "rope",          # one of ROPE_METHODS
-                        base: float = 10_000.0,        # b
-                        factor: float = 1.0,           # a = T_1 / T_0
-                        original_context: int = 2_048,  # T_0 (YaRN, Llama 3)
-                        beta_fast: float = 32.0,       # YaRN: keep above
-                        beta_slow: float = 1.0,        # YaRN: divide below
-                        low_freq_factor: float = 1.0,   # Llama 3: l
-                        high_freq_factor: float = 4.0,  # Llama 3: h
-                        ) -> tuple[Tensor, float]:
-    """Return (band frequencies (dim/2,) float64, magnitude) for one method.
-
-    ``rope``: omega_j = base^(-2j/dim) (Equation 3.4). ``pi``: every band
-    divided by ``factor``. ``ntk``: the bands of ``ntk_base`` (Equation
-    3.6). ``yarn``: the ramp of Equation 3.7, with magnitude
-    0.1 ln(factor) + 1. ``llama3``: the wavelength bands of Equation 3.8.
-    Every method but YaRN returns magnitude 1.
-
-    Raises:
-        TypeError: If an argument is of the wrong type.
-        ValueError: If an argument is out of range or the method unknown.
-    """
-    dim = check_int("dim", dim, minimum=2)
-    if dim % 2:
-        raise ValueError(f"dim must be even (got {dim})")
-    check_choice("method", method, ROPE_METHODS)
-    base = check_number("base", base, above=1)
-    factor = check_number("factor", factor, minimum=1)
-    original_context = check_int("original_context", original_context,
-                                 minimum=1)
-    low = check_number("low_freq_factor", low_freq_factor, above=0)
-    high = check_number("high_freq_factor", high_freq_factor, above=low)
-    exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2j/d_R
-    plain = base ** -exponents                                       # omega_j
-    if method == "rope":
-        return plain, 1.0
-    if method == "pi":
-        return plain / factor, 1.0
-    if method == "ntk":
-        return ntk_base(base, factor, dim) ** -exponents, 1.0
-    if method == "yarn":
-        ramp = _yarn_ramp(dim, base, original_context, beta_fast, beta_slow)
-        bands = (1 - ramp) * plain + ramp * plain / factor    # Equation 3.7
-        return bands, _yarn_magnitude(factor)
-    wavelength = 2 * math.pi / plain                               # lambda_j
-    share = (original_context / wavelength - low) / (high - low)   # s_j
-    blended = (1 - share) * plain / factor + share * plain    # Equation 3.8
-    bands = torch.where(wavelength > original_context / low,   # long: / a
-                        plain / factor, blended)
-    bands = torch.where(wavelength < original_context / high,  # short: keep
-                        plain, bands)
-    return bands, 1.0
-
-
-def _yarn_ramp(dim: int, base: float, original_context: int,
-               beta_fast: float, beta_slow: float) -> Tensor:
-    """Return YaRN's ramp gamma_j, (dim/2,) float64 (Equation 3.7)."""
-    beta_fast = check_number("beta_fast", beta_fast, above=0)
-    beta_slow = check_number("beta_slow", beta_slow, above=0)
-    if not beta_fast > beta_slow:
-        raise ValueError(f"need beta_fast > beta_slow "
-                         f"(got {beta_fast} and {beta_slow})")
-    low = math.floor(yarn_correction_dim(beta_fast, dim, base,
-                                         original_context))
-    high = math.ceil(yarn_correction_dim(beta_slow, dim, base,
-                                         original_context))
-    low, high = max(low, 0), min(high, dim - 1)        # j_low, j_high
-    if low == high:
-        high += 0.001                    # as the reference does, to avoid 0/0
-    band = torch.arange(dim // 2, dtype=torch.float64)             # j
-    return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
-
-
-# chapters/ch03-long-context.qmd:2073
-#: The ``rope_scaling`` types ``rope_from_config`` understands.
-ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
-
-
-def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
-    """Return (frequencies, magnitude) of the RoPE a config.json describes.
-
-    Reads ``rope_theta``; the rotary width from ``qk_rope_head_dim``
-    (DeepSeek's rotary key), else ``head_dim``, else ``hidden_size //
-    num_attention_heads``, times ``partial_rotary_factor``; and
-    ``rope_scaling`` (or ``rope_parameters``), typed by ``rope_type`` or
-    ``type``: none or ``default`` gives plain bands, ``linear`` is PI,
-    ``yarn`` and ``llama3`` as ``inverse_frequencies`` builds them. T_0 is
-    ``original_max_position_embeddings`` (top level first, then in the
-    scaling), else ``max_position_embeddings``. YaRN's magnitude is
-    ``attention_factor`` if given, else m(mscale) / m(mscale_all_dim) when
-    both are set, else m(1), where m(s) = 0.1 s ln(a) + 1. A nested
-    ``text_config`` is read in place of the outer mapping; Gemma's local
-    base (``rope_local_base_freq``) is not read.
-
-    Raises:
-        TypeError: If ``mapping`` or its scaling is not a mapping.
-        ValueError: If the scaling type is unknown, or a field needed is
-            missing or out of range.
-    """
-    if not isinstance(mapping, Mapping):
-        raise TypeError(f"mapping must be a dict-like config.json "
-                        f"(got {describe(mapping)})")
-    if isinstance(mapping.get("text_config"), Mapping):
-        mapping = {**mapping, **mapping["text_config"]}
-    scaling = mapping.get("rope_scaling") or mapping.get("rope_parameters")
-    scaling = {} if scaling is None else scaling
-    if not isinstance(scaling, Mapping):
-        raise TypeError(f"rope_scaling must be a mapping or None "
-                        f"(got {describe(scaling)})")
-    base = mapping.get("rope_theta") or scaling.get("rope_theta") or 10_000.0
-    if mapping.get("qk_rope_head_dim"):
-        dim = _config_int(mapping, "qk_rope_head_dim")
-    else:
-        heads = _config_int(mapping, "num_attention_heads")
-        dim = (_config_int(mapping, "head_dim") if mapping.get("head_dim")
-               else _config_int(mapping, "hidden_size") // heads)
-        share = check_number("partial_rotary_factor",
-                             mapping.get("partial_rotary_factor", 1.0),
-                             above=0, maximum=1)
-        dim = int(dim * share)
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    check_choice("rope_scaling type", kind, ROPE_SCALING_TYPES)
-    if kind == "default":
-        return inverse_frequencies(dim, base=base)
-    original = (mapping.get("original_max_position_embeddings")
-                or scaling.get("original_max_position_embeddings")
-                or mapping.get("max_position_embeddings"))
-    factor = scaling.get("factor")
-    if factor is None and kind == "yarn" and original:   # a = T_1 / T_0
-        factor = _config_int(mapping, "max_position_embeddings") / original
-    if factor is None:
-        raise ValueError(f"rope_scaling of type {kind!r} needs a 'factor'")
-    if kind == "linear":
-        return inverse_frequencies(dim, method="pi", base=base, factor=factor)
-    if original is None:
-        raise ValueError("config is missing required field "
-                         "'original_max_position_embeddings'")
-    if kind == "llama3":
-        return inverse_frequencies(
-            dim, method="llama3", base=base, factor=factor,
-            original_context=original,
-            low_freq_factor=scaling.get("low_freq_factor", 1.0),
-            high_freq_factor=scaling.get("high_freq_factor", 4.0))
-    if scaling.get("truncate", True) is not True:
-        raise ValueError("rope_scaling 'truncate: false' is not supported")
-    bands, magnitude = inverse_frequencies(
-        dim, method="yarn", base=base, factor=factor,
-        original_context=original,
-        beta_fast=scaling.get("beta_fast") or 32.0,
-        beta_slow=scaling.get("beta_slow") or 1.0)
-    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
-    if scaling.get("attention_factor") is not None:
-        magnitude = check_number("attention_factor",
-                                 scaling["attention_factor"], above=0)
-    elif mscale and mscale_all:                     # DeepSeek's two fields
-        magnitude = (_yarn_magnitude(factor, mscale)
-                     / _yarn_magnitude(factor, mscale_all))
-    return bands, magnitude
-
-
-# chapters/ch03-long-context.qmd:2415
-def retrieval_probe(method: str | tuple[Tensor, float], *,
-                    seed: int = 1_700,           # one generator for all draws
-                    trials: int = 256,           # per depth
-                    context: int = 128,          # T_1
-                    original_context: int = 32,  # T_0; factor T_1 / T_0
-                    dim: int = 32,               # rotary width
-                    ) -> list[dict[str, float]]:
-    """Return needle retrieval by depth under one RoPE construction, 21 rows.
-
-    At each depth (0%, 5%, ..., 100% of ``context - 2``), ``trials`` trials
-    draw a content vector c, a query c + 0.15 noise at the last position, a
-    needle c + 0.15 noise at the depth, and standard-normal distractor keys
-    everywhere else (drawn as their scores, which have the same
-    distribution). Query and needle are rotated with the bands of
-    ``method`` at factor ``context / original_context``. No weights are
-    learned: the curve isolates rotary phase; it is no language-model test.
-
-    Args:
-        method: A name in ``ROPE_METHODS``, or a (frequencies, magnitude)
-            pair such as ``inverse_frequencies`` returns.
-        seed: Seed of the one generator all draws come from.
-        trials: Trials per depth.
-        context: Sequence length T_1 (>= 2).
-        original_context: Trained length T_0 (1..context).
-        dim: Rotary width of the probe vectors (even).
-
-    Returns:
-        21 dicts with ``depth_percent``; ``accuracy``, the share of trials
-        whose top score is the needle's; ``standard_error``, the binomial
-        sqrt(p(1 - p) / trials); and ``needle_weight``, the mean softmax
-        weight (scores / sqrt(dim)) on the needle. A magnitude scales every
-        score alike: it can move ``needle_weight`` but never ``accuracy``.
-
-    Raises:
-        TypeError: If an argument is of the wrong kind.
-        ValueError: If a size is out of range, or the method is unknown or
-            its bands do not fit ``dim``.
-    """
-    seed = check_int("seed", seed, minimum=0)
-    trials = check_int("trials", trials, minimum=1)
-    context = check_int("context", context, minimum=2)
-    original_context = check_int("original_context", original_context,
-                                 minimum=1, maximum=context)
-    dim = check_int("dim", dim, minimum=2)
-    if dim % 2:
-        raise ValueError(f"dim must be even (got {dim})")
-    if isinstance(method, str):
-        frequencies, magnitude = inverse_frequencies(
-            dim, method=method, factor=context / original_context,
-            original_context=original_context)
-    elif isinstance(method, tuple | list) and len(method) == 2:
-        frequencies, magnitude = method
-        check_tensor("method's frequencies", frequencies, dims=1,
-                     floating=True)
-        magnitude = check_number("method's magnitude", magnitude, above=0)
-        if 2 * frequencies.numel() != dim:
-            raise ValueError(f"custom bands must have shape ({dim // 2},) "
-                             f"for dim {dim} (got {tuple(frequencies.shape)})")
-    else:
-        raise TypeError(f"method must be a name or a (frequencies, magnitude)"
-                        f" pair (got {describe(method)})")
-    depths = torch.linspace(0, 1, 21, dtype=torch.float64)
-    needle_at = torch.round(depths * (context - 2)).long()      # (D,)
-    gen = torch.Generator().manual_seed(seed)
-    content = torch.randn(depths.numel(), trials, dim, generator=gen)
-    query = content + 0.15 * torch.randn(content.shape, generator=gen)
-    needle = content + 0.15 * torch.randn(content.shape, generator=gen)
-    query_rot = apply_rope(query[:, :, None], [context - 1], frequencies,
-                           magnitude)[:, :, 0]                   # (D, N, dim)
-    needle_rot = apply_rope(needle.transpose(0, 1), needle_at, frequencies,
-                            magnitude).transpose(0, 1)           # (D, N, dim)
-    # A distractor is magnitude * (standard normal vector) in any rotation,
-    # so its score is normal with sd magnitude * |query_rot|: draw scores.
-    spread = magnitude * query_rot.norm(dim=-1, keepdim=True)    # (D, N, 1)
-    scores = spread * torch.randn(depths.numel(), trials, context,
-                                  generator=gen)                 # (D, N, T)
-    at = needle_at[:, None, None].expand(-1, trials, 1)          # (D, N, 1)
-    needle_score = (needle_rot * query_rot).sum(-1, keepdim=True)
-    scores.scatter_(2, at, needle_score)
-    accuracy = (scores.argmax(-1) == needle_at[:, None]).double().mean(-1)
-    weights = ch01.softmax(scores / math.sqrt(dim), dim=-1)      # (D, N, T)
-    needle_weight = weights.gather(2, at)[..., 0].double().mean(-1)  # (D,)
-    rows = zip(depths.tolist(), accuracy.tolist(), needle_weight.tolist(),
-               strict=True)
-    return [{"depth_percent": round(100 * depth), "accuracy": p,
-             "standard_error": math.sqrt(p * (1 - p) / trials),
-             "needle_weight": weight}
-            for depth, p, weight in rows]
