@@ -7,9 +7,13 @@ says what is allowed and shows what was given, before any work is done.
 """
 
 from .checks import (
+    check_attention_inputs,
+    check_bits,
     check_bool,
     check_choice,
     check_device,
+    check_divides,
+    check_dtype,
     check_int,
     check_int_sequence,
     check_number,
@@ -23,9 +27,13 @@ from .style import PALETTE, apply_book_style
 __all__ = [
     "PALETTE",
     "apply_book_style",
+    "check_attention_inputs",
+    "check_bits",
     "check_bool",
     "check_choice",
     "check_device",
+    "check_divides",
+    "check_dtype",
     "check_int",
     "check_int_sequence",
     "check_number",
