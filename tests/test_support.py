@@ -288,5 +288,5 @@ def test_data_path_refuses_paths_that_leave_the_data_folder(part):
 
 @pytest.mark.parametrize("part", [3, None, b"configs"])
 def test_data_path_refuses_parts_that_are_not_strings(part):
-    with pytest.raises(TypeError, match=r"^data_path parts must be strings \(got "):
+    with pytest.raises(TypeError, match=r"^data_path parts must be a str \(got "):
         support.data_path("configs", part)
