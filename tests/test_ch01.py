@@ -240,8 +240,8 @@ def test_docstrings_name_equations_by_number_not_by_quarto_label():
 
 
 # --------------------------------------------------------------------------- bad inputs
-# Chapter 1's boundary is the layer's constructor, and the counts refuse the one value
-# that would pass unnoticed (a negative size). The kernels leave bad shapes to PyTorch;
+# Chapter 1's boundaries are the layer's constructor and the two counts a reader calls with
+# sizes; the counts also refuse the value that would pass unnoticed (a negative size). The kernels leave bad shapes to PyTorch;
 # tests/test_bad_input.py sweeps the boundary and the silent cases of every chapter.
 
 
@@ -265,6 +265,8 @@ def test_counts_refuse_negative_sizes_and_count_zero_as_nothing():
             ch01.kv_cache_scalars(*arguments[:2], layers=arguments[2] if len(arguments) > 2 else 1)
     with pytest.raises(TypeError, match=r"^seq_len must be an int \(got float 2.0\)$"):
         ch01.attention_pairs(2.0)
+    with pytest.raises(TypeError, match=r"^causal must be True or False \(got int 0\)$"):
+        ch01.attention_pairs(4, causal=0)
 
 
 def test_numpy_integers_are_accepted_as_counts():

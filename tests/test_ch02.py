@@ -309,6 +309,8 @@ def test_kv_cache_bytes_golden_values_and_bad_input():
     # The example: a fractional token count names `tokens`, this function's own parameter.
     with pytest.raises(TypeError, match=r"^tokens must be an int \(got float 2.5\)$"):
         ch02.kv_cache_bytes(config, 2.5)
+    with pytest.raises(TypeError, match=r"^config must be a GPTConfig \(got dict\)$"):
+        ch02.kv_cache_bytes({"layers": 2}, 1)
 
 
 # --- training -------------------------------------------------------------------------------------------------

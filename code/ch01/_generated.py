@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from longctx.support import check_bool, check_divides, check_int
 
 
-# chapters/ch01-attention.qmd:186
+# chapters/ch01-attention.qmd:194
 def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     """Return the softmax of float ``scores`` along ``dim``, shaped like them.
 
@@ -28,7 +28,7 @@ def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     return exps / torch.where(total > 0, total, ones)  # empty slice: 0 / 1
 
 
-# chapters/ch01-attention.qmd:269
+# chapters/ch01-attention.qmd:280
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -59,7 +59,7 @@ def scaled_dot_product_attention(
     return weights @ value, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
 
-# chapters/ch01-attention.qmd:441
+# chapters/ch01-attention.qmd:460
 def causal_mask(
     seq_len: int, *, device: torch.device | str | None = None
 ) -> Tensor:
@@ -72,7 +72,7 @@ def causal_mask(
     return full.tril()  # keep j <= i
 
 
-# chapters/ch01-attention.qmd:549
+# chapters/ch01-attention.qmd:572
 def split_heads(x: Tensor, heads: int) -> Tensor:
     """Return ``x`` reshaped from (B, T, H*d_h) to (B, H, T, d_h).
 
@@ -95,7 +95,7 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(batch, tokens, heads * head_dim)
 
 
-# chapters/ch01-attention.qmd:581
+# chapters/ch01-attention.qmd:604
 class MultiHeadAttention(nn.Module):
     """Multi-head self-attention: H heads of Equation 1.2 side by side.
 
@@ -143,7 +143,7 @@ class MultiHeadAttention(nn.Module):
         return self.output(merge_heads(attended))  # (B, T, d)
 
 
-# chapters/ch01-attention.qmd:717
+# chapters/ch01-attention.qmd:746
 def attention_pairs(seq_len: int, *, causal: bool = True) -> int:
     """Return how many (query, key) pairs attention scores, per head and layer.
 
@@ -152,6 +152,7 @@ def attention_pairs(seq_len: int, *, causal: bool = True) -> int:
     length, which would give a count that looks right, is refused.
     """
     tokens = check_int("seq_len", seq_len, minimum=0)
+    causal = check_bool("causal", causal)
     return tokens * (tokens + 1) // 2 if causal else tokens * tokens
 
 

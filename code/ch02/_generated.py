@@ -24,7 +24,7 @@ from longctx.support import (
     check_type,
 )
 
-# chapters/ch02-tinygpt.qmd:75
+# chapters/ch02-tinygpt.qmd:77
 CORPUS_FILE = "pride-and-prejudice-ch01-30.txt"
 
 
@@ -61,7 +61,7 @@ def load_corpus() -> str:
     return support.data_path(CORPUS_FILE).read_text(encoding="utf-8")
 
 
-# chapters/ch02-tinygpt.qmd:185
+# chapters/ch02-tinygpt.qmd:191
 @dataclass(frozen=True)
 class GPTConfig:
     """The sizes that fix a TinyGPT, checked when the config is created.
@@ -103,7 +103,7 @@ class GPTConfig:
         return self.d_model // self.heads
 
 
-# chapters/ch02-tinygpt.qmd:234
+# chapters/ch02-tinygpt.qmd:240
 class CausalSelfAttention(ch01.MultiHeadAttention):
     """Chapter 1's causal multi-head attention, able to continue a KV cache."""
 
@@ -169,7 +169,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# chapters/ch02-tinygpt.qmd:305
+# chapters/ch02-tinygpt.qmd:311
 class TinyGPT(nn.Module):
     """A decoder-only transformer small enough to train on a CPU in seconds.
 
@@ -237,7 +237,7 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, d) -> (B, T, V)
 
 
-# chapters/ch02-tinygpt.qmd:488
+# chapters/ch02-tinygpt.qmd:502
 def unigram_entropy(
     token_ids: Iterable[int] | Tensor, vocab_size: int
 ) -> float:
@@ -414,7 +414,7 @@ def evaluate_loss(
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:775
+# chapters/ch02-tinygpt.qmd:793
 def next_token(
     logits: Tensor,
     temperature: float = 0.0,
@@ -507,7 +507,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:955
+# chapters/ch02-tinygpt.qmd:998
 class KVCache:
     """The keys and values a TinyGPT has computed: (B, H, T, d_h) per layer.
 
@@ -605,7 +605,7 @@ def attend_with_cache(
     return attention.output(ch01.merge_heads(mixed))  # (B, T_new, d)
 
 
-# chapters/ch02-tinygpt.qmd:1137
+# chapters/ch02-tinygpt.qmd:1195
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -623,6 +623,7 @@ def kv_cache_bytes(
     Negative counts, which would give a byte count that looks right, are
     refused.
     """
+    check_type("config", config, GPTConfig)
     tokens = check_int("tokens", tokens, minimum=0)
     batch = check_int("batch", batch, minimum=0)
     scalar_bytes = check_int("bytes_per_scalar", bytes_per_scalar, minimum=0)
@@ -631,7 +632,7 @@ def kv_cache_bytes(
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1498
+# chapters/ch02-tinygpt.qmd:1542
 # The bit widths quantize's codes can hold: int8 up to 8 bits, int16 up to 16.
 QUANTIZE_BITS = range(2, 17)
 
