@@ -91,7 +91,7 @@ def test_config_rejects_non_positive_vocab_size(vocab_size):
 
 
 def test_config_rejects_width_not_divisible_by_heads():
-    with pytest.raises(ValueError, match=r"heads must divide d_model.*d_model=64, heads=5"):
+    with pytest.raises(ValueError, match=r"^heads must divide d_model \(got heads=5 and d_model=64\)$"):
         ch02.GPTConfig(vocab_size=10, heads=5)
 
 
@@ -188,46 +188,16 @@ def test_cache_plus_new_tokens_past_the_table_raises_and_leaves_the_cache_alone(
     assert cache.length == 32
 
 
-def test_cache_from_a_different_batch_size_raises():
+def test_cache_from_a_different_batch_size_fails_loudly():
     model = make_model()
     cache = model.new_cache(batch=2)
-    with pytest.raises(ValueError, match="cache holds 2 layers for batch 2; the model has 2 layers and tokens have batch 3"):
+    with pytest.raises(RuntimeError):  # torch.cat of a batch of 3 onto a cache of 2: PyTorch says so
         model(random_tokens(3, 4), cache)
 
 
-def test_cache_with_wrong_layer_count_raises():
-    model = make_model()
-    cache = ch02.KVCache(layers=3, batch=1, heads=TINY.heads, head_dim=TINY.head_dim)
-    with pytest.raises(ValueError, match="3 layers"):
-        model(random_tokens(1, 4), cache)
-
-
-@pytest.mark.parametrize(
-    "tokens, message",
-    [
-        (torch.zeros(4, dtype=torch.long), r"^tokens must have 2 dimensions \(got shape \(4,\)\)$"),
-        (torch.zeros(1, 0, dtype=torch.long), r"^tokens must not be empty"),
-        (torch.full((1, 3), 256), r"^tokens must hold ids in 0..255$"),
-        (torch.full((1, 3), -1), r"^tokens must hold ids in 0..255$"),
-    ],
-)
-def test_forward_rejects_bad_tokens(tokens, message):
-    with pytest.raises(ValueError, match=message):
-        make_model()(tokens)
-
-
-@pytest.mark.parametrize(
-    "tokens, message",
-    [
-        (torch.zeros(1, 4), r"^tokens must be a tensor of dtype torch.int64 or torch.int32 \(got tensor of dtype "),
-        ([[1, 2, 3]], r"^tokens must be a tensor \(got list\)$"),
-    ],
-)
-def test_forward_rejects_tokens_of_the_wrong_type(tokens, message):
-    with pytest.raises(TypeError, match=message):
-        make_model()(tokens)
-    with pytest.raises(TypeError, match=r"^cache must be a KVCache \(got dict\)$"):
-        make_model()(random_tokens(1, 2), {})
+def test_out_of_vocabulary_tokens_fail_loudly_in_the_embedding():
+    with pytest.raises(IndexError):
+        make_model()(torch.full((1, 3), 256))
 
 
 @pytest.mark.parametrize("kwargs", [{"layers": 0}, {"batch": 0}, {"heads": -1}, {"head_dim": 0}])
@@ -332,10 +302,10 @@ def test_kv_cache_bytes_golden_values_and_bad_input():
     assert ch02.kv_cache_bytes(large, 131_072, bytes_per_scalar=2) == 64 * 2**30
     with pytest.raises(ValueError, match=r"^tokens must be an integer >= 0 \(got -1\)$"):
         ch02.kv_cache_bytes(config, -1)
-    with pytest.raises(ValueError, match=r"^batch must be a positive integer \(got 0\)$"):
-        ch02.kv_cache_bytes(config, 1, batch=0)
-    with pytest.raises(ValueError, match=r"^bytes_per_scalar must be a positive integer \(got 0\)$"):
-        ch02.kv_cache_bytes(config, 1, bytes_per_scalar=0)
+    with pytest.raises(ValueError, match=r"^batch must be an integer >= 0 \(got -2\)$"):
+        ch02.kv_cache_bytes(config, 1, batch=-2)
+    with pytest.raises(ValueError, match=r"^bytes_per_scalar must be an integer >= 0 \(got -2\)$"):
+        ch02.kv_cache_bytes(config, 1, bytes_per_scalar=-2)
     # The issue's example: a fractional token count names `tokens`, this function's own parameter.
     with pytest.raises(TypeError, match=r"^tokens must be an int \(got float 2.5\)$"):
         ch02.kv_cache_bytes(config, 2.5)
@@ -344,6 +314,39 @@ def test_kv_cache_bytes_golden_values_and_bad_input():
 
 
 # --- training -------------------------------------------------------------------------------------------------
+
+
+def _one_weight_problem(start: float):
+    """A single weight w and the loss (w - 3)^2, whose gradient at w is 2 (w - 3)."""
+    weight = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        weight.weight.fill_(start)
+    loss = (weight.weight.squeeze() - 3.0) ** 2
+    return weight, loss
+
+
+def test_training_step_clips_the_gradient_then_steps_the_optimiser_and_the_schedule():
+    # at w = 0 the loss is 9 and the gradient -6; clipped to norm 1 it is -1, so SGD at lr 0.5 moves w to 0.5
+    model, loss = _one_weight_problem(0.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.1)
+    assert ch02.training_step(model, optimizer, loss, schedule=schedule) == 9.0
+    assert model.weight.item() == pytest.approx(0.5)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+    # without clipping the whole gradient -6 is taken: w = 0 - 0.5 * -6 = 3, and no schedule leaves lr alone
+    model, loss = _one_weight_problem(0.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    assert ch02.training_step(model, optimizer, loss, clip_norm=None) == 9.0
+    assert model.weight.item() == pytest.approx(3.0)
+    assert optimizer.param_groups[0]["lr"] == 0.5
+
+
+def test_training_step_starts_from_zero_gradients():
+    model, loss = _one_weight_problem(0.0)
+    model.weight.grad = torch.full_like(model.weight, 100.0)  # left over from an earlier step
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ch02.training_step(model, optimizer, loss, clip_norm=None)
+    assert model.weight.item() == pytest.approx(0.6)  # 0 - 0.1 * -6, the stale 100 forgotten
 
 
 def test_training_on_a_small_slice_reduces_the_loss():
@@ -399,7 +402,7 @@ def test_train_rejects_arguments_of_the_wrong_type(kwargs, message):
 
 
 def test_train_rejects_too_little_data():
-    with pytest.raises(ValueError, match="more than 32 tokens"):
+    with pytest.raises(ValueError, match=r"^token_ids must hold at least 33 entries \(got 32\)$"):
         ch02.train(make_model(), list(range(32)), steps=1, batch_size=1, learning_rate=1e-3, seed=0, progress=False)
 
 
@@ -409,13 +412,9 @@ def test_unigram_entropy():
     assert math.isclose(ch02.unigram_entropy([0, 0, 1, 1], 256), math.log(2))
     assert math.isclose(ch02.unigram_entropy(torch.tensor([0, 1]), 2), math.log(2))
     with pytest.raises(ValueError, match="^token_ids must not be empty"):
-        ch02.unigram_entropy([], 4)
-    with pytest.raises(ValueError, match=r"^token_ids must hold integers <= 3 \(got 4\)$"):
-        ch02.unigram_entropy([4], 4)
+        ch02.unigram_entropy([], 4)  # an empty text would otherwise get entropy 0
     with pytest.raises(TypeError, match="^token_ids must be a sequence of integers"):
         ch02.unigram_entropy([0.5, 1.5], 4)  # refused, not truncated
-    with pytest.raises(TypeError, match="^vocab_size must be an int"):
-        ch02.unigram_entropy([0, 1], 4.0)
 
 
 # --- generation -----------------------------------------------------------------------------------------------
@@ -534,38 +533,18 @@ def test_quantize_zero_rows_and_3d_tensors():
     assert ((ch02.dequantize(codes, scale) - cube).abs() <= scale / 2 * (1 + 1e-5)).all()
 
 
-@pytest.mark.parametrize("bits, message", [(1, "bits must be an integer >= 2"), (0, "bits must be an integer >= 2"),
-                                            (17, "bits must be an integer <= 16"), (-4, "bits must be an integer >= 2")])
-def test_quantize_rejects_bits_outside_2_to_16(bits, message):
-    with pytest.raises(ValueError, match=message):
+@pytest.mark.parametrize("bits", [1, 0, 17, -4])
+def test_quantize_refuses_bits_its_codes_cannot_hold(bits):
+    """One bit leaves q_max = 0 and 17 wraps around in int16: both would give wrong codes silently."""
+    with pytest.raises(ValueError, match=rf"^bits must be an integer from 2 to 16, a width the packer can hold \(got {bits}\)$"):
         ch02.quantize(torch.ones(2, 2), bits)
+    assert ch02.QUANTIZE_BITS == range(2, 17)
 
 
 @pytest.mark.parametrize("bits", [8.0, True, "8"])
 def test_quantize_rejects_bits_that_are_not_ints(bits):
     with pytest.raises(TypeError, match="^bits must be an int"):
         ch02.quantize(torch.ones(2, 2), bits)
-
-
-def test_quantize_rejects_bad_tensor_and_dim():
-    with pytest.raises(TypeError, match="^x must be a floating-point tensor"):
-        ch02.quantize(torch.ones(2, 2, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"^dim must be an integer <= 1 \(got 2\)$"):
-        ch02.quantize(torch.ones(2, 2), dim=2)
-    with pytest.raises(ValueError, match="^x must not be empty"):
-        ch02.quantize(torch.ones(0, 2))
-    with pytest.raises(ValueError, match="^x must have at least 1 dimensions"):
-        ch02.quantize(torch.tensor(1.0))
-
-
-def test_dequantize_checks_codes_and_scale():
-    codes, scale = ch02.quantize(torch.ones(3, 4), 8)
-    with pytest.raises(TypeError, match="^codes must be a tensor of dtype torch.int8"):
-        ch02.dequantize(codes.float(), scale)
-    with pytest.raises(TypeError, match="^scale must be a floating-point tensor"):
-        ch02.dequantize(codes, scale.long())
-    with pytest.raises(ValueError, match=r"^scale of shape \(4, 1\) must broadcast to the codes' shape \(3, 4\)$"):
-        ch02.dequantize(codes, torch.ones(4, 1))
 
 
 def test_config_accepts_numpy_integers():
@@ -578,93 +557,44 @@ def test_config_accepts_numpy_integers():
 # --- bad input to the cache, the layers and sampling -----------------------------------------------------------
 
 
-def test_kv_cache_checks_its_dtype_device_and_appends():
-    cache = ch02.KVCache(2, 1, 2, 4)
-    with pytest.raises(TypeError, match=r"^dtype must be floating-point \(got torch.int64\)$"):
+def test_kv_cache_constructor_checks_its_dtype_and_device():
+    with pytest.raises(TypeError, match=r"^dtype must be a floating-point torch.dtype \(got torch.int64\)$"):
         ch02.KVCache(2, 1, 2, 4, dtype=torch.long)
     with pytest.raises(TypeError, match="^dtype must be a torch.dtype"):
         ch02.KVCache(2, 1, 2, 4, dtype="float32")
     with pytest.raises(ValueError, match="^device must name a device torch knows"):
         ch02.KVCache(2, 1, 2, 4, device="gpu")
+    cache = ch02.KVCache(2, 1, 2, 4)
     new = torch.zeros(1, 2, 3, 4)
-    with pytest.raises(ValueError, match=r"^layer must be an integer <= 1 \(got 2\)$"):
-        cache.append(2, new, new)
-    with pytest.raises(ValueError, match=r"^key must have size 2 in dimension 1 \(got shape \(1, 3, 3, 4\)\)$"):
-        cache.append(0, torch.zeros(1, 3, 3, 4), new)
-    with pytest.raises(TypeError, match="^value must be a tensor of dtype torch.float32"):
-        cache.append(0, new, new.double())
-    with pytest.raises(ValueError, match="^key and value must have the same shape"):
-        cache.append(0, new, torch.zeros(1, 2, 2, 4))
-    assert cache.length == 0  # nothing was appended by the refused calls
     cache.append(1, new, new)
-    assert cache.keys[1].shape == (1, 2, 3, 4)
+    assert cache.keys[1].shape == (1, 2, 3, 4) and cache.keys[0].shape == (1, 2, 0, 4)
 
 
-def test_attend_with_cache_checks_its_arguments_before_touching_the_cache():
-    model = make_model()
-    cache = model.new_cache(batch=2)
-    attention = model.blocks[0].attention
-    x = torch.zeros(2, 3, TINY.d_model)
-    with pytest.raises(TypeError, match="^attention must be a MultiHeadAttention"):
-        ch02.attend_with_cache(model, x, cache, 0)
-    with pytest.raises(TypeError, match="^cache must be a KVCache"):
-        ch02.attend_with_cache(attention, x, None, 0)
-    with pytest.raises(ValueError, match=r"^x must have size 2 in dimension 0 \(got shape \(3, 3, 16\)\)$"):
-        ch02.attend_with_cache(attention, torch.zeros(3, 3, TINY.d_model), cache, 0)
-    with pytest.raises(ValueError, match="^layer must be an integer <= 1"):
-        ch02.attend_with_cache(attention, x, cache, 2)
-    assert cache.length == 0
-    with pytest.raises(ValueError, match="^layer must be an integer >= 0"):
-        attention(x, None, -1)
-
-
-def test_layers_check_their_inputs():
-    block = ch02.Block(TINY)
+def test_layer_constructors_check_their_sizes():
     with pytest.raises(TypeError, match="^config must be a GPTConfig"):
         ch02.Block({"d_model": 32})
-    with pytest.raises(ValueError, match=r"^x must have size 16 in dimension -1"):
-        block(torch.zeros(1, 2, 8))
-    with pytest.raises(TypeError, match="^x must be a floating-point tensor"):
-        block(torch.zeros(1, 2, 16, dtype=torch.long))
-    mlp = ch02.FeedForward(8)
-    assert mlp(torch.zeros(5, 8)).shape == (5, 8)  # any leading shape
-    with pytest.raises(ValueError, match="^x must have size 8 in dimension -1"):
-        mlp(torch.zeros(5, 9))
     with pytest.raises(ValueError, match="^dropout must be < 1"):
         ch02.FeedForward(8, dropout=1.0)
-    with pytest.raises(ValueError, match="^batch must be a positive integer"):
-        make_model().new_cache(batch=0)
+    assert ch02.FeedForward(8)(torch.zeros(5, 8)).shape == (5, 8)  # any leading shape
 
 
-def test_next_token_checks_its_arguments_and_needs_a_generator_to_sample():
+def test_sampling_needs_a_generator_and_top_k_keeps_the_best():
     logits = torch.tensor([0.0, 2.0, 1.0])
     assert ch02.next_token(logits) == 1
-    with pytest.raises(ValueError, match="^sampling \\(temperature > 0\\) needs a generator"):
-        ch02.next_token(logits, 1.0)
-    with pytest.raises(ValueError, match=r"^top_k must be an integer <= 3 \(got 4\)$"):
-        ch02.next_token(logits, 1.0, 4, torch.Generator())
-    with pytest.raises(TypeError, match="^generator must be a torch.Generator"):
-        ch02.next_token(logits, 1.0, None, 7)
-    with pytest.raises(ValueError, match="^logits must have 1 dimensions"):
-        ch02.next_token(logits[None])
-    with pytest.raises(ValueError, match="^temperature must be >= 0"):
-        ch02.next_token(logits, -1.0)
+    with pytest.raises(AssertionError, match="torch.Generator"):
+        ch02.next_token(logits, 1.0)  # never a draw from torch's global generator
+    draws = {ch02.next_token(logits, 5.0, 2, torch.Generator().manual_seed(s)) for s in range(40)}
+    assert draws == {1, 2}  # a hot temperature reaches both survivors of top-2, never token 0
 
 
-def test_sample_batch_and_evaluate_loss_check_their_arguments():
+def test_sample_batch_windows_and_evaluate_loss_checks_its_arguments():
     data = torch.arange(10)
     generator = torch.Generator().manual_seed(0)
     inputs, targets = ch02.sample_batch(data, 4, 9, generator)
     assert torch.equal(targets, inputs + 1) and inputs.shape == (4, 9)
-    with pytest.raises(ValueError, match=r"^data must hold more than length=10 tokens \(got 10\)$"):
-        ch02.sample_batch(data, 4, 10, generator)
-    with pytest.raises(TypeError, match="^data must be a tensor of dtype torch.int64"):
-        ch02.sample_batch(data.float(), 4, 3, generator)
-    with pytest.raises(TypeError, match="^generator must be a torch.Generator"):
-        ch02.sample_batch(data, 4, 3, 0)
     with pytest.raises(ValueError, match="^batches must be a positive integer"):
         ch02.evaluate_loss(make_model(), list(range(100)), batches=0)
-    with pytest.raises(ValueError, match=r"^token_ids must hold more than 32 tokens \(got 32\)$"):
+    with pytest.raises(ValueError, match=r"^token_ids must hold at least 33 entries \(got 32\)$"):
         ch02.evaluate_loss(make_model(), list(range(32)))
 
 

@@ -4,6 +4,9 @@
   (no network: ``--no-deps``, the pinned packages borrowed from the project's
   environment), runs the README's examples from a folder outside the repository and
   finds every shipped data file.
+- Editable installs, in setuptools' default mode (what ``environment.yml``'s ``-e .``
+  gives a conda user) and in its strict mode (what ``make env`` uses), find every data file from a
+  folder outside the repository, and a file added to ``data/`` without reinstalling.
 - The editable install that ``make env`` makes is legible to static tools: pyright
   resolves every chapter, and jedi takes ``longctx.ch03.KVConfig`` to its definition
   in ``code/ch03/_generated.py``.
@@ -66,39 +69,48 @@ def _clean_environment() -> dict[str, str]:
 # --------------------------------------------------------------------------- the wheel
 
 
-@pytest.fixture(scope="module")
-def wheel_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The interpreter of a fresh virtual environment with only the built wheel installed in it.
-
-    The wheel is built from a copy of the repository's sources (so the build leaves
-    nothing in the worktree) with the pinned setuptools and no network. The new
-    environment gets the project environment's pinned packages (torch and the rest)
-    through a path file, never the project's own ``longctx``.
-    """
-    work = tmp_path_factory.mktemp("wheel")
-    source = work / "source"
-    source.mkdir()
+def _copy_sources(destination: Path) -> Path:
+    """Copy what the package is built from into ``destination``, so a build leaves nothing in the worktree."""
+    destination.mkdir()
     for name in WHEEL_SOURCES:
         origin = ROOT / name
         if origin.is_dir():
-            shutil.copytree(origin, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(origin, destination / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
-            shutil.copy2(origin, source / name)
+            shutil.copy2(origin, destination / name)
+    return destination
+
+
+def _fresh_environment(folder: Path, *install: str) -> Path:
+    """Return the interpreter of a new virtual environment in which pip has installed ``install``.
+
+    No network and no build isolation: the pinned setuptools of the project's environment
+    builds. The environment gets the project's pinned packages (torch and the rest) through
+    a path file, never the project's own ``longctx``.
+    """
+    _run([sys.executable, "-m", "venv", "--without-pip", str(folder)])
+    python = folder / "bin" / "python"
+    purelib = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).stdout.strip())
+    # The pinned dependencies, from the project's environment (setuptools among them, for an editable
+    # build). A path line in a .pth file adds the folder to sys.path but does not run the .pth files inside
+    # it, so the project's editable longctx stays out, and pip leaves a distribution outside the new
+    # environment alone.
+    (purelib / "pinned-dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index",
+          "--no-build-isolation", *install])
+    return python
+
+
+@pytest.fixture(scope="module")
+def wheel_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interpreter of a fresh virtual environment with only the built wheel installed in it."""
+    work = tmp_path_factory.mktemp("wheel")
+    source = _copy_sources(work / "source")
     dist = work / "dist"
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
           "--wheel-dir", str(dist), str(source)])
     (wheel,) = dist.glob("longctx-*.whl")
-
-    environment = work / "venv"
-    _run([sys.executable, "-m", "venv", "--without-pip", str(environment)])
-    python = environment / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index",
-          str(wheel)])
-    purelib = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).stdout.strip())
-    # The pinned dependencies, from the project's environment. A path line in a .pth file adds the folder
-    # to sys.path but does not run the .pth files inside it, so the project's editable longctx stays out.
-    (purelib / "pinned-dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    return python
+    return _fresh_environment(work / "venv", str(wheel))
 
 
 def _run_outside(python: Path, source: str, folder: Path) -> str:
@@ -166,6 +178,54 @@ def test_wheel_loads_every_shipped_config_and_the_corpus(wheel_python, tmp_path)
     for path in shipped:
         assert loaded["configs"][path.stem] == json.loads(path.read_text(encoding="utf-8"))
     assert loaded["corpus_bytes"] == (ROOT / "data" / "pride-and-prejudice-ch01-30.txt").stat().st_size
+
+
+@pytest.mark.slow
+def test_wheel_finds_its_data_from_the_package_not_the_repository(wheel_python, tmp_path):
+    script = "from longctx import support; print(support.data_path('configs', 'llama-2-7b.json').read_text()[:1])"
+    assert _run_outside(wheel_python, script, tmp_path / "elsewhere") == "{\n"
+
+
+# --------------------------------------------------------------------------- editable installs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [None, "strict"], ids=["default", "strict"])
+def test_editable_install_finds_every_data_file_and_a_new_one(mode, tmp_path):
+    """setuptools' default editable mode (environment.yml's ``-e .``) makes ``longctx.data`` a namespace
+    package whose path holds the editable finder's hook, which is no folder; data_path must still work,
+    as it does in the strict mode ``make env`` uses.
+
+    (setuptools' third mode, ``compat``, only puts the source folder on ``sys.path``; with ``longctx``
+    mapped onto ``code/`` there is no ``longctx`` folder to find, so nothing imports in that mode.)"""
+    source = _copy_sources(tmp_path / "source")
+    settings = [] if mode is None else ["--config-settings", f"editable_mode={mode}"]
+    python = _fresh_environment(tmp_path / "venv", *settings, "-e", str(source))
+    script = textwrap.dedent(
+        """
+        import json
+        import longctx.data
+        from longctx import ch02, ch03, support
+        print(json.dumps({
+            "data": str(support.data_path()),
+            "namespace_path": [str(p) for p in longctx.data.__path__],
+            "corpus_bytes": len(ch02.load_corpus().encode("utf-8")),
+            "config": ch03.load_model_config("llama-2-7b"),
+        }))
+        """
+    )
+    found = json.loads(_run_outside(python, script, tmp_path / "elsewhere"))
+    assert Path(found["data"]) == source / "data"
+    if mode is None:  # the case that broke: the path lists something that is not a folder
+        assert not all(Path(p).is_dir() for p in found["namespace_path"]), found["namespace_path"]
+    assert found["corpus_bytes"] == (ROOT / "data" / "pride-and-prejudice-ch01-30.txt").stat().st_size
+    assert found["config"] == json.loads((ROOT / "data" / "configs" / "llama-2-7b.json").read_text())
+    listed = _run_outside(python, "from longctx import support; print(support.data_path())", tmp_path / "elsewhere")
+    assert _data_files(Path(listed.strip())) == _data_files(ROOT / "data")
+    # editable means editable: a file added to data/ is found without reinstalling
+    (source / "data" / "added.txt").write_text("new\n")
+    added = "from longctx import support; print(support.data_path('added.txt').read_text(), end='')"
+    assert _run_outside(python, added, tmp_path / "elsewhere") == "new\n"
 
 
 def test_declared_dependencies_are_satisfied_by_the_pins():

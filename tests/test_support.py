@@ -154,30 +154,100 @@ def test_check_tensor_dtype_tuples_and_sizes():
         support.check_tensor("x", x, sizes={3: 1})  # a dimension x does not have
 
 
+def test_check_divides_names_both_counts():
+    assert support.check_divides("heads", 4, "d_model", 32) == 4
+    with pytest.raises(ValueError, match=r"^kv_heads must divide query_heads \(got kv_heads=5 and query_heads=32\)$"):
+        support.check_divides("kv_heads", 5, "query_heads", 32)
+
+
+def test_check_dtype_refuses_non_dtypes_and_integer_dtypes_when_floating():
+    assert support.check_dtype("dtype", torch.bfloat16, floating=True) is torch.bfloat16
+    assert support.check_dtype("dtype", torch.int8) is torch.int8
+    with pytest.raises(TypeError, match=r"^dtype must be a floating-point torch.dtype \(got torch.int64\)$"):
+        support.check_dtype("dtype", torch.int64, floating=True)
+    with pytest.raises(TypeError, match=r"^dtype must be a torch.dtype \(got str 'float32'\)$"):
+        support.check_dtype("dtype", "float32")
+
+
 @pytest.mark.parametrize(
-    "call, error, message",
+    "bits, allowed, message",
     [
-        (lambda: support.check_int(3, 4), TypeError, r"^name must be a str \(got int 3\)$"),
-        (lambda: support.check_int("heads", 4, minimum=True), TypeError, "^minimum must be an int"),
-        (lambda: support.check_int("heads", 4, minimum=5, maximum=2), ValueError, r"^minimum must be <= maximum"),
-        (lambda: support.check_number("p", 0.5, below="1"), TypeError, "^below must be a real number"),
-        (lambda: support.check_number("p", 0.5, finite=1), TypeError, "^finite must be True or False"),
-        (lambda: support.check_bool(None, True), TypeError, "^name must be a str"),
-        (lambda: support.check_choice("method", "rope", "rope"), TypeError, "^choices must be a collection of strings"),
-        (lambda: support.check_choice("method", "rope", [1]), TypeError, "^choices must be a str"),
-        (lambda: support.check_choice("method", "rope", []), ValueError, "^choices must not be empty"),
-        (lambda: support.check_tensor("x", torch.zeros(2), dims="1"), TypeError, "^dims must be an int"),
-        (lambda: support.check_tensor("x", torch.zeros(2), min_dims=-1), ValueError, "^min_dims must be an integer >= 0"),
-        (lambda: support.check_tensor("x", torch.zeros(2), floating=1), TypeError, "^floating must be True or False"),
-        (lambda: support.check_tensor("x", torch.zeros(2), dtype="float32"), TypeError, "^dtype must be a torch.dtype"),
-        (lambda: support.check_tensor("x", torch.zeros(2), sizes=[2]), TypeError, "^sizes must be a Mapping"),
-        (lambda: support.check_type("x", 1, "int"), TypeError, "^expected must be a type or a non-empty tuple"),
-        (lambda: support.check_int_sequence("ids", [1], maximum=-1, minimum=0), ValueError, "^maximum must be an integer >= 0"),
+        (1, range(2, 17), r"^bits must be an integer from 2 to 16, a width the packer can hold \(got 1\)$"),
+        (17, range(2, 17), r"^bits must be an integer from 2 to 16, a width the packer can hold \(got 17\)$"),
+        (3, (4, 8), r"^bits must be one of 4, 8, a width the packer can hold \(got 3\)$"),
+        (16, (4, 8, 32), r"^bits must be one of 4, 8, 32, a width the packer can hold \(got 16\)$"),
     ],
 )
-def test_the_checks_refuse_malformed_options_of_their_own(call, error, message):
+def test_check_bits_refuses_widths_the_packer_cannot_hold(bits, allowed, message):
+    with pytest.raises(ValueError, match=message):
+        support.check_bits("bits", bits, allowed)
+
+
+def test_check_bits_accepts_the_packers_widths_as_ints_and_refuses_non_integers():
+    assert support.check_bits("bits", np.int64(4), (4, 8)) == 4
+    assert [support.check_bits("bits", b, range(2, 17)) for b in (2, 16)] == [2, 16]
+    for bad in (4.0, True, "4"):
+        with pytest.raises(TypeError, match="^bits must be an int"):
+            support.check_bits("bits", bad, (4, 8))
+
+
+def test_check_attention_inputs_returns_the_scores_shape():
+    query, key, value = torch.zeros(2, 1, 3, 8), torch.zeros(1, 4, 5, 8), torch.zeros(1, 4, 5, 2)
+    assert support.check_attention_inputs(query, key, value) == (2, 4, 3, 5)
+    same = torch.zeros(2, 6, 8)
+    assert support.check_attention_inputs(same, same, torch.zeros(2, 6, 3), same_tokens=True) == (2, 6, 6)
+
+
+@pytest.mark.parametrize(
+    "shapes, same_tokens, error, message",
+    [
+        (((3, 8), (5, 4), (5, 2)), False, ValueError, r"^query and key must share d, and key and value T_k \(got query \(3, 8\), key \(5, 4\), value \(5, 2\)\)$"),
+        (((3, 8), (5, 8), (4, 2)), False, ValueError, "key and value T_k"),
+        (((2, 3, 8), (3, 5, 8), (3, 5, 2)), False, ValueError, "^the leading dimensions of query, key and value must broadcast"),
+        (((3, 8), (5, 8), (5, 2)), True, ValueError, r"^query and key must be \(\.\.\., T, d\) alike and value \(\.\.\., T, d_v\)"),
+        (((8,), (5, 8), (5, 2)), False, ValueError, r"^query must have at least 2 dimensions \(got shape \(8,\)\)$"),
+        (((3, 0), (5, 0), (5, 2)), False, ValueError, r"^query must not be empty"),
+    ],
+)
+def test_check_attention_inputs_names_what_disagrees(shapes, same_tokens, error, message):
+    tensors = [torch.zeros(*shape) for shape in shapes]
     with pytest.raises(error, match=message):
-        call()
+        support.check_attention_inputs(*tensors, same_tokens=same_tokens)
+
+
+def test_check_attention_inputs_refuses_integer_tensors_and_mixed_dtypes():
+    with pytest.raises(TypeError, match=r"^key must be a floating-point tensor \(got tensor of dtype torch.int64"):
+        support.check_attention_inputs(torch.zeros(3, 8), torch.zeros(5, 8, dtype=torch.long), torch.zeros(5, 2))
+    with pytest.raises(TypeError, match=r"^query, key and value must share one dtype \(got torch.float32, torch.float64 and"):
+        support.check_attention_inputs(torch.zeros(3, 8), torch.zeros(5, 8).double(), torch.zeros(5, 2))
+    with pytest.raises(TypeError, match=r"^value must be a floating-point tensor \(got list\)$"):
+        support.check_attention_inputs(torch.zeros(3, 8), torch.zeros(5, 8), [[0.0, 0.0]])
+
+
+def test_check_int_sequence_min_length_refuses_a_text_too_short_for_a_window():
+    assert support.check_int_sequence("token_ids", [1, 2, 3], min_length=3).tolist() == [1, 2, 3]
+    with pytest.raises(ValueError, match=r"^token_ids must hold at least 4 entries \(got 3\)$"):
+        support.check_int_sequence("token_ids", [1, 2, 3], min_length=4)
+
+
+def test_the_checks_module_has_one_helper_per_kind_and_no_self_checks():
+    """The checks trust their own options (the book's code writes them); each is a few lines."""
+    import ast
+    import inspect
+
+    from longctx.support import checks
+
+    tree = ast.parse(inspect.getsource(checks))
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    public = sorted(name for name in functions if name.startswith("check_"))
+    assert public == sorted(name for name in support.__all__ if name.startswith("check_"))
+    for name in public:
+        body = functions[name].body[1:]  # without the docstring
+        statements = sum(1 for node in body for _ in ast.walk(node) if isinstance(_, ast.stmt))
+        assert statements <= 24, f"{name} has {statements} statements"
+        calls_itself = [n for node in body for n in ast.walk(node)
+                        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == name]
+        assert not calls_itself, f"{name} checks its own options"
 
 
 # --------------------------------------------------------------------------- figure style and data
@@ -218,5 +288,5 @@ def test_data_path_refuses_paths_that_leave_the_data_folder(part):
 
 @pytest.mark.parametrize("part", [3, None, b"configs"])
 def test_data_path_refuses_parts_that_are_not_strings(part):
-    with pytest.raises(TypeError, match=r"^data_path parts must be strings \(got "):
+    with pytest.raises(TypeError, match=r"^data_path parts must be a str \(got "):
         support.data_path("configs", part)

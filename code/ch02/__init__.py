@@ -4,6 +4,7 @@
 
 from ._generated import (
     CORPUS_FILE,
+    QUANTIZE_BITS,
     Block,
     ByteTokenizer,
     CausalSelfAttention,
@@ -21,11 +22,13 @@ from ._generated import (
     quantize,
     sample_batch,
     train,
+    training_step,
     unigram_entropy,
 )
 
 __all__ = [
     "CORPUS_FILE",
+    "QUANTIZE_BITS",
     "Block",
     "ByteTokenizer",
     "CausalSelfAttention",
@@ -43,5 +46,6 @@ __all__ = [
     "quantize",
     "sample_batch",
     "train",
+    "training_step",
     "unigram_entropy",
 ]

@@ -13,16 +13,18 @@ from tqdm import tqdm
 
 from longctx import ch01, support
 from longctx.support import (
+    check_bits,
     check_bool,
     check_device,
+    check_divides,
+    check_dtype,
     check_int,
     check_int_sequence,
     check_number,
-    check_tensor,
     check_type,
 )
 
-# chapters/ch02-tinygpt.qmd:72
+# chapters/ch02-tinygpt.qmd:77
 CORPUS_FILE = "pride-and-prejudice-ch01-30.txt"
 
 
@@ -59,7 +61,7 @@ def load_corpus() -> str:
     return support.data_path(CORPUS_FILE).read_text(encoding="utf-8")
 
 
-# chapters/ch02-tinygpt.qmd:182
+# chapters/ch02-tinygpt.qmd:191
 @dataclass(frozen=True)
 class GPTConfig:
     """The sizes that fix a TinyGPT, checked when the config is created.
@@ -93,11 +95,7 @@ class GPTConfig:
             object.__setattr__(self, name, size)  # the dataclass is frozen
         dropout = check_number("dropout", self.dropout, minimum=0, below=1)
         object.__setattr__(self, "dropout", dropout)
-        if self.d_model % self.heads:
-            raise ValueError(
-                "heads must divide d_model so that every head gets the same "
-                f"width (got d_model={self.d_model}, heads={self.heads})"
-            )
+        check_divides("heads", self.heads, "d_model", self.d_model)
 
     @property
     def head_dim(self) -> int:
@@ -105,7 +103,7 @@ class GPTConfig:
         return self.d_model // self.heads
 
 
-# chapters/ch02-tinygpt.qmd:235
+# chapters/ch02-tinygpt.qmd:240
 class CausalSelfAttention(ch01.MultiHeadAttention):
     """Chapter 1's causal multi-head attention, able to continue a KV cache."""
 
@@ -122,7 +120,6 @@ class CausalSelfAttention(ch01.MultiHeadAttention):
             layer: Which of the cache's layers this attention reads and
                 extends.
         """
-        layer = check_int("layer", layer, minimum=0)
         if cache is None:
             return super().forward(x)  # Chapter 1's forward: causal mask
         return attend_with_cache(self, x, cache, layer)
@@ -133,7 +130,7 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, dropout: float = 0.0) -> None:
         super().__init__()
-        self.d_model = check_int("d_model", d_model, minimum=1)
+        d_model = check_int("d_model", d_model, minimum=1)
         dropout = check_number("dropout", dropout, minimum=0, below=1)
         self.widen = nn.Linear(d_model, 4 * d_model)
         self.narrow = nn.Linear(4 * d_model, d_model)
@@ -141,8 +138,6 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Return the MLP's output for ``x`` (..., d), shaped like ``x``."""
-        width = {-1: self.d_model}
-        check_tensor("x", x, min_dims=1, floating=True, sizes=width)
         wide = F.gelu(self.widen(x))  # (..., d) -> (..., 4d)
         return self.dropout(self.narrow(wide))  # (..., 4d) -> (..., d)
 
@@ -156,7 +151,6 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         check_type("config", config, GPTConfig)
-        self.d_model = config.d_model
         self.attention_norm = nn.LayerNorm(config.d_model)
         self.attention = CausalSelfAttention(config.d_model, config.heads)
         self.attention_dropout = nn.Dropout(config.dropout)
@@ -170,14 +164,12 @@ class Block(nn.Module):
 
         With a ``cache``, the attention reads it and extends it.
         """
-        width = {-1: self.d_model}
-        check_tensor("x", x, dims=3, floating=True, nonempty=True, sizes=width)
         attended = self.attention(self.attention_norm(x), cache, layer)
         x = x + self.attention_dropout(attended)
         return x + self.mlp(self.mlp_norm(x))
 
 
-# chapters/ch02-tinygpt.qmd:312
+# chapters/ch02-tinygpt.qmd:311
 class TinyGPT(nn.Module):
     """A decoder-only transformer small enough to train on a CPU in seconds.
 
@@ -219,36 +211,16 @@ class TinyGPT(nn.Module):
         return KVCache(*sizes, dtype=weight.dtype, device=weight.device)
 
     def forward(self, tokens: Tensor, cache: "KVCache | None" = None) -> Tensor:
-        """Return next-token logits (B, T, V) for ``tokens`` (B, T).
+        """Return next-token logits (B, T, V) for token ids ``tokens`` (B, T).
 
         With a ``cache`` the tokens continue the cached sequence: their
         positions start at ``cache.length``, and the cache grows by T in
-        place.
-
-        Raises:
-            TypeError: If ``tokens`` is not an int64 or int32 tensor, or
-                ``cache`` is not a ``KVCache``.
-            ValueError: If ``tokens`` is empty, not 2-d, or holds an id
-                outside 0..V-1; if the positions would run past the
-                ``context_length`` rows of the position table; or if the
-                cache was made for another batch size or number of layers.
+        place. Positions past the table's last row are refused, with a
+        message that says so rather than the embedding's index error.
         """
-        ids = (torch.int64, torch.int32)
-        check_tensor("tokens", tokens, dims=2, dtype=ids, nonempty=True)
         c = self.config
-        if tokens.min() < 0 or tokens.max() >= c.vocab_size:
-            raise ValueError(f"tokens must hold ids in 0..{c.vocab_size - 1}")
-        batch, new = tokens.shape
-        start = 0
-        if cache is not None:
-            check_type("cache", cache, KVCache)
-            if (cache.batch, cache.layers) != (batch, c.layers):
-                raise ValueError(
-                    f"cache holds {cache.layers} layers for batch "
-                    f"{cache.batch}; the model has {c.layers} layers and "
-                    f"tokens have batch {batch}"
-                )
-            start = cache.length
+        new = tokens.shape[1]
+        start = 0 if cache is None else cache.length
         if start + new > c.context_length:
             raise ValueError(
                 f"positions {start}..{start + new - 1} run past the learned "
@@ -265,24 +237,18 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, d) -> (B, T, V)
 
 
-# chapters/ch02-tinygpt.qmd:514
+# chapters/ch02-tinygpt.qmd:502
 def unigram_entropy(
     token_ids: Iterable[int] | Tensor, vocab_size: int
 ) -> float:
     """Return the entropy, in nats, of the token frequencies in ``token_ids``.
 
     It is the loss of the best model that ignores context and predicts every
-    token with its overall frequency: ``H = -sum_v p_v ln p_v``.
-
-    Raises:
-        TypeError: If ``token_ids`` is not a sequence of integers or
-            ``vocab_size`` is not an int.
-        ValueError: If ``token_ids`` is empty or holds an id outside
-            0..vocab_size-1.
+    token with its overall frequency: ``H = -sum_v p_v ln p_v``, with
+    ``p_v`` the share of the ids equal to ``v`` (ids in 0..vocab_size-1).
+    No ids have no entropy: an empty ``token_ids`` is refused, not given 0.
     """
-    vocab_size = check_int("vocab_size", vocab_size, minimum=1)
-    ids = check_int_sequence("token_ids", token_ids, minimum=0,
-                             maximum=vocab_size - 1, nonempty=True)
+    ids = check_int_sequence("token_ids", token_ids, nonempty=True)
     counts = torch.bincount(ids, minlength=vocab_size).double()  # (V,)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * p.log()).sum())
@@ -293,30 +259,41 @@ def sample_batch(
 ) -> tuple[Tensor, Tensor]:
     """Return ``batch_size`` random windows ``(inputs, targets)`` of ``data``.
 
-    Each window holds ``length`` tokens; the targets are the same windows
-    moved one token on.
-
-    Raises:
-        TypeError: If ``data`` is not an int64 tensor, a count is not an int,
-            or ``generator`` is not a ``torch.Generator``.
-        ValueError: If ``data`` is not 1-d or holds no more than ``length``
-            tokens, or a count is not positive.
+    ``data`` is a 1-d int64 tensor of more than ``length`` token ids. Each
+    window holds ``length`` tokens, ``inputs`` and ``targets`` are both
+    (batch_size, length), and the targets are the windows moved one token on.
     """
-    check_tensor("data", data, dims=1, dtype=torch.int64)
-    batch_size = check_int("batch_size", batch_size, minimum=1)
-    length = check_int("length", length, minimum=1)
-    check_type("generator", generator, torch.Generator)
-    if data.numel() <= length:
-        raise ValueError(
-            f"data must hold more than length={length} tokens "
-            f"(got {data.numel()})"
-        )
     last_start = data.numel() - length  # no window's targets pass data[-1]
     starts = torch.randint(0, last_start, (batch_size,), generator=generator)
     offsets = torch.arange(length)  # (T,)
     inputs = data[starts[:, None] + offsets]  # (B, 1) + (T,) -> (B, T)
     targets = data[starts[:, None] + offsets + 1]  # (B, T): the next tokens
     return inputs, targets
+
+
+def training_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss: Tensor,
+    *,
+    schedule: torch.optim.lr_scheduler.LRScheduler | None = None,
+    clip_norm: float | None = 1.0,
+) -> float:
+    """Take one optimiser step down the gradient of ``loss``; return its value.
+
+    Zero the gradients, backpropagate the scalar ``loss``, clip the norm of
+    all of ``model``'s gradients to ``clip_norm`` (``None``: no clipping),
+    step ``optimizer``, then ``schedule`` if there is one. Chapters 4 and 6
+    train their models with this step too.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip_norm is not None:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    if schedule is not None:
+        schedule.step()
+    return loss.item()
 
 
 def train(
@@ -371,11 +348,7 @@ def train(
     if sequence_length is not None:
         length = check_int("sequence_length", sequence_length, minimum=1,
                            maximum=config.context_length)
-    if data.numel() <= length:
-        raise ValueError(
-            f"token_ids must hold more than {length} tokens "
-            f"(got {data.numel()})"
-        )
+    data = check_int_sequence("token_ids", data, min_length=length + 1)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate,
                                   weight_decay=0.01)
@@ -395,12 +368,8 @@ def train(
             logits = model(inputs)  # (B, T, V)
             # Equation 2.1 over all B * T positions: (B*T, V) against (B*T,)
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            losses.append(loss.item())
+            losses.append(training_step(model, optimizer, loss,
+                                        schedule=schedule))
     model.eval()
     return losses
 
@@ -432,11 +401,7 @@ def evaluate_loss(
     batch_size = check_int("batch_size", batch_size, minimum=1)
     seed = check_int("seed", seed, minimum=0)
     length = config.context_length
-    if data.numel() <= length:
-        raise ValueError(
-            f"token_ids must hold more than {length} tokens "
-            f"(got {data.numel()})"
-        )
+    data = check_int_sequence("token_ids", data, min_length=length + 1)
     generator = torch.Generator().manual_seed(seed)
     was_training = model.training
     model.eval()
@@ -449,7 +414,7 @@ def evaluate_loss(
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:808
+# chapters/ch02-tinygpt.qmd:793
 def next_token(
     logits: Tensor,
     temperature: float = 0.0,
@@ -458,33 +423,13 @@ def next_token(
 ) -> int:
     """Return one token id chosen from a (V,) row of logits.
 
-    At temperature 0 it is the argmax; otherwise it is a sample.
-
-    Args:
-        logits: Scores for each token.
-        temperature: 0 for greedy; otherwise the logits are divided by it
-            before the softmax.
-        top_k: If given, only the ``top_k`` highest-scoring tokens can be
-            drawn.
-        generator: The ``torch.Generator`` that sampling draws from; needed
-            when ``temperature > 0``.
-
-    Raises:
-        TypeError: If an argument has the wrong type.
-        ValueError: If ``logits`` is empty or not 1-d, ``temperature`` is
-            negative, ``top_k`` is outside 1..V, or sampling is asked for
-            without a generator.
+    At temperature 0 it is the argmax. Otherwise it is drawn, with
+    ``generator``, from the softmax of ``logits / temperature``, after all
+    but the ``top_k`` highest logits (if given) are set to ``-inf``.
     """
-    check_tensor("logits", logits, dims=1, floating=True, nonempty=True)
-    temperature = check_number("temperature", temperature, minimum=0)
-    if top_k is not None:
-        top_k = check_int("top_k", top_k, minimum=1, maximum=logits.numel())
-    if generator is not None:
-        check_type("generator", generator, torch.Generator)
     if temperature == 0:
         return int(logits.argmax())
-    if generator is None:
-        raise ValueError("sampling (temperature > 0) needs a generator")
+    assert generator is not None, "sampling draws from a torch.Generator"
     scaled = logits / temperature
     if top_k is not None:
         kth_best = torch.topk(scaled, top_k).values[-1]
@@ -562,7 +507,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:1008
+# chapters/ch02-tinygpt.qmd:998
 class KVCache:
     """The keys and values a TinyGPT has computed: (B, H, T, d_h) per layer.
 
@@ -595,8 +540,7 @@ class KVCache:
         self.batch = check_int("batch", batch, minimum=1)
         heads = check_int("heads", heads, minimum=1)
         head_dim = check_int("head_dim", head_dim, minimum=1)
-        if not check_type("dtype", dtype, torch.dtype).is_floating_point:
-            raise TypeError(f"dtype must be floating-point (got {dtype})")
+        dtype = check_dtype("dtype", dtype, floating=True)
         if device is not None:
             device = check_device("device", device)
         empty = (self.batch, heads, 0, head_dim)  # T = 0 tokens so far
@@ -624,24 +568,7 @@ class KVCache:
         """Add new keys and values (B, H, T_new, d_h) to ``layer``.
 
         Returns all of that layer's keys and values, T_old + T_new tokens.
-
-        Raises:
-            TypeError: If ``layer`` is not an int, or ``key`` or ``value`` is
-                not a tensor of the cache's dtype.
-            ValueError: If ``layer`` is not a layer of the cache, or ``key``
-                or ``value`` does not have the cache's B, H and d_h.
         """
-        layer = check_int("layer", layer, minimum=0, maximum=self.layers - 1)
-        batch, heads, _, head_dim = self.keys[layer].shape
-        dtype = self.keys[layer].dtype
-        shape = {0: batch, 1: heads, 3: head_dim}  # any T_new
-        check_tensor("key", key, dims=4, dtype=dtype, sizes=shape)
-        check_tensor("value", value, dims=4, dtype=dtype, sizes=shape)
-        if key.shape != value.shape:
-            raise ValueError(
-                "key and value must have the same shape (got "
-                f"{tuple(key.shape)} and {tuple(value.shape)})"
-            )
         # (B, H, T_old, d_h) + (B, H, T_new, d_h) -> (B, H, T_old + T_new, d_h)
         self.keys[layer] = torch.cat([self.keys[layer], key], dim=2)
         self.values[layer] = torch.cat([self.values[layer], value], dim=2)
@@ -663,17 +590,7 @@ def attend_with_cache(
     to all cached keys and to new keys ``0..i``. Uses ``attention``'s own
     projections and Chapter 1's ``split_heads``, ``merge_heads`` and
     ``scaled_dot_product_attention``.
-
-    Raises:
-        TypeError: If an argument has the wrong type.
-        ValueError: If ``x`` is not (B, T_new, d) for the layer's width and
-            the cache's batch, or ``layer`` is not a layer of the cache.
     """
-    check_type("attention", attention, ch01.MultiHeadAttention)
-    check_type("cache", cache, KVCache)
-    shape = {0: cache.batch, 2: attention.d_model}
-    check_tensor("x", x, dims=3, floating=True, nonempty=True, sizes=shape)
-    layer = check_int("layer", layer, minimum=0, maximum=cache.layers - 1)
     past, new = cache.keys[layer].shape[2], x.shape[1]  # t_0 cached, T_new new
     heads = attention.heads
     query = ch01.split_heads(attention.query(x), heads)  # (B, H, T_new, d_h)
@@ -688,7 +605,7 @@ def attend_with_cache(
     return attention.output(ch01.merge_heads(mixed))  # (B, T_new, d)
 
 
-# chapters/ch02-tinygpt.qmd:1218
+# chapters/ch02-tinygpt.qmd:1195
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -703,24 +620,23 @@ def kv_cache_bytes(
         bytes_per_scalar: Bytes per stored number, ``s`` (4 for float32, 2
             for bfloat16).
 
-    Raises:
-        TypeError: If ``config`` is not a ``GPTConfig`` or a count is not an
-            int.
-        ValueError: If ``tokens`` is negative, or ``batch`` or
-            ``bytes_per_scalar`` is not positive.
+    Negative counts, which would give a byte count that looks right, are
+    refused.
     """
     check_type("config", config, GPTConfig)
     tokens = check_int("tokens", tokens, minimum=0)
-    batch = check_int("batch", batch, minimum=1)
-    scalar_bytes = check_int("bytes_per_scalar", bytes_per_scalar, minimum=1)
-    if tokens == 0:
-        return 0
+    batch = check_int("batch", batch, minimum=0)
+    scalar_bytes = check_int("bytes_per_scalar", bytes_per_scalar, minimum=0)
     layers, width = config.layers, config.d_model
     scalars = ch01.kv_cache_scalars(tokens, width, layers=layers)  # 2 L d T
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1585
+# chapters/ch02-tinygpt.qmd:1542
+# The bit widths quantize's codes can hold: int8 up to 8 bits, int16 up to 16.
+QUANTIZE_BITS = range(2, 17)
+
+
 def quantize(
     x: Tensor, bits: int = 8, *, dim: int = -1
 ) -> tuple[Tensor, Tensor]:
@@ -732,24 +648,12 @@ def quantize(
     ``round(x / scale)``, integers in ``[-q_max, q_max]``, so each value
     moves by at most half a step. A group of zeros gets scale 1.
 
-    Args:
-        x: A non-empty floating-point tensor.
-        bits: Bits per code, 2 to 16.
-        dim: The dimension the absmax is taken along.
-
-    Returns:
-        ``(codes, scale)``: codes of ``x``'s shape, int8 for ``bits <= 8``
-        and int16 above; ``scale`` float32, with ``dim`` kept at size 1.
-
-    Raises:
-        TypeError: If ``x`` is not a floating-point tensor, or ``bits`` or
-            ``dim`` is not an int.
-        ValueError: If ``x`` is empty or 0-d, ``bits`` is outside 2..16, or
-            ``dim`` is not a dimension of ``x``.
+    ``codes`` has ``x``'s shape, int8 for ``bits <= 8`` and int16 above;
+    ``scale`` is float32, with ``dim`` kept at size 1. ``bits`` must be one
+    of ``QUANTIZE_BITS``: one bit would leave no code but 0, and more than
+    16 would wrap around in int16, so any other width is refused.
     """
-    check_tensor("x", x, min_dims=1, floating=True, nonempty=True)
-    bits = check_int("bits", bits, minimum=2, maximum=16)
-    dim = check_int("dim", dim, minimum=-x.dim(), maximum=x.dim() - 1)
+    bits = check_bits("bits", bits, QUANTIZE_BITS)
     q_max = 2 ** (bits - 1) - 1
     x = x.float()
     absmax = x.abs().amax(dim=dim, keepdim=True)
@@ -762,22 +666,6 @@ def quantize(
 def dequantize(codes: Tensor, scale: Tensor) -> Tensor:
     """Return the float32 values ``codes * scale`` (Equation 2.3).
 
-    Raises:
-        TypeError: If ``codes`` is not an integer tensor or ``scale`` not a
-            floating-point tensor.
-        ValueError: If ``codes`` is empty or ``scale`` does not broadcast to
-            the codes' shape.
+    ``scale`` broadcasts to the codes' shape, as ``quantize`` returns it.
     """
-    integers = (torch.int8, torch.int16, torch.int32, torch.int64)
-    check_tensor("codes", codes, dtype=integers, nonempty=True)
-    check_tensor("scale", scale, floating=True)
-    try:
-        fits = torch.broadcast_shapes(codes.shape, scale.shape) == codes.shape
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"scale of shape {tuple(scale.shape)} must broadcast to the "
-            f"codes' shape {tuple(codes.shape)}"
-        )
     return codes.float() * scale

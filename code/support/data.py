@@ -2,16 +2,15 @@
 
 The files live in the repository's ``data/`` folder. ``pyproject.toml`` ships
 that folder inside the package as ``longctx.data``, so a wheel carries them and
-they are found through ``importlib.resources`` from any working directory, in
-the repository or far from it.
+they are found from any working directory, in the repository or far from it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
-from importlib import resources
 
-from .checks import describe
+from .checks import check_type
 
 # The package that holds the data files, and the one file every installation of it has.
 DATA_PACKAGE = "longctx.data"
@@ -21,21 +20,31 @@ _ANCHOR = "README.md"
 def _data_root() -> pathlib.Path:
     """Return the folder that really holds the book's data files.
 
-    In a wheel that is ``longctx/data`` inside ``site-packages``. In the
-    editable install that ``make env`` makes, the package's files are links to
-    the repository's ``data/`` folder; the links are followed, so the answer is
-    that folder, and a file added to it is found without reinstalling.
+    The import system says where ``longctx.data`` lives, and the first of its
+    folders that holds the anchor file is the one. That covers the three ways
+    the package is installed. From a wheel it is ``longctx/data`` inside
+    ``site-packages``. In setuptools' strict editable install (``make env``) it
+    is a tree of links, which are followed to the repository's ``data/``, so a
+    file added there is found without reinstalling. In the default editable
+    install (``pip install -e .``, what ``environment.yml`` runs) ``data/`` has
+    no ``__init__.py`` and becomes a namespace package whose path also lists
+    the editable finder's hook, an entry that is no folder; asking
+    ``importlib.resources`` for it would fail with ``NotADirectoryError``, so
+    the folders are read from the package's spec instead.
 
     Raises:
         FileNotFoundError: If the installed package lacks its data files.
     """
-    anchor = pathlib.Path(str(resources.files(DATA_PACKAGE).joinpath(_ANCHOR)))
-    if not anchor.is_file():
-        raise FileNotFoundError(
-            f"the package {DATA_PACKAGE} has no {_ANCHOR} at {anchor}: "
-            "the installation is incomplete; reinstall longctx"
-        )
-    return anchor.resolve().parent
+    spec = importlib.util.find_spec(DATA_PACKAGE)
+    folders = [] if spec is None else list(spec.submodule_search_locations or [])
+    for folder in folders:
+        anchor = pathlib.Path(folder, _ANCHOR)
+        if anchor.is_file():
+            return anchor.resolve().parent
+    raise FileNotFoundError(
+        f"the package {DATA_PACKAGE} has no {_ANCHOR} in any of {folders}: "
+        "the installation is incomplete; reinstall longctx"
+    )
 
 
 def data_path(*parts: str) -> pathlib.Path:
@@ -59,8 +68,7 @@ def data_path(*parts: str) -> pathlib.Path:
             nearest existing folder holds).
     """
     for part in parts:
-        if not isinstance(part, str):
-            raise TypeError(f"data_path parts must be strings (got {describe(part)})")
+        check_type("data_path parts", part, str)
         pure = pathlib.PurePosixPath(part)
         if not part or pure.is_absolute() or ".." in pure.parts:
             raise ValueError(
