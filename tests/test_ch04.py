@@ -65,7 +65,7 @@ def test_public_names_are_what_an_exercise_imports():
 def test_docstrings_name_equations_by_their_numbers():
     numbers = {label: target.number for label, target in book_numbering().items() if label.startswith("eq-ch04-")}
     cited = {
-        "bills": [ch04.context_cost], "window": [ch04.window_reach, ch04.sliding_window_decode],
+        "cost": [ch04.context_cost], "window": [ch04.window_reach, ch04.sliding_window_decode],
         "strided": [ch04.strided_mask], "linear": [ch04.linear_attention_recurrent, ch04.linear_attention_chunked],
         "ssm": [ch04.ssm_recurrent, ch04.ssm_kernel], "selective": [ch04.discretize, ch04.selective_ssm],
         "scan": [ch04.parallel_scan], "mamba": [ch04.selective_scan, ch04.SelectiveSSMLayer],
@@ -122,7 +122,7 @@ def test_context_cost_rejects_bad_input():
         ch04.context_cost(2.5)
     with pytest.raises(TypeError, match="tokens must be an int"):
         ch04.context_cost(True)
-    with pytest.raises(TypeError, match="config must be a ch03.KVConfig"):
+    with pytest.raises(TypeError, match="config must be a KVConfig"):
         ch04.context_cost(10, {"layers": 32})
 
 
@@ -182,34 +182,21 @@ def test_rolling_buffer_slots_follow_t_mod_w():
     assert ch04.rolling_buffer_slots(0, 3) == [-1, -1, -1]
 
 
-def test_window_functions_reject_bad_input():
+def test_window_sizes_that_would_give_silent_wrong_answers_are_refused():
+    """A zero window (or a window of 1 when counting hops) is refused where it enters."""
     q = randn(5, 4, seed=0)
     with pytest.raises(ValueError, match="window must be a positive integer"):
         ch04.sliding_window_decode(q, q, q, 0)
     with pytest.raises(TypeError, match="window must be an int"):
         ch04.sliding_window_decode(q, q, q, 2.0)
-    with pytest.raises(ValueError, match="equal shapes"):
-        ch04.sliding_window_decode(q, randn(6, 4, seed=1), q, 2)
-    with pytest.raises(TypeError, match="query must be a floating-point tensor"):
-        ch04.sliding_window_decode(q.long(), q, q, 2)
     with pytest.raises(ValueError, match="window must be a positive integer"):
-        ch04.window_reach(0, 3)
+        ch04.window_reach(0, 3)  # would return a negative reach
     with pytest.raises(TypeError, match="window must be an int"):
         ch04.window_reach(2.5, 3)  # the review's case: once returned 4.5
-    with pytest.raises(TypeError, match="layers must be an int"):
-        ch04.window_reach(3, 1.5)
-    with pytest.raises(ValueError, match="layers must be an integer >= 0"):
-        ch04.receptive_field(ch01.causal_mask(3), -1)
-    with pytest.raises(ValueError, match="square"):
-        ch04.receptive_field(torch.ones(2, 3, dtype=torch.bool), 1)
     with pytest.raises(ValueError, match="window must be an integer >= 2"):
         ch04.hops_needed(5, 1)
-    with pytest.raises(ValueError, match="distance must be an integer >= 0"):
-        ch04.hops_needed(-1, 4)
-    with pytest.raises(ValueError, match="tokens_seen must be an integer >= 0"):
-        ch04.rolling_buffer_slots(-1, 3)
-    with pytest.raises(TypeError, match="mask must be a tensor of dtype torch.bool"):
-        ch04.pairs_computed(torch.ones(2, 2))
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        ch04.rolling_buffer_slots(3, 0)
 
 
 # --------------------------------------------------------------------------- sparse patterns
@@ -276,21 +263,13 @@ def test_sparse_masks_give_skipped_pairs_exactly_zero_weight_in_chapter1_attenti
         assert torch.allclose(weights.sum(dim=-1), torch.ones(n, dtype=weights.dtype))
 
 
-def test_sparse_masks_reject_bad_input():
+def test_sparse_masks_refuse_a_zero_window_or_stride():
     with pytest.raises(ValueError, match="stride must be a positive integer"):
         ch04.strided_mask(8, 0)
     with pytest.raises(TypeError, match="stride must be an int"):
         ch04.strided_mask(4, 1.5)  # the review's case: once returned a mask
     with pytest.raises(ValueError, match="window must be a positive integer"):
         ch04.global_local_mask(8, 0)
-    with pytest.raises(ValueError, match="global_tokens must hold integers <= 7"):
-        ch04.global_local_mask(8, 2, (8,))
-    with pytest.raises(TypeError, match="global_tokens must be a sequence of integers"):
-        ch04.global_local_mask(8, 2, 3)
-    with pytest.raises(TypeError, match="causal must be True or False"):
-        ch04.global_local_mask(8, 2, causal=1)
-    with pytest.raises(ValueError, match="seq_len must be a positive integer"):
-        ch04.strided_mask(0, 2)
 
 
 # --------------------------------------------------------------------------- block-sparse attention
@@ -334,21 +313,15 @@ def test_block_sparse_worked_numbers_count_causal_tiles_throughout():
     assert round(100 * long_tiles.sum().item() / causal_tiles, 1) == 6.3  # the text and Exercise 4.2
 
 
-def test_block_sparse_rejects_bad_input():
+def test_block_sparse_refuses_what_would_silently_drop_pairs():
     q = randn(8, 4, seed=0)
     good = ch04.sliding_window_block_mask(8, 2, 2)
     with pytest.raises(ValueError, match="block_size must be a positive integer"):
         ch04.block_sparse_attention(q, q, q, good, 0)
-    with pytest.raises(ValueError, match=r"block_mask must have shape \(4, 4\)"):
+    with pytest.raises(AssertionError, match="tile grid"):
         ch04.block_sparse_attention(q, q, q, torch.ones(3, 3, dtype=torch.bool), 2)
-    with pytest.raises(TypeError, match="block_mask must be a tensor of dtype torch.bool"):
-        ch04.block_sparse_attention(q, q, q, torch.ones(4, 4), 2)
     with pytest.raises(ValueError, match="outside the marked tiles"):
         ch04.block_sparse_attention(q, q, q, good, 2, token_mask=ch01.causal_mask(8))
-    with pytest.raises(ValueError, match=r"token_mask must have shape \(8, 8\)"):
-        ch04.block_sparse_attention(q, q, q, good, 2, token_mask=ch01.causal_mask(7))
-    with pytest.raises(ValueError, match="equal shapes"):
-        ch04.block_sparse_attention(q, randn(7, 4, seed=1), q, good, 2)
     with pytest.raises(ValueError, match="window must be a positive integer"):
         ch04.sliding_window_block_mask(8, 0, 4)
 
@@ -445,72 +418,14 @@ def test_sharpness_numbers_of_the_weight_figure():
     for result in (doubled, plain):
         for weights in result["weights"]:
             assert torch.allclose(weights.sum(dim=-1), torch.ones(10))
-    with pytest.raises(ValueError, match="last_rows must be an integer <= 3"):
-        ch04.weight_sharpness(torch.eye(3), last_rows=4)
     with pytest.raises(ValueError, match="query_scale must be > 0"):
         ch04.sharpness_comparison(0.0)
 
 
-def test_linear_attention_rejects_bad_input():
+def test_linear_attention_chunked_refuses_a_zero_chunk():
     q = randn(4, 3, seed=0)
-    with pytest.raises(ValueError, match="equal shapes"):
-        ch04.linear_attention_quadratic(q, randn(4, 2, seed=1), q)
-    with pytest.raises(ValueError, match="equal shapes"):
-        ch04.linear_attention_recurrent(q, q, randn(5, 3, seed=1))
     with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
         ch04.linear_attention_chunked(q, q, q, chunk_size=0)
-    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
-        ch04.feature_map([1.0, 2.0])
-
-
-def test_linear_attention_recurrent_rejects_a_state_of_the_wrong_shape():
-    q = randn(2, 5, 3, seed=0)  # (batch 2, T 5, d 3)
-    summed, total = torch.zeros(2, 3, 3, dtype=F64), torch.zeros(2, 3, dtype=F64)
-    ch04.linear_attention_recurrent(q, q, q, state=(summed, total))  # the right shapes work
-    for bad in ((torch.zeros(3, 3, dtype=F64), total),  # once broadcast silently over the batch
-                (summed, torch.zeros(1, 3, dtype=F64)),
-                (torch.zeros(2, 3, 4, dtype=F64), total)):
-        with pytest.raises(ValueError, match="state must hold S of shape"):
-            ch04.linear_attention_recurrent(q, q, q, state=bad)
-    with pytest.raises(TypeError, match="state must be a pair"):
-        ch04.linear_attention_recurrent(q, q, q, state=summed)
-    with pytest.raises(TypeError, match=r"state\[1\] must be a floating-point tensor"):
-        ch04.linear_attention_recurrent(q, q, q, state=(summed, [0.0] * 3))
-
-
-@pytest.mark.parametrize("call", [
-    lambda e: ch04.sliding_window_decode(e, e, e, 2),
-    lambda e: ch04.linear_attention_quadratic(e, e, e),
-    lambda e: ch04.linear_attention_recurrent(e, e, e),
-    lambda e: ch04.linear_attention_chunked(e, e, e),
-    lambda e: ch04.block_sparse_attention(e, e, e, torch.ones(1, 1, dtype=torch.bool), 1),
-    lambda e: ch04.linear_attention_weights(e, e),
-])
-def test_zero_length_sequences_raise_value_errors_naming_the_argument(call):
-    with pytest.raises(ValueError, match="query must not be empty"):
-        call(torch.zeros(2, 0, 4, dtype=F64))
-
-
-def test_zero_length_scans_and_ssm_inputs_raise_value_errors():
-    empty = torch.zeros(3, 0, dtype=F64)
-    for scan in (ch04.sequential_scan, ch04.parallel_scan):
-        with pytest.raises(ValueError, match="a must not be empty"):
-            scan(empty, empty)
-    A, B, C = scalar_ssm(0.5)
-    with pytest.raises(ValueError, match="x must not be empty"):
-        ch04.ssm_recurrent(torch.zeros(0, dtype=F64), A, B, C)
-    with pytest.raises(ValueError, match="x must not be empty"):
-        ch04.ssm_convolution(torch.zeros(0, dtype=F64), A, B, C)
-    with pytest.raises(ValueError, match="length must be a positive integer"):
-        ch04.ssm_kernel(A, B, C, 0)
-    with pytest.raises(ValueError, match="x must not be empty"):
-        ch04.selective_ssm(torch.zeros(0, dtype=F64), torch.zeros(0, dtype=F64))
-    with pytest.raises(ValueError, match="u must not be empty"):
-        ch04.selective_scan(torch.zeros(1, 2, 0, dtype=F64), torch.zeros(1, 2, 0, dtype=F64),
-                            -torch.ones(2, 3, dtype=F64), torch.zeros(1, 3, 0, dtype=F64),
-                            torch.zeros(1, 3, 0, dtype=F64))
-    with pytest.raises(ValueError, match="x must not be empty"):
-        ch04.quantize_kv(torch.zeros(0, 4), 4)
 
 
 # --------------------------------------------------------------------------- state-space models
@@ -536,23 +451,6 @@ def test_ssm_convolution_equals_recurrence(seed):
     assert torch.allclose(ch04.ssm_convolution(x, A, B, C), ch04.ssm_recurrent(x, A, B, C), atol=1e-9)
 
 
-def test_ssm_rejects_bad_input():
-    A, B, C = scalar_ssm(0.5)
-    x = torch.ones(2, dtype=F64)
-    with pytest.raises(ValueError, match=r"A must be \(N, N\)"):
-        ch04.ssm_recurrent(x, torch.eye(2, dtype=F64), torch.ones(3, dtype=F64), torch.ones(3, dtype=F64))
-    with pytest.raises(ValueError, match="x must have 1 dimensions"):
-        ch04.ssm_convolution(torch.ones(2, 3, dtype=F64), A, B, C)
-    with pytest.raises(ValueError, match="length must be a positive integer"):
-        ch04.ssm_kernel(A, B, C, -1)
-    with pytest.raises(TypeError, match="A must be a floating-point tensor"):
-        ch04.ssm_recurrent(x, 0.5, B, C)
-    with pytest.raises(TypeError, match="A, B and C must share one dtype"):
-        ch04.ssm_recurrent(x, A.float(), B, C)
-    with pytest.raises(TypeError, match="x must be a tensor of dtype torch.float64"):
-        ch04.ssm_recurrent(x.float(), A, B, C)
-
-
 def test_selective_step_sizes_and_discretization():
     marked, plain = ch04.step_sizes(torch.tensor([1.0, 0.0], dtype=F64)).tolist()
     assert round(marked, 3) == 5.007 and round(plain, 4) == 0.0067
@@ -576,17 +474,11 @@ def test_selective_recall_beats_every_fixed_step():
     assert round(write_marked * 7 * keep_plain**9, 2) == 6.55
 
 
-def test_selective_rejects_bad_input():
+def test_discretize_refuses_a_rate_that_is_not_negative():
     with pytest.raises(ValueError, match="a must be < 0"):
         ch04.discretize(torch.ones(1), a=0.5)
-    with pytest.raises(ValueError, match="delta must be >= 0"):
-        ch04.discretize(torch.tensor([-1.0]))
-    with pytest.raises(TypeError, match="delta must be a floating-point tensor"):
-        ch04.discretize(1.0)
-    with pytest.raises(ValueError, match="same shape"):
-        ch04.selective_ssm(torch.ones(2), torch.ones(1))
-    with pytest.raises(TypeError, match="markers must be a floating-point tensor"):
-        ch04.step_sizes([1, 0])
+    with pytest.raises(ValueError, match="a must be < 0"):
+        ch04.discretize(torch.ones(1), a=0.0)  # would divide by zero
 
 
 # --------------------------------------------------------------------------- scans
@@ -687,21 +579,8 @@ def test_selective_ssm_through_the_parallel_scan():
     assert ch04.parallel_scan(keep, write * RECALL_VALUES)[-1].item() == pytest.approx(by_loop[-1].item(), abs=1e-12)
 
 
-def test_scans_reject_bad_input():
-    with pytest.raises(ValueError, match="same shape"):
-        ch04.parallel_scan(torch.ones(3), torch.ones(4))
-    with pytest.raises(ValueError, match="same shape"):
-        ch04.sequential_scan(torch.ones(2, 3), torch.ones(3))
-    with pytest.raises(ValueError, match="a must have at least 1 dimensions"):
-        ch04.parallel_scan(torch.tensor(1.0), torch.tensor(1.0))
-    with pytest.raises(TypeError, match="a and b must share one dtype"):
-        ch04.parallel_scan(torch.ones(3), torch.ones(3, dtype=F64))
-    with pytest.raises(TypeError, match="b must be a floating-point tensor"):
-        ch04.sequential_scan(torch.ones(3), torch.ones(3, dtype=torch.long))
-    with pytest.raises(ValueError, match="length must be an integer >= 0"):
-        ch04.scan_rounds(-1)
-    with pytest.raises(TypeError, match="length must be an int"):
-        ch04.scan_rounds(4.0)
+def test_scan_rounds_of_no_steps_is_zero():
+    assert ch04.scan_rounds(0) == 0 and ch04.scan_rounds(1) == 0
 
 
 # --------------------------------------------------------------------------- Mamba's selective scan
@@ -766,26 +645,6 @@ def test_recall_under_delta_b_ends_at_33_not_6_55():
     assert f"{y[0, 0, -1].item():.1f}" == "33.0"
 
 
-def test_selective_scan_rejects_bad_input():
-    u, delta, A, B, C, D = random_selective_inputs(2, 3, 4, 5, seed=1)
-    with pytest.raises(ValueError, match=r"delta must have shape \(2, 3, 5\)"):
-        ch04.selective_scan(u, delta[..., :4], A, B, C)
-    with pytest.raises(ValueError, match=r"A must have shape \(3, 4\)"):
-        ch04.selective_scan(u, delta, A[:2], B, C)
-    with pytest.raises(ValueError, match=r"B must have shape \(2, 4, 5\)"):
-        ch04.selective_scan(u, delta, A, B[:, :3], C)
-    with pytest.raises(ValueError, match=r"C must have shape \(2, 4, 5\)"):
-        ch04.selective_scan(u, delta, A, B, C.transpose(1, 2))
-    with pytest.raises(ValueError, match=r"D must have shape \(3,\)"):
-        ch04.selective_scan(u, delta, A, B, C, D[:2])
-    with pytest.raises(ValueError, match="u must have 3 dimensions"):
-        ch04.selective_scan(u[0], delta, A, B, C)
-    with pytest.raises(TypeError, match="B must be a tensor of dtype torch.float64"):
-        ch04.selective_scan(u, delta, A, B.float(), C)
-    with pytest.raises(TypeError, match="u must be a floating-point tensor"):
-        ch04.selective_scan(u.long(), delta, A, B, C)
-
-
 def test_time_invariant_layer_is_a_convolution_per_channel():
     torch.manual_seed(5)
     layer = ch04.SelectiveSSMLayer(8, state_size=3, expand=2, selective=False).double()
@@ -828,8 +687,6 @@ def test_selective_layer_rejects_bad_input():
         ch04.SelectiveSSMLayer(8, selective="yes")
     with pytest.raises(TypeError, match="state_size must be an int"):
         ch04.SelectiveSSMLayer(8, state_size=2.0)
-    with pytest.raises(ValueError, match="x must have 3 dimensions"):
-        ch04.SelectiveSSMLayer(8)(torch.ones(4, 8))
 
 
 # --------------------------------------------------------------------------- selective copying
@@ -870,12 +727,37 @@ def test_copying_rejects_bad_input():
         ch04.selective_copying_batch(2, 3, 4, 8, generator)
     with pytest.raises(TypeError, match="generator must be a torch.Generator"):
         ch04.selective_copying_batch(2, 8, 2, 8, 0)
-    with pytest.raises(ValueError, match="the position table holds 4"):
-        ch04.PositionalAttention(8, 2, 4)(torch.ones(1, 5, 8))
-    with pytest.raises(TypeError, match="mixer must be an nn.Module"):
+    with pytest.raises(TypeError, match=r"mixer must be a \S*Module"):
         ch04.CopyingModel(10, 8, lambda x: x, 4)
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         ch04.train_copying(ch04.CopyingModel(10, 8, torch.nn.Identity(), 4), steps=0, length=8, copies=2, symbols=4)
+    with pytest.raises(ValueError, match="mixer must be one of"):
+        ch04.copying_trial("transformer", 0)
+    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+        ch04.copying_trial("attention", -1)
+
+
+def test_copying_trial_is_seeded_and_trains_the_named_mixer():
+    first = ch04.copying_trial("selective SSM", 3, steps=4)
+    again = ch04.copying_trial("selective SSM", 3, steps=4)
+    assert first["losses"] == again["losses"] and first["accuracy"] == again["accuracy"]
+    assert len(first["losses"]) == 4 and 0.0 <= first["accuracy"] <= 1.0
+    sizes = {name: ch04.copying_trial(name, 0, steps=1)["parameters"] for name in ch04.COPYING_MIXERS}
+    assert sizes["selective SSM"] > sizes["time-invariant SSM"]  # x_proj and dt_proj
+    assert ch04.COPYING_TASK == {"length": 24, "copies": 4, "symbols": 8}
+
+
+def test_saved_copying_seeds_say_what_the_chapter_says():
+    import json
+    folder = CHAPTER.parents[1] / "experiments" / "results"
+    runs = [json.loads(path.read_text()) for path in folder.glob("copying-*.json")]
+    assert runs, "run python -m experiments.copying"
+    by_seed = {}
+    for trial in max(runs, key=lambda run: run["machine"]["date"])["trials"]:
+        by_seed.setdefault(trial["seed"], {})[trial["mixer"]] = trial["accuracy"]
+    assert len(by_seed) >= 3
+    assert all(row["selective SSM"] > row["time-invariant SSM"] for row in by_seed.values())
+    assert 0 < sum(row["selective SSM"] > row["attention"] for row in by_seed.values()) < len(by_seed)
 
 
 # --------------------------------------------------------------------------- hybrids
@@ -959,17 +841,10 @@ def test_merged_weights_are_the_per_head_products():
         assert torch.allclose(to_output[h], w_uv.T @ w_o.T, atol=1e-12)  # W_UV_h^T W_O_h^T
 
 
-def test_absorbed_latent_attention_rejects_bad_input():
+def test_absorbed_latent_attention_refuses_a_cache_of_the_wrong_width():
     layer = ch04.AbsorbedLatentAttention(8, 2, 3)
-    with pytest.raises(ValueError, match=r"x must have shape \(B, T, 8\)"):
-        layer.forward_absorbed(torch.randn(2, 3, 7))
     with pytest.raises(ValueError, match=r"cache must have shape \(B, T_past, 3\)"):
         layer.forward_absorbed(torch.randn(2, 3, 8), cache=torch.randn(2, 4, 5))
-    with pytest.raises(TypeError, match="merged must be the pair"):
-        layer.forward_absorbed(torch.randn(2, 3, 8), merged=torch.randn(2, 8, 3))
-    to_latent, to_output = layer.merged_weights()
-    with pytest.raises(ValueError, match=r"merged\[1\] must have shape \(2, 3, 8\)"):
-        layer.forward_absorbed(torch.randn(2, 3, 8), merged=(to_latent, to_output[:, :2]))
 
 
 # --------------------------------------------------------------------------- quantized caches
@@ -1029,11 +904,9 @@ def test_quantization_rejects_bad_input():
         ch04.quantize_kv(x, 17)
     with pytest.raises(TypeError, match="bits must be an int"):
         ch04.quantize_kv(x, 4.0)
-    with pytest.raises(ValueError, match="x must have at least 2 dimensions"):
-        ch04.quantize_kv(torch.ones(4), 4)
     with pytest.raises(ValueError, match="bits must be a positive integer"):
         ch04.quantized_kv_bytes_per_token(ch04.RUNNING_EXAMPLE, 0)
-    with pytest.raises(TypeError, match="config must be a ch03.KVConfig"):
+    with pytest.raises(TypeError, match="config must be a KVConfig"):
         ch04.quantized_kv_bytes_per_token("llama", 4)
     with pytest.raises(ValueError, match="outlier_channels must be an integer <= 64"):
         ch04.quantized_cache_error(4, outlier_channels=100)
@@ -1079,7 +952,7 @@ def test_cache_bytes_by_design_rejects_bad_input():
     lite = ch03.KVConfig.from_hf_config(ch03.load_model_config("deepseek-v2-lite"))
     with pytest.raises(ValueError, match="standard cache without a window"):
         ch04.cache_bytes_by_design(10, lite)
-    with pytest.raises(TypeError, match="config must be a ch03.KVConfig"):
+    with pytest.raises(TypeError, match="config must be a KVConfig"):
         ch04.cache_bytes_by_design(10, "llama")
 
 
@@ -1101,5 +974,5 @@ def test_every_diagram_is_a_labelled_captioned_figure():
 def test_no_stray_timing_output_and_papers_figures_are_exempted_in_the_opening():
     text = CHAPTER.read_text(encoding="utf-8")
     assert "chapter executed in" not in text and "CHAPTER_START" not in text
-    opening = text[: text.index("## The two bills")]
-    assert "results reported by papers" in opening  # the quoted figures are the papers' own
+    opening = text[: text.index("## What one more token costs")]
+    assert "Numbers from\npapers" in opening  # the quoted figures are the papers' own

@@ -211,7 +211,7 @@ def receptive_field(mask: Tensor, layers: int) -> Tensor:
 
 
 def window_reach(window: int, layers: int) -> int:
-    """Return L (w - 1): how far back L windowed layers carry (Equation 4.3)."""
+    """Return L (w - 1): how far back L windowed layers carry (Equation 4.4)."""
     window = check_int("window", window, minimum=1)
     return layers * (window - 1)
 
@@ -241,7 +241,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
 
     query, key: (..., T, d); value: (..., T, d_v). Token t overwrites slot
     t mod w, and the outputs equal attention masked with
-    ``ch03.visibility_mask(T, window=w)`` (Equation 4.3).
+    ``ch03.visibility_mask(T, window=w)`` (Equation 4.4).
     """
     window = check_int("window", window, minimum=1)
     *lead, tokens, width = key.shape
@@ -283,7 +283,7 @@ def global_local_mask(seq_len: int, window: int,
 
 
 def strided_mask(seq_len: int, stride: int) -> Tensor:
-    """Return the causal strided mask of Equation 4.4.
+    """Return the causal strided mask of Equation 4.5.
 
     Query i reads the last ``stride`` keys and every stride-th key before.
     """
