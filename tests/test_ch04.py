@@ -976,3 +976,16 @@ def test_no_stray_timing_output_and_papers_figures_are_exempted_in_the_opening()
     assert "chapter executed in" not in text and "CHAPTER_START" not in text
     opening = text[: text.index("## What one more token costs")]
     assert "Numbers from\npapers" in opening  # the quoted figures are the papers' own
+
+
+def test_copying_runner_writes_every_mixer_for_every_seed(tmp_path):
+    import json
+
+    from experiments import copying
+    out = tmp_path / "copying.json"
+    assert copying.main(["--seeds", "2", "--steps", "2", "--jobs", "1", "--out", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["task"] == ch04.COPYING_TASK and saved["steps"] == 2
+    assert {(t["seed"], t["mixer"]) for t in saved["trials"]} == {
+        (seed, mixer) for seed in range(2) for mixer in ch04.COPYING_MIXERS}
+    assert saved["machine"]["mode"] == "full" and "wall_seconds" in saved["machine"]
