@@ -31,9 +31,11 @@ def scalar_ssm(a: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.tensor([[a]], dtype=F64), torch.ones(1, dtype=F64), torch.ones(1, dtype=F64)
 
 
-# The chapter's recall task: small noise, a marked 7 at position 2, nine more values.
-RECALL_VALUES = torch.tensor([0.3, -0.5, 7.0, 0.8, -0.2, 0.6, -0.9, 0.4, 0.1, -0.3, 0.5, -0.6], dtype=F64)
-RECALL_MARKERS = torch.zeros(12, dtype=F64).index_fill_(0, torch.tensor([2]), 1.0)
+# The chapter's one-value task: 16 seeded filler values in [-1, 1), a marked 4 at position 3.
+RECALL_VALUES = (2 * torch.rand(16, generator=torch.Generator().manual_seed(24), dtype=F64) - 1).index_fill_(
+    0, torch.tensor([3]), 4.0)
+RECALL_MARKERS = torch.zeros(16, dtype=F64).index_fill_(0, torch.tensor([3]), 1.0)
+OPENING = "It is a truth universally acknowledged"  # the corpus's first sentence begins so
 
 
 class LargestTensor(TorchDispatchMode):
@@ -65,7 +67,7 @@ def test_public_names_are_what_an_exercise_imports():
 def test_docstrings_name_equations_by_their_numbers():
     numbers = {label: target.number for label, target in book_numbering().items() if label.startswith("eq-ch04-")}
     cited = {
-        "bills": [ch04.context_cost], "window": [ch04.window_reach, ch04.sliding_window_decode],
+        "cost": [ch04.context_cost], "window": [ch04.window_reach, ch04.sliding_window_decode],
         "strided": [ch04.strided_mask], "linear": [ch04.linear_attention_recurrent, ch04.linear_attention_chunked],
         "ssm": [ch04.ssm_recurrent, ch04.ssm_kernel], "selective": [ch04.discretize, ch04.selective_ssm],
         "scan": [ch04.parallel_scan], "mamba": [ch04.selective_scan, ch04.SelectiveSSMLayer],
@@ -122,23 +124,28 @@ def test_context_cost_rejects_bad_input():
         ch04.context_cost(2.5)
     with pytest.raises(TypeError, match="tokens must be an int"):
         ch04.context_cost(True)
-    with pytest.raises(TypeError, match="config must be a ch03.KVConfig"):
+    with pytest.raises(TypeError, match="config must be a KVConfig"):
         ch04.context_cost(10, {"layers": 32})
 
 
 # --------------------------------------------------------------------------- sliding windows
 
 
-def test_window_worked_example():
-    mask = ch03.visibility_mask(8, window=3)
-    assert ch04.pairs_computed(mask) == 21
-    assert ch04.pairs_computed(ch01.causal_mask(8)) == 36
+def test_window_worked_example_on_the_corpus_bytes():
+    text = ch02.load_corpus()
+    text = text[text.index(OPENING):][:17]
+    assert text == "It is a truth uni"
+    mask = ch03.visibility_mask(16, window=4)
+    assert ch04.pairs_computed(mask) == 58
+    assert ch04.pairs_computed(ch01.causal_mask(16)) == 136
     field = ch04.receptive_field(mask, 3)
-    assert field[7, 1] and not field[7, 0]
-    assert ch04.window_reach(3, 3) == 6
+    assert "".join(text[j] for j in field[15].nonzero().flatten().tolist()) == "a truth un"
+    assert not field[15, 5] and ch04.receptive_field(mask, 4)[15, 5]
+    assert ch04.window_reach(4, 3) == 9
     assert ch04.window_reach(4096, 32) == 131_040
     assert ch04.hops_needed(131_040, 4096) == 32
     assert ch04.hops_needed(99_999, 4096) == 25
+    assert ch04.hops_needed(15, 4) == 5  # the self-test: the last byte hears the I after 5 layers
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -176,51 +183,38 @@ def test_rolling_buffer_equals_masked_attention_and_never_exceeds_window(seed):
 
 
 def test_rolling_buffer_slots_follow_t_mod_w():
-    assert ch04.rolling_buffer_slots(10, 4) == [8, 9, 6, 7]
-    assert ch04.rolling_buffer_slots(11, 4) == [8, 9, 10, 7]
+    assert ch04.rolling_buffer_slots(16, 4) == [12, 13, 14, 15]
+    assert ch04.rolling_buffer_slots(17, 4) == [16, 13, 14, 15]  # byte 16 replaces byte 12
     assert ch04.rolling_buffer_slots(2, 4) == [0, 1, -1, -1]
     assert ch04.rolling_buffer_slots(0, 3) == [-1, -1, -1]
 
 
-def test_window_functions_reject_bad_input():
+def test_window_sizes_that_would_give_silent_wrong_answers_are_refused():
+    """A zero window (or a window of 1 when counting hops) is refused where it enters."""
     q = randn(5, 4, seed=0)
     with pytest.raises(ValueError, match="window must be a positive integer"):
         ch04.sliding_window_decode(q, q, q, 0)
     with pytest.raises(TypeError, match="window must be an int"):
         ch04.sliding_window_decode(q, q, q, 2.0)
-    with pytest.raises(ValueError, match="equal shapes"):
-        ch04.sliding_window_decode(q, randn(6, 4, seed=1), q, 2)
-    with pytest.raises(TypeError, match="query must be a floating-point tensor"):
-        ch04.sliding_window_decode(q.long(), q, q, 2)
     with pytest.raises(ValueError, match="window must be a positive integer"):
-        ch04.window_reach(0, 3)
+        ch04.window_reach(0, 3)  # would return a negative reach
     with pytest.raises(TypeError, match="window must be an int"):
         ch04.window_reach(2.5, 3)  # the review's case: once returned 4.5
-    with pytest.raises(TypeError, match="layers must be an int"):
-        ch04.window_reach(3, 1.5)
-    with pytest.raises(ValueError, match="layers must be an integer >= 0"):
-        ch04.receptive_field(ch01.causal_mask(3), -1)
-    with pytest.raises(ValueError, match="square"):
-        ch04.receptive_field(torch.ones(2, 3, dtype=torch.bool), 1)
     with pytest.raises(ValueError, match="window must be an integer >= 2"):
         ch04.hops_needed(5, 1)
-    with pytest.raises(ValueError, match="distance must be an integer >= 0"):
-        ch04.hops_needed(-1, 4)
-    with pytest.raises(ValueError, match="tokens_seen must be an integer >= 0"):
-        ch04.rolling_buffer_slots(-1, 3)
-    with pytest.raises(TypeError, match="mask must be a tensor of dtype torch.bool"):
-        ch04.pairs_computed(torch.ones(2, 2))
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        ch04.rolling_buffer_slots(3, 0)
 
 
 # --------------------------------------------------------------------------- sparse patterns
 
 
-def test_sparse_pair_counts_at_sixteen_tokens():
-    assert ch04.pairs_computed(ch01.causal_mask(16)) == 136
-    assert ch04.pairs_computed(ch03.visibility_mask(16, window=4)) == 58
-    assert ch04.pairs_computed(ch04.global_local_mask(16, 4, (0,))) == 70
-    assert ch04.pairs_computed(ch04.strided_mask(16, 4)) == 82
-    assert ch04.strided_mask(16, 4)[13].nonzero().flatten().tolist() == [1, 5, 9, 10, 11, 12, 13]
+def test_sparse_pair_counts_at_twenty_four_tokens():
+    assert ch04.pairs_computed(ch01.causal_mask(24)) == 300
+    assert ch04.pairs_computed(ch03.visibility_mask(24, window=5)) == 110
+    assert ch04.pairs_computed(ch04.global_local_mask(24, 5, (0,))) == 129
+    assert ch04.pairs_computed(ch04.strided_mask(24, 5)) == 156
+    assert ch04.strided_mask(24, 5)[21].nonzero().flatten().tolist() == [1, 6, 11, 16, 17, 18, 19, 20, 21]
 
 
 def test_causal_global_token_at_zero_is_a_sink_and_gives_no_two_hop_path():
@@ -235,7 +229,7 @@ def test_causal_global_token_at_zero_is_a_sink_and_gives_no_two_hop_path():
 
 
 def _hops(mask, reader, source):
-    for hops in range(17):
+    for hops in range(25):
         if ch04.receptive_field(mask, hops)[reader, source]:
             return hops
     return None
@@ -244,6 +238,8 @@ def _hops(mask, reader, source):
 def test_causal_global_token_later_in_the_sequence_shortens_paths_across_it():
     at_8 = ch04.global_local_mask(16, 4, (8,))
     assert _hops(at_8, 15, 3) == 2  # 3 -> 8 -> 15, the review's case
+    assert _hops(ch04.global_local_mask(24, 5, (12,)), 23, 3) == 2  # the chapter's case
+    assert _hops(ch04.global_local_mask(24, 5, (0,)), 23, 3) == 5
     assert _hops(ch04.global_local_mask(16, 4, (0,)), 15, 3) == 4  # as the window alone
     assert _hops(ch03.visibility_mask(16, window=4), 15, 3) == 4
     assert at_8[8, :9].all() and not at_8[8, 9:].any()  # it reads 0..8 and nothing later
@@ -276,21 +272,13 @@ def test_sparse_masks_give_skipped_pairs_exactly_zero_weight_in_chapter1_attenti
         assert torch.allclose(weights.sum(dim=-1), torch.ones(n, dtype=weights.dtype))
 
 
-def test_sparse_masks_reject_bad_input():
+def test_sparse_masks_refuse_a_zero_window_or_stride():
     with pytest.raises(ValueError, match="stride must be a positive integer"):
         ch04.strided_mask(8, 0)
     with pytest.raises(TypeError, match="stride must be an int"):
         ch04.strided_mask(4, 1.5)  # the review's case: once returned a mask
     with pytest.raises(ValueError, match="window must be a positive integer"):
         ch04.global_local_mask(8, 0)
-    with pytest.raises(ValueError, match="global_tokens must hold integers <= 7"):
-        ch04.global_local_mask(8, 2, (8,))
-    with pytest.raises(TypeError, match="global_tokens must be a sequence of integers"):
-        ch04.global_local_mask(8, 2, 3)
-    with pytest.raises(TypeError, match="causal must be True or False"):
-        ch04.global_local_mask(8, 2, causal=1)
-    with pytest.raises(ValueError, match="seq_len must be a positive integer"):
-        ch04.strided_mask(0, 2)
 
 
 # --------------------------------------------------------------------------- block-sparse attention
@@ -334,21 +322,15 @@ def test_block_sparse_worked_numbers_count_causal_tiles_throughout():
     assert round(100 * long_tiles.sum().item() / causal_tiles, 1) == 6.3  # the text and Exercise 4.2
 
 
-def test_block_sparse_rejects_bad_input():
+def test_block_sparse_refuses_what_would_silently_drop_pairs():
     q = randn(8, 4, seed=0)
     good = ch04.sliding_window_block_mask(8, 2, 2)
     with pytest.raises(ValueError, match="block_size must be a positive integer"):
         ch04.block_sparse_attention(q, q, q, good, 0)
-    with pytest.raises(ValueError, match=r"block_mask must have shape \(4, 4\)"):
+    with pytest.raises(AssertionError, match="tile grid"):
         ch04.block_sparse_attention(q, q, q, torch.ones(3, 3, dtype=torch.bool), 2)
-    with pytest.raises(TypeError, match="block_mask must be a tensor of dtype torch.bool"):
-        ch04.block_sparse_attention(q, q, q, torch.ones(4, 4), 2)
     with pytest.raises(ValueError, match="outside the marked tiles"):
         ch04.block_sparse_attention(q, q, q, good, 2, token_mask=ch01.causal_mask(8))
-    with pytest.raises(ValueError, match=r"token_mask must have shape \(8, 8\)"):
-        ch04.block_sparse_attention(q, q, q, good, 2, token_mask=ch01.causal_mask(7))
-    with pytest.raises(ValueError, match="equal shapes"):
-        ch04.block_sparse_attention(q, randn(7, 4, seed=1), q, good, 2)
     with pytest.raises(ValueError, match="window must be a positive integer"):
         ch04.sliding_window_block_mask(8, 0, 4)
 
@@ -357,15 +339,20 @@ def test_block_sparse_rejects_bad_input():
 
 
 def test_linear_attention_worked_example():
-    keys = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=F64)
-    values = torch.tensor([[2.0], [4.0], [6.0]], dtype=F64)
-    queries = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]], dtype=F64)
-    assert ch04.feature_map(keys).tolist() == [[2.0, 1.0], [1.0, 2.0], [2.0, 2.0]]
+    draw = torch.Generator().manual_seed(40)  # the chapter's seeded three tokens
+    keys = torch.randint(-1, 3, (3, 2), generator=draw).double()
+    queries = torch.randint(-1, 3, (3, 2), generator=draw).double()
+    values = torch.randint(1, 10, (3, 1), generator=draw).double()
+    assert keys.tolist() == [[1.0, 2.0], [2.0, 0.0], [-1.0, -1.0]] and queries[2].tolist() == [1.0, 2.0]
+    assert values.flatten().tolist() == [8.0, 7.0, 1.0]
+    e = math.exp(-1)
+    assert torch.allclose(ch04.feature_map(keys), torch.tensor([[2.0, 3.0], [3.0, 1.0], [e, e]], dtype=F64))
     out, (summed, total) = ch04.linear_attention_recurrent(queries, keys, values)
-    assert summed.flatten().tolist() == [20.0, 22.0] and total.tolist() == [5.0, 5.0]
-    assert out[2, 0].item() == pytest.approx(62 / 15, abs=1e-12)
+    assert torch.allclose(total, torch.tensor([5 + e, 4 + e], dtype=F64))
+    weights = [13.0, 9.0, 5 * e]  # phi(q) . phi(k_j) with phi(q) = (2, 3)
+    assert out[2, 0].item() == pytest.approx((8 * 13 + 7 * 9 + 1 * 5 * e) / sum(weights), abs=1e-12)
     soft, _ = ch01.scaled_dot_product_attention(queries, keys, values, ch01.causal_mask(3), scale=1.0)
-    assert soft[2, 0].item() == pytest.approx(4.0, abs=1e-12)
+    assert round(out[2, 0].item(), 2) == 7.08 and round(soft[2, 0].item(), 2) == 7.95
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -445,84 +432,26 @@ def test_sharpness_numbers_of_the_weight_figure():
     for result in (doubled, plain):
         for weights in result["weights"]:
             assert torch.allclose(weights.sum(dim=-1), torch.ones(10))
-    with pytest.raises(ValueError, match="last_rows must be an integer <= 3"):
-        ch04.weight_sharpness(torch.eye(3), last_rows=4)
     with pytest.raises(ValueError, match="query_scale must be > 0"):
         ch04.sharpness_comparison(0.0)
 
 
-def test_linear_attention_rejects_bad_input():
+def test_linear_attention_chunked_refuses_a_zero_chunk():
     q = randn(4, 3, seed=0)
-    with pytest.raises(ValueError, match="equal shapes"):
-        ch04.linear_attention_quadratic(q, randn(4, 2, seed=1), q)
-    with pytest.raises(ValueError, match="equal shapes"):
-        ch04.linear_attention_recurrent(q, q, randn(5, 3, seed=1))
     with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
         ch04.linear_attention_chunked(q, q, q, chunk_size=0)
-    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
-        ch04.feature_map([1.0, 2.0])
-
-
-def test_linear_attention_recurrent_rejects_a_state_of_the_wrong_shape():
-    q = randn(2, 5, 3, seed=0)  # (batch 2, T 5, d 3)
-    summed, total = torch.zeros(2, 3, 3, dtype=F64), torch.zeros(2, 3, dtype=F64)
-    ch04.linear_attention_recurrent(q, q, q, state=(summed, total))  # the right shapes work
-    for bad in ((torch.zeros(3, 3, dtype=F64), total),  # once broadcast silently over the batch
-                (summed, torch.zeros(1, 3, dtype=F64)),
-                (torch.zeros(2, 3, 4, dtype=F64), total)):
-        with pytest.raises(ValueError, match="state must hold S of shape"):
-            ch04.linear_attention_recurrent(q, q, q, state=bad)
-    with pytest.raises(TypeError, match="state must be a pair"):
-        ch04.linear_attention_recurrent(q, q, q, state=summed)
-    with pytest.raises(TypeError, match=r"state\[1\] must be a floating-point tensor"):
-        ch04.linear_attention_recurrent(q, q, q, state=(summed, [0.0] * 3))
-
-
-@pytest.mark.parametrize("call", [
-    lambda e: ch04.sliding_window_decode(e, e, e, 2),
-    lambda e: ch04.linear_attention_quadratic(e, e, e),
-    lambda e: ch04.linear_attention_recurrent(e, e, e),
-    lambda e: ch04.linear_attention_chunked(e, e, e),
-    lambda e: ch04.block_sparse_attention(e, e, e, torch.ones(1, 1, dtype=torch.bool), 1),
-    lambda e: ch04.linear_attention_weights(e, e),
-])
-def test_zero_length_sequences_raise_value_errors_naming_the_argument(call):
-    with pytest.raises(ValueError, match="query must not be empty"):
-        call(torch.zeros(2, 0, 4, dtype=F64))
-
-
-def test_zero_length_scans_and_ssm_inputs_raise_value_errors():
-    empty = torch.zeros(3, 0, dtype=F64)
-    for scan in (ch04.sequential_scan, ch04.parallel_scan):
-        with pytest.raises(ValueError, match="a must not be empty"):
-            scan(empty, empty)
-    A, B, C = scalar_ssm(0.5)
-    with pytest.raises(ValueError, match="x must not be empty"):
-        ch04.ssm_recurrent(torch.zeros(0, dtype=F64), A, B, C)
-    with pytest.raises(ValueError, match="x must not be empty"):
-        ch04.ssm_convolution(torch.zeros(0, dtype=F64), A, B, C)
-    with pytest.raises(ValueError, match="length must be a positive integer"):
-        ch04.ssm_kernel(A, B, C, 0)
-    with pytest.raises(ValueError, match="x must not be empty"):
-        ch04.selective_ssm(torch.zeros(0, dtype=F64), torch.zeros(0, dtype=F64))
-    with pytest.raises(ValueError, match="u must not be empty"):
-        ch04.selective_scan(torch.zeros(1, 2, 0, dtype=F64), torch.zeros(1, 2, 0, dtype=F64),
-                            -torch.ones(2, 3, dtype=F64), torch.zeros(1, 3, 0, dtype=F64),
-                            torch.zeros(1, 3, 0, dtype=F64))
-    with pytest.raises(ValueError, match="x must not be empty"):
-        ch04.quantize_kv(torch.zeros(0, 4), 4)
 
 
 # --------------------------------------------------------------------------- state-space models
 
 
-def test_ssm_worked_example():
-    x = torch.tensor([1.0, 0.0, 0.0, 2.0], dtype=F64)
-    A, B, C = scalar_ssm(0.5)
-    assert ch04.ssm_recurrent(x, A, B, C).tolist() == [1.0, 0.5, 0.25, 2.125]
-    assert ch04.ssm_kernel(A, B, C, 4).tolist() == [1.0, 0.5, 0.25, 0.125]
-    assert torch.allclose(ch04.ssm_convolution(x, A, B, C),
-                          torch.tensor([1.0, 0.5, 0.25, 2.125], dtype=F64), atol=1e-12)
+def test_ssm_worked_example_counts_the_spaces_of_the_corpus():
+    x = torch.tensor([float(ch == " ") for ch in "It is a truth"], dtype=F64)
+    A, B, C = scalar_ssm(0.75)
+    states = ch04.ssm_recurrent(x, A, B, C)
+    assert states[-1].item() == pytest.approx(0.75**10 + 0.75**7 + 0.75**5, abs=1e-12)
+    assert ch04.ssm_kernel(A, B, C, 4).tolist() == [1.0, 0.75, 0.5625, 0.421875]
+    assert torch.allclose(ch04.ssm_convolution(x, A, B, C), states, atol=1e-12)
     assert round(ch04.ssm_kernel(*scalar_ssm(0.99), 151)[-1].item(), 3) == 0.221
 
 
@@ -534,23 +463,6 @@ def test_ssm_convolution_equals_recurrence(seed):
     B, C = randn(n, seed=seed + 1), randn(n, seed=seed + 2)
     x = randn(sizes["tokens"], seed=seed + 3)
     assert torch.allclose(ch04.ssm_convolution(x, A, B, C), ch04.ssm_recurrent(x, A, B, C), atol=1e-9)
-
-
-def test_ssm_rejects_bad_input():
-    A, B, C = scalar_ssm(0.5)
-    x = torch.ones(2, dtype=F64)
-    with pytest.raises(ValueError, match=r"A must be \(N, N\)"):
-        ch04.ssm_recurrent(x, torch.eye(2, dtype=F64), torch.ones(3, dtype=F64), torch.ones(3, dtype=F64))
-    with pytest.raises(ValueError, match="x must have 1 dimensions"):
-        ch04.ssm_convolution(torch.ones(2, 3, dtype=F64), A, B, C)
-    with pytest.raises(ValueError, match="length must be a positive integer"):
-        ch04.ssm_kernel(A, B, C, -1)
-    with pytest.raises(TypeError, match="A must be a floating-point tensor"):
-        ch04.ssm_recurrent(x, 0.5, B, C)
-    with pytest.raises(TypeError, match="A, B and C must share one dtype"):
-        ch04.ssm_recurrent(x, A.float(), B, C)
-    with pytest.raises(TypeError, match="x must be a tensor of dtype torch.float64"):
-        ch04.ssm_recurrent(x.float(), A, B, C)
 
 
 def test_selective_step_sizes_and_discretization():
@@ -567,36 +479,31 @@ def test_selective_step_sizes_and_discretization():
 
 def test_selective_recall_beats_every_fixed_step():
     final = ch04.selective_ssm(RECALL_VALUES, ch04.step_sizes(RECALL_MARKERS))[-1].item()
-    assert round(final, 2) == 6.55
+    assert round(final, 2) == 3.67
     grid = torch.logspace(-3, 1, 400, dtype=F64).tolist()
-    best = max(ch04.selective_ssm(RECALL_VALUES, torch.full((12,), d, dtype=F64))[-1].item() for d in grid)
-    assert round(best, 2) == 0.26
+    finals = [ch04.selective_ssm(RECALL_VALUES, torch.full((16,), d, dtype=F64))[-1].item() for d in grid]
+    nearest = min(finals, key=lambda f: abs(f - 4.0))
+    assert round(nearest, 2) == 0.16 and max(finals) < 1.0
     softplus = lambda x: math.log1p(math.exp(x))  # noqa: E731
     write_marked, keep_plain = 1 - math.exp(-softplus(5.0)), math.exp(-softplus(-5.0))
-    assert round(write_marked * 7 * keep_plain**9, 2) == 6.55
+    assert round(write_marked * 4 * keep_plain**12, 2) == 3.67
 
 
-def test_selective_rejects_bad_input():
+def test_discretize_refuses_a_rate_that_is_not_negative():
     with pytest.raises(ValueError, match="a must be < 0"):
         ch04.discretize(torch.ones(1), a=0.5)
-    with pytest.raises(ValueError, match="delta must be >= 0"):
-        ch04.discretize(torch.tensor([-1.0]))
-    with pytest.raises(TypeError, match="delta must be a floating-point tensor"):
-        ch04.discretize(1.0)
-    with pytest.raises(ValueError, match="same shape"):
-        ch04.selective_ssm(torch.ones(2), torch.ones(1))
-    with pytest.raises(TypeError, match="markers must be a floating-point tensor"):
-        ch04.step_sizes([1, 0])
+    with pytest.raises(ValueError, match="a must be < 0"):
+        ch04.discretize(torch.ones(1), a=0.0)  # would divide by zero
 
 
 # --------------------------------------------------------------------------- scans
 
 
 def test_scan_worked_example_and_rounds():
-    a = torch.full((4,), 0.5, dtype=F64)
-    b = torch.tensor([1.0, 0.0, 0.0, 2.0], dtype=F64)
-    assert ch04.parallel_scan(a, b).tolist() == [1.0, 0.5, 0.25, 2.125]
-    assert ch04.sequential_scan(a, b).tolist() == [1.0, 0.5, 0.25, 2.125]
+    a = torch.full((4,), 0.75, dtype=F64)
+    b = torch.tensor([0.0, 1.0, 0.0, 1.0], dtype=F64)  # the bytes "s a " of the space counter
+    assert ch04.parallel_scan(a, b).tolist() == [0.0, 1.0, 0.75, 1.5625]
+    assert ch04.sequential_scan(a, b).tolist() == [0.0, 1.0, 0.75, 1.5625]
     assert ch04.scan_rounds(4) == 2 and ch04.scan_rounds(1024) == 10 and ch04.scan_rounds(1025) == 11
     assert ch04.scan_rounds(1) == 0 and ch04.scan_rounds(0) == 0 and ch04.scan_rounds(2**16) == 16
 
@@ -687,21 +594,8 @@ def test_selective_ssm_through_the_parallel_scan():
     assert ch04.parallel_scan(keep, write * RECALL_VALUES)[-1].item() == pytest.approx(by_loop[-1].item(), abs=1e-12)
 
 
-def test_scans_reject_bad_input():
-    with pytest.raises(ValueError, match="same shape"):
-        ch04.parallel_scan(torch.ones(3), torch.ones(4))
-    with pytest.raises(ValueError, match="same shape"):
-        ch04.sequential_scan(torch.ones(2, 3), torch.ones(3))
-    with pytest.raises(ValueError, match="a must have at least 1 dimensions"):
-        ch04.parallel_scan(torch.tensor(1.0), torch.tensor(1.0))
-    with pytest.raises(TypeError, match="a and b must share one dtype"):
-        ch04.parallel_scan(torch.ones(3), torch.ones(3, dtype=F64))
-    with pytest.raises(TypeError, match="b must be a floating-point tensor"):
-        ch04.sequential_scan(torch.ones(3), torch.ones(3, dtype=torch.long))
-    with pytest.raises(ValueError, match="length must be an integer >= 0"):
-        ch04.scan_rounds(-1)
-    with pytest.raises(TypeError, match="length must be an int"):
-        ch04.scan_rounds(4.0)
+def test_scan_rounds_of_no_steps_is_zero():
+    assert ch04.scan_rounds(0) == 0 and ch04.scan_rounds(1) == 0
 
 
 # --------------------------------------------------------------------------- Mamba's selective scan
@@ -758,32 +652,12 @@ def test_selective_scan_with_constant_steps_is_the_convolution_of_equation_4_5()
             assert torch.allclose(y[i, d], expected, atol=1e-10)
 
 
-def test_recall_under_delta_b_ends_at_33_not_6_55():
+def test_recall_under_delta_b_ends_at_18_5_not_3_67():
     one = lambda v: v.reshape(1, 1, -1)  # noqa: E731
-    ones = one(torch.ones(12, dtype=F64))
+    ones = one(torch.ones(16, dtype=F64))
     y = ch04.selective_scan(one(RECALL_VALUES), one(ch04.step_sizes(RECALL_MARKERS)),
                             torch.tensor([[-1.0]], dtype=F64), ones, ones)
-    assert f"{y[0, 0, -1].item():.1f}" == "33.0"
-
-
-def test_selective_scan_rejects_bad_input():
-    u, delta, A, B, C, D = random_selective_inputs(2, 3, 4, 5, seed=1)
-    with pytest.raises(ValueError, match=r"delta must have shape \(2, 3, 5\)"):
-        ch04.selective_scan(u, delta[..., :4], A, B, C)
-    with pytest.raises(ValueError, match=r"A must have shape \(3, 4\)"):
-        ch04.selective_scan(u, delta, A[:2], B, C)
-    with pytest.raises(ValueError, match=r"B must have shape \(2, 4, 5\)"):
-        ch04.selective_scan(u, delta, A, B[:, :3], C)
-    with pytest.raises(ValueError, match=r"C must have shape \(2, 4, 5\)"):
-        ch04.selective_scan(u, delta, A, B, C.transpose(1, 2))
-    with pytest.raises(ValueError, match=r"D must have shape \(3,\)"):
-        ch04.selective_scan(u, delta, A, B, C, D[:2])
-    with pytest.raises(ValueError, match="u must have 3 dimensions"):
-        ch04.selective_scan(u[0], delta, A, B, C)
-    with pytest.raises(TypeError, match="B must be a tensor of dtype torch.float64"):
-        ch04.selective_scan(u, delta, A, B.float(), C)
-    with pytest.raises(TypeError, match="u must be a floating-point tensor"):
-        ch04.selective_scan(u.long(), delta, A, B, C)
+    assert f"{y[0, 0, -1].item():.1f}" == "18.5"
 
 
 def test_time_invariant_layer_is_a_convolution_per_channel():
@@ -828,8 +702,6 @@ def test_selective_layer_rejects_bad_input():
         ch04.SelectiveSSMLayer(8, selective="yes")
     with pytest.raises(TypeError, match="state_size must be an int"):
         ch04.SelectiveSSMLayer(8, state_size=2.0)
-    with pytest.raises(ValueError, match="x must have 3 dimensions"):
-        ch04.SelectiveSSMLayer(8)(torch.ones(4, 8))
 
 
 # --------------------------------------------------------------------------- selective copying
@@ -870,12 +742,37 @@ def test_copying_rejects_bad_input():
         ch04.selective_copying_batch(2, 3, 4, 8, generator)
     with pytest.raises(TypeError, match="generator must be a torch.Generator"):
         ch04.selective_copying_batch(2, 8, 2, 8, 0)
-    with pytest.raises(ValueError, match="the position table holds 4"):
-        ch04.PositionalAttention(8, 2, 4)(torch.ones(1, 5, 8))
-    with pytest.raises(TypeError, match="mixer must be an nn.Module"):
+    with pytest.raises(TypeError, match=r"mixer must be a \S*Module"):
         ch04.CopyingModel(10, 8, lambda x: x, 4)
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         ch04.train_copying(ch04.CopyingModel(10, 8, torch.nn.Identity(), 4), steps=0, length=8, copies=2, symbols=4)
+    with pytest.raises(ValueError, match="mixer must be one of"):
+        ch04.copying_trial("transformer", 0)
+    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+        ch04.copying_trial("attention", -1)
+
+
+def test_copying_trial_is_seeded_and_trains_the_named_mixer():
+    first = ch04.copying_trial("selective SSM", 3, steps=4)
+    again = ch04.copying_trial("selective SSM", 3, steps=4)
+    assert first["losses"] == again["losses"] and first["accuracy"] == again["accuracy"]
+    assert len(first["losses"]) == 4 and 0.0 <= first["accuracy"] <= 1.0
+    sizes = {name: ch04.copying_trial(name, 0, steps=1)["parameters"] for name in ch04.COPYING_MIXERS}
+    assert sizes["selective SSM"] > sizes["time-invariant SSM"]  # x_proj and dt_proj
+    assert ch04.COPYING_TASK == {"length": 24, "copies": 4, "symbols": 8}
+
+
+def test_saved_copying_seeds_say_what_the_chapter_says():
+    import json
+    folder = CHAPTER.parents[1] / "experiments" / "results"
+    runs = [json.loads(path.read_text()) for path in folder.glob("copying-*.json")]
+    assert runs, "run python -m experiments.copying"
+    by_seed = {}
+    for trial in max(runs, key=lambda run: run["machine"]["date"])["trials"]:
+        by_seed.setdefault(trial["seed"], {})[trial["mixer"]] = trial["accuracy"]
+    assert len(by_seed) >= 3
+    assert all(row["selective SSM"] > row["time-invariant SSM"] for row in by_seed.values())
+    assert 0 < sum(row["selective SSM"] > row["attention"] for row in by_seed.values()) < len(by_seed)
 
 
 # --------------------------------------------------------------------------- hybrids
@@ -910,14 +807,17 @@ def test_hybrid_rejects_bad_input():
 
 
 def test_latent_worked_example_and_deepseek_ratio():
-    x = torch.tensor([1.0, 0.0, 2.0, 1.0])
-    down = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
-    key_up = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0]])
+    draw = torch.Generator().manual_seed(66)  # the chapter's seeded small integers
+    small = lambda *shape: torch.randint(-1, 3, shape, generator=draw).float()  # noqa: E731
+    x, down, key_up, queries = small(4), small(4, 2), small(2, 4), small(2, 2)
     latent = x @ down
-    assert latent.tolist() == [3.0, 1.0]
-    assert (latent @ key_up).tolist() == [3.0, 1.0, 3.0, 1.0]
-    query = torch.tensor([1.0, 2.0])
-    assert (query @ (latent @ key_up)[:2]).item() == (query @ key_up[:, :2].T) @ latent == 5.0
+    assert x.tolist() == [-1.0, -1.0, 2.0, 2.0] and latent.tolist() == [-1.0, 3.0]
+    assert (latent @ key_up).tolist() == [1.0, 4.0, 6.0, 3.0]
+    for h in range(2):
+        expanded = queries[h] @ (latent @ key_up)[2 * h : 2 * h + 2]
+        absorbed = (queries[h] @ key_up[:, 2 * h : 2 * h + 2].T) @ latent
+        assert expanded.item() == absorbed.item()
+    assert (queries[0] @ (latent @ key_up)[:2]).item() == 10.0
     full = ch03.KVConfig(name="mha", layers=1, query_heads=128, head_dim=128, bytes_per_scalar=1, kv_heads=128)
     mla = ch03.KVConfig(name="mla", layers=1, query_heads=128, head_dim=128, bytes_per_scalar=1,
                         latent_rank=512, rope_key_dim=64)
@@ -959,26 +859,21 @@ def test_merged_weights_are_the_per_head_products():
         assert torch.allclose(to_output[h], w_uv.T @ w_o.T, atol=1e-12)  # W_UV_h^T W_O_h^T
 
 
-def test_absorbed_latent_attention_rejects_bad_input():
+def test_absorbed_latent_attention_refuses_a_cache_of_the_wrong_width():
     layer = ch04.AbsorbedLatentAttention(8, 2, 3)
-    with pytest.raises(ValueError, match=r"x must have shape \(B, T, 8\)"):
-        layer.forward_absorbed(torch.randn(2, 3, 7))
     with pytest.raises(ValueError, match=r"cache must have shape \(B, T_past, 3\)"):
         layer.forward_absorbed(torch.randn(2, 3, 8), cache=torch.randn(2, 4, 5))
-    with pytest.raises(TypeError, match="merged must be the pair"):
-        layer.forward_absorbed(torch.randn(2, 3, 8), merged=torch.randn(2, 8, 3))
-    to_latent, to_output = layer.merged_weights()
-    with pytest.raises(ValueError, match=r"merged\[1\] must have shape \(2, 3, 8\)"):
-        layer.forward_absorbed(torch.randn(2, 3, 8), merged=(to_latent, to_output[:, :2]))
 
 
 # --------------------------------------------------------------------------- quantized caches
 
 
-def test_quantized_cache_worked_example():
-    codes, scale = ch04.quantize_kv(torch.tensor([[0.7, -0.3, 0.2, 0.04]]), 4)
-    assert codes.flatten().tolist() == [7, -3, 2, 0]
-    assert scale.item() == pytest.approx(0.1)
+def test_quantized_cache_worked_example_with_one_loud_channel():
+    key = torch.randn(1, 8, generator=torch.Generator().manual_seed(31)).mul(0.5).round(decimals=1)
+    key[0, 5] *= 10
+    codes, scale = ch04.quantize_kv(key, 4)
+    assert codes.flatten().tolist() == [0, 0, 0, 0, 0, 7, -1, 1]  # five quiet numbers vanish
+    assert scale.item() == pytest.approx(5.0 / 7)
     assert ch04.quantized_kv_bytes_per_token(ch04.RUNNING_EXAMPLE, 4) == 33_792
     assert ch04.quantized_kv_bytes_per_token(ch04.RUNNING_EXAMPLE, 8) == 66_560
     assert round(131_072 / 33_792, 1) == 3.9
@@ -1029,11 +924,9 @@ def test_quantization_rejects_bad_input():
         ch04.quantize_kv(x, 17)
     with pytest.raises(TypeError, match="bits must be an int"):
         ch04.quantize_kv(x, 4.0)
-    with pytest.raises(ValueError, match="x must have at least 2 dimensions"):
-        ch04.quantize_kv(torch.ones(4), 4)
     with pytest.raises(ValueError, match="bits must be a positive integer"):
         ch04.quantized_kv_bytes_per_token(ch04.RUNNING_EXAMPLE, 0)
-    with pytest.raises(TypeError, match="config must be a ch03.KVConfig"):
+    with pytest.raises(TypeError, match="config must be a KVConfig"):
         ch04.quantized_kv_bytes_per_token("llama", 4)
     with pytest.raises(ValueError, match="outlier_channels must be an integer <= 64"):
         ch04.quantized_cache_error(4, outlier_channels=100)
@@ -1079,7 +972,7 @@ def test_cache_bytes_by_design_rejects_bad_input():
     lite = ch03.KVConfig.from_hf_config(ch03.load_model_config("deepseek-v2-lite"))
     with pytest.raises(ValueError, match="standard cache without a window"):
         ch04.cache_bytes_by_design(10, lite)
-    with pytest.raises(TypeError, match="config must be a ch03.KVConfig"):
+    with pytest.raises(TypeError, match="config must be a KVConfig"):
         ch04.cache_bytes_by_design(10, "llama")
 
 
@@ -1101,5 +994,18 @@ def test_every_diagram_is_a_labelled_captioned_figure():
 def test_no_stray_timing_output_and_papers_figures_are_exempted_in_the_opening():
     text = CHAPTER.read_text(encoding="utf-8")
     assert "chapter executed in" not in text and "CHAPTER_START" not in text
-    opening = text[: text.index("## The two bills")]
-    assert "results reported by papers" in opening  # the quoted figures are the papers' own
+    opening = text[: text.index("## What one more token costs")]
+    assert "Numbers from\npapers" in opening  # the quoted figures are the papers' own
+
+
+def test_copying_runner_writes_every_mixer_for_every_seed(tmp_path):
+    import json
+
+    from experiments import copying
+    out = tmp_path / "copying.json"
+    assert copying.main(["--seeds", "2", "--steps", "2", "--jobs", "1", "--out", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["task"] == ch04.COPYING_TASK and saved["steps"] == 2
+    assert {(t["seed"], t["mixer"]) for t in saved["trials"]} == {
+        (seed, mixer) for seed in range(2) for mixer in ch04.COPYING_MIXERS}
+    assert saved["machine"]["mode"] == "full" and "wall_seconds" in saved["machine"]

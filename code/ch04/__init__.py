@@ -3,6 +3,8 @@
 """Efficient architectures: windows, sums, states and compressed caches: the code saved from chapters/ch04-efficient-architectures.qmd."""
 
 from ._generated import (
+    COPYING_MIXERS,
+    COPYING_TASK,
     RUNNING_EXAMPLE,
     AbsorbedLatentAttention,
     CopyingModel,
@@ -13,6 +15,7 @@ from ._generated import (
     block_sparse_attention,
     cache_bytes_by_design,
     context_cost,
+    copying_trial,
     discretize,
     expand_block_mask,
     feature_map,
@@ -50,6 +53,8 @@ from ._generated import (
 )
 
 __all__ = [
+    "COPYING_MIXERS",
+    "COPYING_TASK",
     "RUNNING_EXAMPLE",
     "AbsorbedLatentAttention",
     "CopyingModel",
@@ -60,6 +65,7 @@ __all__ = [
     "block_sparse_attention",
     "cache_bytes_by_design",
     "context_cost",
+    "copying_trial",
     "discretize",
     "expand_block_mask",
     "feature_map",

@@ -14,14 +14,11 @@ from longctx.support import (
     check_bool,
     check_choice,
     check_int,
-    check_int_sequence,
     check_number,
-    check_tensor,
     check_type,
-    describe,
 )
 
-# chapters/ch04-efficient-architectures.qmd:83
+# chapters/ch04-efficient-architectures.qmd:71
 RUNNING_EXAMPLE = ch03.KVConfig(
     name="Llama-3-8B shape", layers=32, query_heads=32, kv_heads=8,
     head_dim=128, bytes_per_scalar=2,
@@ -29,18 +26,13 @@ RUNNING_EXAMPLE = ch03.KVConfig(
 """The chapter's running example: 32 layers, 8 KV heads of 128, 2 bytes."""
 
 
-# chapters/ch04-efficient-architectures.qmd:129
+# chapters/ch04-efficient-architectures.qmd:124
 def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
-    """Return both bills of a T-token context (Equation 4.1).
+    """Return what a T-token context costs attention (Equation 4.1).
 
-    Args:
-        tokens: Context length T (>= 0).
-        config: The cache's shape; None means RUNNING_EXAMPLE.
-
-    Returns:
-        A dict with ``tokens``; ``pairs_per_head_per_layer``, T^2 (every
-        query with every key); ``causal_pairs_per_head_per_layer``,
-        T(T+1)/2; and ``kv_bytes``, Chapter 3's ``kv_bytes``.
+    A dict with ``tokens``; ``pairs_per_head_per_layer``, T^2;
+    ``causal_pairs_per_head_per_layer``, T(T+1)/2; and ``kv_bytes``,
+    Chapter 3's ``kv_bytes`` for ``config`` (default RUNNING_EXAMPLE).
 
     Raises:
         TypeError: tokens is not an int, or config is not a KVConfig.
@@ -48,9 +40,7 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     """
     tokens = check_int("tokens", tokens, minimum=0)
     config = RUNNING_EXAMPLE if config is None else config
-    if not isinstance(config, ch03.KVConfig):
-        raise TypeError(
-            f"config must be a ch03.KVConfig (got {describe(config)})")
+    check_type("config", config, ch03.KVConfig)
     return {
         "tokens": tokens,
         "pairs_per_head_per_layer": tokens * tokens,
@@ -59,29 +49,160 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     }
 
 
-# chapters/ch04-efficient-architectures.qmd:287
+# chapters/ch04-efficient-architectures.qmd:362
+LatentCache = Tensor
+"""A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
+
+
+class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
+    """Chapter 3's latent layer with a pass that builds no key or value.
+
+    ``forward_absorbed`` returns ``forward``'s output and cache (Equation
+    4.2) with the up-projections merged into their neighbours, head by
+    head: W_Q_h^T W_UK_h takes a token straight to head h's query in latent
+    coordinates, and W_UV_h^T W_O_h^T takes a blend of latents straight to
+    head h's share of the output. A decoupled rotary key (rope_key_dim > 0)
+    is rotated by position, so it cannot be merged: it is cached as it is
+    and scored as in ``forward``, as DeepSeek-V2 does.
+    """
+
+    def merged_weights(self) -> tuple[Tensor, Tensor]:
+        """Return (to_latent (H, d_model, r), to_output (H, r, d_model)).
+
+        ``x @ to_latent[h]`` is head h's query in latent coordinates, and
+        ``blend @ to_output[h]`` is head h's share of the output for a
+        blend of latents. Compute them once after training and pass them to
+        ``forward_absorbed``, as a deployed model would.
+        """
+        heads, width, rank = self.query_heads, self.head_dim, self.latent_rank
+        w_q = self.query.weight.view(heads, width, self.d_model)  # W_Q_h rows
+        w_uk = self.key_up.weight.view(heads, width, rank)  # (H, d_h, r)
+        w_uv = self.value_up.weight.view(heads, width, rank)  # (H, d_h, r)
+        w_o = self.output.weight.view(self.d_model, heads, width)
+        w_o = w_o.permute(1, 2, 0)  # W_O_h^T: (H, d_h, d_model)
+        to_latent = w_q.transpose(1, 2) @ w_uk  # (H, d_model, r)
+        to_output = w_uv.transpose(1, 2) @ w_o  # (H, r, d_model)
+        return to_latent, to_output
+
+    def forward_absorbed(
+        self, x: Tensor, cache: LatentCache | None = None, *,
+        merged: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, LatentCache]:
+        """Return (output (B, T, d_model), cache (B, T_past + T, r + d_R)).
+
+        Both equal ``forward``'s. ``merged`` is what ``merged_weights()``
+        returns; None computes it here.
+        """
+        rank, rope = self.latent_rank, self.rope_key_dim
+        latent, positions = self.extend_latent(x, cache)  # Chapter 3's cache
+        if merged is None:
+            merged = self.merged_weights()
+        to_latent, to_output = merged
+        content = latent[:, None, :, :rank]  # (B, 1, T_k, r): shared by heads
+        query_latent = x[:, None] @ to_latent  # (B, H, T, r)
+        scores = query_latent @ content.transpose(-2, -1)  # (B, H, T, T_k)
+        if rope:
+            rotary_query = self.rotary_queries(x, positions)  # (B, H, T, d_R)
+            rotary_key = latent[:, None, :, rank:]  # (B, 1, T_k, d_R)
+            scores = scores + rotary_query @ rotary_key.transpose(-2, -1)
+        scores = scores / math.sqrt(self.head_dim + rope)  # forward's scale
+        visible = ch03.causal_rows(x.size(1), latent.size(1), device=x.device)
+        weights = ch01.softmax(scores.masked_fill(~visible, -math.inf), dim=-1)
+        blend = weights @ content  # (B, H, T, r): blend the latents first,
+        output = (blend @ to_output).sum(dim=1)  # then map once: (B, T, d)
+        return output, latent
+
+
+# chapters/ch04-efficient-architectures.qmd:557
+def quantize_kv(x: Tensor, bits: int, *,
+                per: str = "token") -> tuple[Tensor, Tensor]:
+    """Return (codes, scale) for cached keys or values (..., T, d).
+
+    ``per="token"``: one scale per cached vector, the usual choice;
+    ``per="channel"``: one scale per channel across the tokens, KIVI's
+    choice for keys. The rounding is Chapter 2's ``quantize``; bits outside
+    2..16 or another ``per`` would round wrongly, and are refused.
+    """
+    bits = check_int("bits", bits, minimum=2, maximum=16)
+    per = check_choice("per", per, ("token", "channel"))
+    return ch02.quantize(x, bits, dim=-1 if per == "token" else -2)
+
+
+def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
+                                 scale_bytes: int = 2) -> int:
+    """Return the cache bytes per token at ``bits`` per number (Equation 4.3).
+
+    Every stored vector costs its packed codes, rounded up to whole bytes,
+    plus one scale: a standard cache stores 2 L H_kv vectors of d_h numbers
+    per token, a latent cache L vectors of r + d_R numbers.
+
+    Raises:
+        TypeError: config is not a KVConfig, or a count is not an int.
+        ValueError: bits outside 1..16, or scale_bytes < 0.
+    """
+    check_type("config", config, ch03.KVConfig)
+    bits = check_int("bits", bits, minimum=1, maximum=16)
+    scale_bytes = check_int("scale_bytes", scale_bytes, minimum=0)
+    if config.latent_rank is None:  # a key and a value per KV head and layer
+        vectors, width = 2 * config.layers * config.kv_heads, config.head_dim
+    else:  # one latent, with its rotary key, per layer
+        vectors = config.layers
+        width = config.latent_rank + config.rope_key_dim
+    return vectors * (-(-width * bits // 8) + scale_bytes)
+
+
+def quantized_cache_error(bits: int, *, keys_per: str = "token",
+                          tokens: int = 64, dim: int = 64,
+                          outlier_channels: int = 0,
+                          outlier_scale: float = 10.0, seed: int = 0) -> float:
+    """Return the relative error of causal attention from a quantized cache.
+
+    The error is ||approx - exact|| / ||exact|| of the outputs when keys
+    (scaled ``keys_per``) and values (per token) are stored at ``bits``.
+
+    ``outlier_channels`` key channels are multiplied by ``outlier_scale``,
+    as trained keys often have a few large channels. Random data, not a
+    trained model.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: an argument is out of range.
+    """
+    bits = check_int("bits", bits, minimum=2, maximum=16)
+    keys_per = check_choice("keys_per", keys_per, ("token", "channel"))
+    tokens = check_int("tokens", tokens, minimum=1)
+    dim = check_int("dim", dim, minimum=1)
+    outlier_channels = check_int("outlier_channels", outlier_channels,
+                                 minimum=0, maximum=dim)
+    outlier_scale = check_number("outlier_scale", outlier_scale, above=0)
+    seed = check_int("seed", seed, minimum=0)
+    generator = torch.Generator().manual_seed(seed)
+    query, key, value = (torch.randn(tokens, dim, generator=generator)
+                         for _ in range(3))
+    loud = torch.randperm(dim, generator=generator)[:outlier_channels]
+    key[:, loud] *= outlier_scale
+    mask = ch01.causal_mask(tokens)
+    exact, _ = ch01.scaled_dot_product_attention(query, key, value, mask)
+    key_hat = ch02.dequantize(*quantize_kv(key, bits, per=keys_per))
+    value_hat = ch02.dequantize(*quantize_kv(value, bits, per="token"))
+    approx, _ = ch01.scaled_dot_product_attention(query, key_hat, value_hat,
+                                                  mask)
+    return (torch.linalg.norm(approx - exact)
+            / torch.linalg.norm(exact)).item()
+
+
+# chapters/ch04-efficient-architectures.qmd:813
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
-    check_tensor("mask", mask, dtype=torch.bool)
     return int(mask.sum())
 
 
 def receptive_field(mask: Tensor, layers: int) -> Tensor:
     """Return a bool (T, T) grid: True where input j reaches output i.
 
-    One layer carries information along the mask's True cells; ``layers``
-    layers compose the mask with itself that many times, a Boolean matrix
-    power. With ``layers=0`` every token hears only itself.
-
-    Raises:
-        TypeError: mask is not a bool tensor, or layers is not an int.
-        ValueError: mask is not square (T, T), or layers < 0.
+    ``mask`` is one layer's bool (T, T) visibility; ``layers`` layers
+    compose it with itself, a Boolean matrix power (0 layers: the identity).
     """
-    check_tensor("mask", mask, dims=2, dtype=torch.bool)
-    if mask.shape[0] != mask.shape[1]:
-        raise ValueError(
-            f"mask must be square (T, T) (got {tuple(mask.shape)})")
-    layers = check_int("layers", layers, minimum=0)
     step = mask.to(torch.float64)
     heard = torch.eye(mask.shape[0], dtype=torch.float64, device=mask.device)
     for _ in range(layers):
@@ -90,26 +211,23 @@ def receptive_field(mask: Tensor, layers: int) -> Tensor:
 
 
 def window_reach(window: int, layers: int) -> int:
-    """Return L (w - 1): how far back L windowed layers carry (Equation 4.2)."""
+    """Return L (w - 1): how far back L windowed layers carry (Equation 4.4)."""
     window = check_int("window", window, minimum=1)
-    layers = check_int("layers", layers, minimum=0)
     return layers * (window - 1)
 
 
 def hops_needed(distance: int, window: int) -> int:
     """Return ceil(distance / (w - 1)): layers needed to carry a token back."""
-    distance = check_int("distance", distance, minimum=0)
     window = check_int("window", window, minimum=2)
     return -(-distance // (window - 1))  # ceil(distance / (w - 1)), exactly
 
 
-# chapters/ch04-efficient-architectures.qmd:426
+# chapters/ch04-efficient-architectures.qmd:946
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
     Token t is written to slot t mod window, over the token that left.
     """
-    tokens_seen = check_int("tokens_seen", tokens_seen, minimum=0)
     window = check_int("window", window, minimum=1)
     slots = [-1] * window
     for token in range(max(0, tokens_seen - window), tokens_seen):
@@ -117,34 +235,14 @@ def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     return slots
 
 
-def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
-    """Raise unless query, key are (..., T, d) alike and value (..., T, d_v)."""
-    for name, tensor in (("query", query), ("key", key), ("value", value)):
-        check_tensor(name, tensor, floating=True, min_dims=2, nonempty=True)
-    if query.shape != key.shape or key.shape[:-1] != value.shape[:-1]:
-        raise ValueError(
-            "query and key must have equal shapes (..., T, d) and value "
-            f"(..., T, d_v) (got {tuple(query.shape)}, {tuple(key.shape)}"
-            f" and {tuple(value.shape)})")
-
-
 def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
                           window: int) -> tuple[Tensor, int]:
     """Return (outputs, most entries held) of decoding with a ring of w slots.
 
-    Token t overwrites slot t mod w. The outputs equal attention masked with
-    ``ch03.visibility_mask(T, window=w)`` (Equation 4.2).
-
-    Args:
-        query, key: (..., T, d).
-        value: (..., T, d_v).
-        window: w >= 1.
-
-    Raises:
-        TypeError: an input is not a floating tensor, or window not an int.
-        ValueError: window < 1, an input is empty, or the shapes disagree.
+    query, key: (..., T, d); value: (..., T, d_v). Token t overwrites slot
+    t mod w, and the outputs equal attention masked with
+    ``ch03.visibility_mask(T, window=w)`` (Equation 4.4).
     """
-    _check_qkv(query, key, value)
     window = check_int("window", window, minimum=1)
     *lead, tokens, width = key.shape
     key_ring = key.new_zeros(*lead, window, width)  # (..., w, d): all there is
@@ -162,29 +260,19 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch04-efficient-architectures.qmd:576
+# chapters/ch04-efficient-architectures.qmd:1076
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
     """Return a bool (T, T) mask: a window plus tokens that read and are read.
 
-    Every token reads the global tokens and the global tokens read every
-    token. With ``causal=True`` nothing reads the future, so a global token
-    at g reads tokens 0..g and is read by tokens g..T-1. With
-    ``causal=False`` (an encoder, as in Longformer and BigBird) the window is
-    the band |i - j| < w and the global rows and columns are full.
-
-    Raises:
-        TypeError: a count is not an int, global_tokens is not a tuple or
-            list of ints, or causal is not a bool.
-        ValueError: seq_len < 1, window < 1, or a global token is outside
-            0..seq_len-1.
+    Every token reads the global tokens and they read every token; with
+    ``causal=True`` nothing reads the future, so a global token at g reads
+    0..g and is read by g..T-1. ``causal=False`` is the encoder form of
+    Longformer and BigBird: the band |i - j| < w, global rows and columns.
     """
-    seq_len = check_int("seq_len", seq_len, minimum=1)
     window = check_int("window", window, minimum=1)
-    causal = check_bool("causal", causal)
-    chosen = check_int_sequence("global_tokens", global_tokens, minimum=0,
-                                maximum=seq_len - 1)
+    chosen = list(global_tokens)
     distance = torch.arange(seq_len)[:, None] - torch.arange(seq_len)  # i - j
     mask = distance.abs() < window
     mask[:, chosen] = True  # everyone reads the global tokens
@@ -195,17 +283,16 @@ def global_local_mask(seq_len: int, window: int,
 
 
 def strided_mask(seq_len: int, stride: int) -> Tensor:
-    """Return the causal strided mask of Equation 4.3.
+    """Return the causal strided mask of Equation 4.5.
 
     Query i reads the last ``stride`` keys and every stride-th key before.
     """
-    seq_len = check_int("seq_len", seq_len, minimum=1)
     stride = check_int("stride", stride, minimum=1)
     distance = torch.arange(seq_len)[:, None] - torch.arange(seq_len)  # i - j
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:789
+# chapters/ch04-efficient-architectures.qmd:1280
 def sliding_window_block_mask(seq_len: int, window: int,
                               block_size: int) -> Tensor:
     """Return the bool (n, n) tile mask of a causal window, n = ceil(T / b).
@@ -213,12 +300,7 @@ def sliding_window_block_mask(seq_len: int, window: int,
     Tile (q, k) is True when query block q and key block k share a pair
     with 0 <= i - j < window. No T x T mask is built; the last block may be
     shorter.
-
-    Raises:
-        TypeError: an argument is not an int.
-        ValueError: an argument is below 1.
     """
-    seq_len = check_int("seq_len", seq_len, minimum=1)
     window = check_int("window", window, minimum=1)
     block_size = check_int("block_size", block_size, minimum=1)
     n_blocks = -(-seq_len // block_size)
@@ -232,21 +314,7 @@ def sliding_window_block_mask(seq_len: int, window: int,
 
 def expand_block_mask(block_mask: Tensor, block_size: int,
                       seq_len: int) -> Tensor:
-    """Return the bool (T, T) token mask: True on every pair of a marked tile.
-
-    Raises:
-        TypeError: block_mask is not a bool tensor, or a count not an int.
-        ValueError: block_mask is not (n, n) with n = ceil(T / block_size).
-    """
-    block_size = check_int("block_size", block_size, minimum=1)
-    seq_len = check_int("seq_len", seq_len, minimum=1)
-    check_tensor("block_mask", block_mask, dims=2, dtype=torch.bool)
-    n_blocks = -(-seq_len // block_size)
-    if tuple(block_mask.shape) != (n_blocks, n_blocks):
-        raise ValueError(
-            f"block_mask must have shape ({n_blocks}, {n_blocks}) for "
-            f"seq_len={seq_len}, block_size={block_size} "
-            f"(got {tuple(block_mask.shape)})")
+    """Return the bool (T, T) token mask: every pair of a marked tile."""
     tiles = block_mask.repeat_interleave(block_size, dim=0)
     tiles = tiles.repeat_interleave(block_size, dim=1)
     return tiles[:seq_len, :seq_len]
@@ -257,39 +325,16 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
                            token_mask: Tensor | None = None) -> Tensor:
     """Return attention outputs computed on the tiles ``block_mask`` marks.
 
-    Without ``token_mask`` the result equals dense attention with
-    ``expand_block_mask(block_mask, block_size, T)``; with it (it must lie
-    inside the marked tiles) it equals dense attention with ``token_mask``.
-    A query that sees no key gets a zero output, as in Chapter 1.
-
-    Args:
-        query, key: (..., T, d).
-        value: (..., T, d_v).
-        block_mask: bool (n, n) with n = ceil(T / block_size).
-        block_size: tokens per block.
-        token_mask: optional bool (T, T).
-
-    Raises:
-        TypeError: a tensor has the wrong dtype, or block_size is not an int.
-        ValueError: shapes disagree, an input is empty, block_size < 1, or
-            token_mask allows a pair outside the marked tiles.
+    query, key: (..., T, d); value: (..., T, d_v); block_mask: bool (n, n),
+    n = ceil(T / block_size). Without ``token_mask`` the result is dense
+    attention with ``expand_block_mask(block_mask, block_size, T)``; with a
+    bool (T, T) ``token_mask`` inside the marked tiles, dense attention with
+    ``token_mask``. A query that sees no key gets a zero output.
     """
-    _check_qkv(query, key, value)
     block_size = check_int("block_size", block_size, minimum=1)
     tokens = query.shape[-2]
-    n_blocks = -(-tokens // block_size)
-    check_tensor("block_mask", block_mask, dims=2, dtype=torch.bool)
-    if tuple(block_mask.shape) != (n_blocks, n_blocks):
-        raise ValueError(
-            f"block_mask must have shape ({n_blocks}, {n_blocks}) for "
-            f"T={tokens}, block_size={block_size} "
-            f"(got {tuple(block_mask.shape)})")
-    if token_mask is not None:
-        check_tensor("token_mask", token_mask, dims=2, dtype=torch.bool)
-        if tuple(token_mask.shape) != (tokens, tokens):
-            raise ValueError(
-                f"token_mask must have shape ({tokens}, {tokens}) "
-                f"(got {tuple(token_mask.shape)})")
+    assert block_mask.shape == (-(-tokens // block_size),) * 2, "tile grid"
+    if token_mask is not None:  # pairs outside the tiles would be dropped
         allowed = expand_block_mask(block_mask.cpu(), block_size, tokens)
         if (token_mask.cpu() & ~allowed).any():
             raise ValueError("token_mask allows pairs outside the marked tiles")
@@ -311,10 +356,9 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1003
+# chapters/ch04-efficient-architectures.qmd:1455
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
-    check_tensor("x", x, floating=True, nonempty=True)
     return F.elu(x) + 1.0
 
 
@@ -322,13 +366,8 @@ def linear_attention_weights(query: Tensor, key: Tensor) -> Tensor:
     """Return the causal (..., T, T) weights linear attention implies.
 
     Entry (i, j) is phi(q_i) . phi(k_j) for j <= i, each row scaled to sum
-    to 1 (the left side of Equation 4.4).
+    to 1 (the left side of Equation 4.6); query and key are (..., T, d).
     """
-    for name, tensor in (("query", query), ("key", key)):
-        check_tensor(name, tensor, floating=True, min_dims=2, nonempty=True)
-    if query.shape != key.shape:
-        raise ValueError("query and key must have equal shapes "
-                         f"(got {tuple(query.shape)} and {tuple(key.shape)})")
     scores = feature_map(query) @ feature_map(key).transpose(-2, -1)  # (T, T)
     causal = ch01.causal_mask(query.shape[-2], device=query.device)
     scores = scores * causal  # the future contributes nothing
@@ -338,7 +377,6 @@ def linear_attention_weights(query: Tensor, key: Tensor) -> Tensor:
 def linear_attention_quadratic(query: Tensor, key: Tensor,
                                value: Tensor) -> Tensor:
     """Return linear attention the quadratic way: T x T weights, then values."""
-    _check_qkv(query, key, value)
     return linear_attention_weights(query, key) @ value
 
 
@@ -352,32 +390,16 @@ def linear_attention_recurrent(
 ) -> tuple[Tensor, LinearAttentionState]:
     """Return (outputs, (S, z)): linear attention one token at a time.
 
-    S sums phi(k_j) v_j^T and z sums phi(k_j) (Equation 4.4). Passing the
-    returned state back in continues the sequence, as generation does.
-
-    Raises:
-        TypeError: an input is not a floating tensor, or state is not a pair.
-        ValueError: shapes disagree, an input is empty, or the state's
-            shapes are not (..., d_k, d_v) and (..., d_k) for these inputs.
+    query, key: (..., T, d_k); value: (..., T, d_v). S sums phi(k_j) v_j^T
+    and z sums phi(k_j) (Equation 4.6); passing the returned state back in
+    continues the sequence, as generation does.
     """
-    _check_qkv(query, key, value)
     *lead, tokens, d_k = key.shape
-    d_v = value.shape[-1]
     if state is None:
-        summed = key.new_zeros(*lead, d_k, d_v)  # S
+        summed = key.new_zeros(*lead, d_k, value.shape[-1])  # S
         total = key.new_zeros(*lead, d_k)  # z
     else:
-        if not isinstance(state, tuple | list) or len(state) != 2:
-            raise TypeError(
-                f"state must be a pair (S, z) (got {describe(state)})")
-        summed = check_tensor("state[0]", state[0], floating=True)
-        total = check_tensor("state[1]", state[1], floating=True)
-        if (tuple(summed.shape) != (*lead, d_k, d_v)
-                or tuple(total.shape) != (*lead, d_k)):
-            raise ValueError(
-                f"state must hold S of shape {(*lead, d_k, d_v)} and z of "
-                f"shape {(*lead, d_k)} (got {tuple(summed.shape)} and "
-                f"{tuple(total.shape)})")
+        summed, total = state
     outputs = []
     for t in range(tokens):
         phi_k = feature_map(key[..., t, :])  # (..., d_k)
@@ -395,9 +417,8 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     """Return linear attention in chunks, never building a T x T matrix.
 
     Inside a chunk the weights are a (c, c) causal block; earlier chunks
-    arrive through the running state (S, z) of Equation 4.4.
+    arrive through the running state (S, z) of Equation 4.6.
     """
-    _check_qkv(query, key, value)
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
     *lead, tokens, d_k = key.shape
     summed = key.new_zeros(*lead, d_k, value.shape[-1])  # S
@@ -418,16 +439,13 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1211
+# chapters/ch04-efficient-architectures.qmd:1647
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
     ``mean_of_row_max`` averages each row's largest weight over the last
     ``last_rows`` rows; ``max`` is the largest weight in those rows.
     """
-    check_tensor("weights", weights, dims=2, floating=True, nonempty=True)
-    last_rows = check_int("last_rows", last_rows, minimum=1,
-                          maximum=weights.shape[0])
     tail = weights[-last_rows:]
     return {"mean_of_row_max": tail.amax(dim=-1).mean().item(),
             "max": tail.max().item()}
@@ -456,39 +474,13 @@ def sharpness_comparison(query_scale: float, seed: int = 11,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1341
-def _check_ssm(A: Tensor, B: Tensor, C: Tensor) -> None:
-    """Raise unless A is (N, N), B and C are (N,), floating, of one dtype."""
-    check_tensor("A", A, dims=2, floating=True)
-    check_tensor("B", B, dims=1, floating=True, nonempty=True)
-    check_tensor("C", C, dims=1, floating=True)
-    n = B.shape[0]
-    if A.shape != (n, n) or C.shape != (n,):
-        raise ValueError(
-            "A must be (N, N) and B, C (N,) for one N (got "
-            f"{tuple(A.shape)}, {tuple(B.shape)} and {tuple(C.shape)})")
-    if not A.dtype == B.dtype == C.dtype:
-        raise TypeError(f"A, B and C must share one dtype (got {A.dtype}, "
-                        f"{B.dtype} and {C.dtype})")
-
-
+# chapters/ch04-efficient-architectures.qmd:1765
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
-    """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.5).
+    """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
-    The recurrence runs step by step, one token at a time.
-
-    Args:
-        x: one channel of inputs, (T,).
-        A: the state matrix, (N, N).
-        B: input weights, (N,).
-        C: readout, (N,).
-
-    Raises:
-        TypeError: an input is not a floating tensor, or the dtypes differ.
-        ValueError: x is not a non-empty (T,), or the shapes do not match.
+    x: one channel of inputs (T,); A: (N, N); B, C: (N,). The recurrence
+    runs step by step, one token at a time, from h = 0.
     """
-    _check_ssm(A, B, C)
-    check_tensor("x", x, dims=1, dtype=A.dtype, nonempty=True)
     state = torch.zeros_like(B)  # h before the start: N numbers, at any T
     outputs = []
     for x_t in x:
@@ -498,9 +490,7 @@ def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
 
 
 def ssm_kernel(A: Tensor, B: Tensor, C: Tensor, length: int) -> Tensor:
-    """Return the kernel C A^k B for k = 0 .. length-1 (Equation 4.5)."""
-    _check_ssm(A, B, C)
-    length = check_int("length", length, minimum=1)
+    """Return the kernel C A^k B for k = 0 .. length-1 (Equation 4.7)."""
     kernel, power_times_B = [], B
     for _ in range(length):
         kernel.append(C @ power_times_B)
@@ -513,8 +503,6 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
 
     The convolution with the kernel runs through the FFT in O(T log T).
     """
-    _check_ssm(A, B, C)
-    check_tensor("x", x, dims=1, dtype=A.dtype, nonempty=True)
     tokens = x.shape[0]
     kernel = ssm_kernel(A, B, C, tokens)
     size = 2 * tokens  # zero padding makes the FFT's circular product linear
@@ -522,27 +510,14 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1528
-def _check_scan(a: Tensor, b: Tensor) -> None:
-    """Raise unless a and b are non-empty floating tensors of one shape."""
-    check_tensor("a", a, floating=True, min_dims=1, nonempty=True)
-    check_tensor("b", b, floating=True, min_dims=1, nonempty=True)
-    if a.shape != b.shape:
-        raise ValueError("a and b must have the same shape (..., T) (got "
-                         f"{tuple(a.shape)} and {tuple(b.shape)})")
-    if a.dtype != b.dtype:
-        raise TypeError(
-            f"a and b must share one dtype (got {a.dtype} and {b.dtype})")
-
-
+# chapters/ch04-efficient-architectures.qmd:1926
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
-    Time is the last dimension. The loop runs over time and updates all
+    a, b: (..., T), time last. The loop runs over time and updates all
     leading dimensions (channels, batch) together at each step; it is made
     of differentiable tensor operations, so gradients flow through it.
     """
-    _check_scan(a, b)
     state = torch.zeros_like(b[..., 0])  # h before the first step
     states = []
     for t in range(b.shape[-1]):
@@ -553,69 +528,51 @@ def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
 
 def step_sizes(markers: Tensor, sharpness: float = 10.0,
                bias: float = -5.0) -> Tensor:
-    """Return delta_t = softplus(sharpness * marker_t + bias) (Equation 4.6)."""
-    check_tensor("markers", markers, floating=True, nonempty=True)
-    sharpness = check_number("sharpness", sharpness)
-    bias = check_number("bias", bias)
+    """Return delta_t = softplus(sharpness * marker_t + bias) (Equation 4.8)."""
     return F.softplus(sharpness * markers + bias)
 
 
 def discretize(delta: Tensor, a: float = -1.0,
                b: float = 1.0) -> tuple[Tensor, Tensor]:
-    """Return (A_bar, B_bar), the zero-order hold of Equation 4.6.
+    """Return (A_bar, B_bar), the zero-order hold of Equation 4.8.
 
-    A_bar = e^(delta a) and B_bar = (e^(delta a) - 1) / a * b.
-
-    Raises:
-        TypeError: delta is not a floating tensor, or a, b are not numbers.
-        ValueError: a is not negative, or a step size is negative.
+    A_bar = e^(delta a) and B_bar = (e^(delta a) - 1) / a * b, for a < 0.
     """
-    check_tensor("delta", delta, floating=True, nonempty=True)
-    a = check_number("a", a, below=0)
-    b = check_number("b", b)
-    if (delta < 0).any():
-        raise ValueError(f"delta must be >= 0 (got {delta.min().item():g})")
+    a = check_number("a", a, below=0)  # a = 0 would divide by zero
     keep = torch.exp(delta * a)
     return keep, (keep - 1.0) / a * b
 
 
 def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
                   *, readout: float = 1.0) -> Tensor:
-    """Return c h_t of a one-channel SSM with a delta_t per step (Equation 4.6).
+    """Return c h_t of a one-channel SSM with a delta_t per step (Equation 4.8).
 
-    Time is the last dimension; the recurrence runs in ``sequential_scan``.
+    x, delta: (..., T), time last; the recurrence runs in ``sequential_scan``.
     """
-    check_tensor("x", x, floating=True, min_dims=1, nonempty=True)
-    check_tensor("delta", delta, dtype=x.dtype)
-    if x.shape != delta.shape:
-        raise ValueError("x and delta must have the same shape (got "
-                         f"{tuple(x.shape)} and {tuple(delta.shape)})")
-    readout = check_number("readout", readout)
     keep, write = discretize(delta, a, b)
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:1772
+# chapters/ch04-efficient-architectures.qmd:2134
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
     Exact integer arithmetic: T - 1 written in binary has that many digits.
     """
-    length = check_int("length", length, minimum=0)
     return max(length - 1, 0).bit_length()
 
 
 def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return ``sequential_scan``'s states in ceil(log2 T) rounds.
 
-    In round r every position merges (Equation 4.7) with the one 2^r
-    places earlier, all at once; a position with nothing that far back
-    keeps its step, as if merged with the do-nothing step (1, 0). After
-    round r, position t holds the merge of steps t - 2^(r+1) + 1 .. t.
+    a, b: (..., T), time last. In round r every position merges
+    (Equation 4.9) with the one 2^r places earlier, all at once; a
+    position with nothing that far back keeps its step, as if merged with
+    the do-nothing step (1, 0). After round r, position t holds the merge
+    of steps t - 2^(r+1) + 1 .. t.
     Nothing is divided, so a = 0 and long sequences are safe, and nothing
     is written in place, so gradients flow through it.
     """
-    _check_scan(a, b)
     shift = 1
     while shift < a.shape[-1]:
         # (a_earlier, b_earlier) then (a, b) -> (a_earlier a, a b_earlier + b)
@@ -629,42 +586,20 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2026
+# chapters/ch04-efficient-architectures.qmd:2380
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
-    """Return y (batch, channels, length) of a selective SSM (Equation 4.8).
+    """Return y (batch, channels, length) of a selective SSM (Equation 4.10).
 
     Shapes and discretization follow Mamba's reference ``selective_scan_ref``:
     h_t[d, n] = exp(delta_t[d] A[d, n]) h_{t-1}[d, n] + delta_t[d] B_t[n]
     u_t[d] and y_t[d] = sum_n C_t[n] h_t[d, n] + D[d] u_t[d]. The input
-    weight is delta B (the reference's choice), not Equation 4.6's
+    weight is delta B (the reference's choice), not Equation 4.8's
     zero-order hold. The recurrence runs through ``parallel_scan``.
 
-    Args:
-        u: inputs, (b, d, l).
-        delta: step sizes, (b, d, l).
-        A: rates, (d, n), negative for a state that decays.
-        B, C: every step's input and readout weights, (b, n, l).
-        D: optional skip weights, (d,).
-
-    Raises:
-        TypeError: an input is not a floating tensor, or the dtypes differ.
-        ValueError: the shapes do not fit together, or an input is empty.
+    u, delta: (b, d, l); A: (d, n), negative for a decaying state; B, C:
+    (b, n, l); D: optional (d,). Time is the last dimension.
     """
-    check_tensor("u", u, dims=3, floating=True, nonempty=True)
-    check_tensor("A", A, dims=2, dtype=u.dtype, nonempty=True)
-    (batch, channels, length), state_size = u.shape, A.shape[-1]
-    expected = {"delta": (delta, (batch, channels, length)),
-                "A": (A, (channels, state_size)),
-                "B": (B, (batch, state_size, length)),
-                "C": (C, (batch, state_size, length))}
-    if D is not None:
-        expected["D"] = (D, (channels,))
-    for name, (tensor, shape) in expected.items():
-        check_tensor(name, tensor, dtype=u.dtype)
-        if tuple(tensor.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape} for u of shape "
-                             f"{tuple(u.shape)} (got {tuple(tensor.shape)})")
     decay = torch.exp(delta[:, :, None, :] * A[None, :, :, None])  # (b,d,n,l)
     write = (delta * u)[:, :, None, :] * B[:, None, :, :]  # (b, d, n, l)
     states = parallel_scan(decay, write)  # h_t for every t: (b, d, n, l)
@@ -672,7 +607,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2182
+# chapters/ch04-efficient-architectures.qmd:2518
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -680,7 +615,7 @@ class SelectiveSSMLayer(nn.Module):
     a gate z of the same width, and u = silu(x W_in). Each token computes
     its own step sizes delta = softplus(dt_proj(u W_dt)), one per channel,
     input weights B = u W_B and readout C = u W_C, N numbers each;
-    ``selective_scan`` (Equation 4.8) runs with a skip D; the result is
+    ``selective_scan`` (Equation 4.10) runs with a skip D; the result is
     gated by silu(z) and mapped back by ``out_proj``. A = -exp(A_log)
     starts at -(1, 2, ..., N) in every channel, Mamba's S4D-real start, and
     the step sizes start spread between 0.001 and 0.1.
@@ -727,7 +662,6 @@ class SelectiveSSMLayer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Return the mixed sequence, (B, T, d_model)."""
-        check_tensor("x", x, dims=3, floating=True, nonempty=True)
         batch, tokens, _ = x.shape
         u, gate = self.in_proj(x).chunk(2, dim=-1)  # (B, T, d_inner) each
         u = F.silu(u)
@@ -745,7 +679,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2274
+# chapters/ch04-efficient-architectures.qmd:2607
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -766,9 +700,7 @@ def selective_copying_batch(
     length = check_int("length", length, minimum=1)
     copies = check_int("copies", copies, minimum=1, maximum=length)
     symbols = check_int("symbols", symbols, minimum=1)
-    if not isinstance(generator, torch.Generator):
-        raise TypeError("generator must be a torch.Generator "
-                        f"(got {describe(generator)})")
+    check_type("generator", generator, torch.Generator)
     targets = torch.randint(symbols, (batch_size, copies), generator=generator)
     order = torch.rand(batch_size, length, generator=generator).argsort(dim=1)
     places = order[:, :copies].sort(dim=1).values  # (B, copies), increasing
@@ -793,10 +725,6 @@ class PositionalAttention(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Return the attended tokens, (B, T, d_model)."""
-        check_tensor("x", x, dims=3, floating=True, nonempty=True)
-        if x.shape[1] > len(self.positions):
-            raise ValueError(f"x has {x.shape[1]} tokens; the position table "
-                             f"holds {len(self.positions)}")
         return self.attention(x + self.positions[: x.shape[1]])
 
 
@@ -813,9 +741,7 @@ class CopyingModel(nn.Module):
         vocab = check_int("vocab", vocab, minimum=1)
         d_model = check_int("d_model", d_model, minimum=1)
         symbols = check_int("symbols", symbols, minimum=1)
-        if not isinstance(mixer, nn.Module):
-            raise TypeError(
-                f"mixer must be an nn.Module (got {describe(mixer)})")
+        check_type("mixer", mixer, nn.Module)
         self.embed = nn.Embedding(vocab, d_model)
         self.norm_in = nn.LayerNorm(d_model)
         self.mixer = mixer
@@ -824,8 +750,6 @@ class CopyingModel(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Return logits over the symbols at every position, (B, T, symbols)."""
-        check_tensor("tokens", tokens, dims=2, dtype=(torch.int32, torch.int64),
-                     nonempty=True)
         x = self.embed(tokens)  # (B, T, d_model)
         x = x + self.mixer(self.norm_in(x))
         return self.head(self.norm_out(x))
@@ -877,7 +801,44 @@ def train_copying(model: CopyingModel, *, steps: int, length: int,
             "losses": losses}
 
 
-# chapters/ch04-efficient-architectures.qmd:2538
+COPYING_TASK = {"length": 24, "copies": 4, "symbols": 8}
+"""The chapter's selective-copying task: 24 places, 4 symbols of 8 to copy."""
+
+COPYING_MIXERS = ("selective SSM", "time-invariant SSM", "attention")
+"""The mixing layers the chapter trains on ``COPYING_TASK``."""
+
+
+def copying_trial(mixer: str, seed: int, *, steps: int = 800,
+                  width: int = 16) -> dict:
+    """Build one of ``COPYING_MIXERS``, train it on ``COPYING_TASK``, test it.
+
+    The seed fixes the initial weights, the training batches and the test
+    set. Returns ``train_copying``'s dict plus ``parameters``.
+
+    Raises:
+        TypeError: mixer is not a str, or a count is not an int.
+        ValueError: mixer is not one of COPYING_MIXERS, or a count < 1.
+    """
+    mixer = check_choice("mixer", mixer, COPYING_MIXERS)
+    seed = check_int("seed", seed, minimum=0)
+    steps = check_int("steps", steps, minimum=1)
+    width = check_int("width", width, minimum=1)
+    task = COPYING_TASK
+    torch.manual_seed(seed)
+    if mixer == "attention":
+        layer = PositionalAttention(width, heads=2,
+                                    max_len=task["length"] + task["copies"])
+    else:
+        layer = SelectiveSSMLayer(width, 4, expand=1,
+                                  selective=mixer == "selective SSM")
+    vocab = 1 + task["copies"] + task["symbols"]
+    model = CopyingModel(vocab, width, layer, task["symbols"])
+    result = train_copying(model, steps=steps, seed=seed, **task)
+    result["parameters"] = sum(p.numel() for p in model.parameters())
+    return result
+
+
+# chapters/ch04-efficient-architectures.qmd:2940
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -891,7 +852,7 @@ def ssm_state_bytes(channels: int, state_size: int,
 def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
                        attention_layers: int = 4, channels: int = 4096,
                        state_size: int = 16) -> int:
-    """Return a hybrid stack's cache bytes (Equation 4.9).
+    """Return a hybrid stack's cache bytes (Equation 4.11).
 
     Attention layers grow with T; the other layers keep a fixed SSM state.
 
@@ -907,9 +868,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     """
     tokens = check_int("tokens", tokens, minimum=0)
     config = RUNNING_EXAMPLE if config is None else config
-    if not isinstance(config, ch03.KVConfig):
-        raise TypeError(
-            f"config must be a ch03.KVConfig (got {describe(config)})")
+    check_type("config", config, ch03.KVConfig)
     attention_layers = check_int("attention_layers", attention_layers,
                                  minimum=0, maximum=config.layers)
     if config.windowed_layers:
@@ -923,171 +882,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:2777
-LatentCache = Tensor
-"""A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
-
-
-class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
-    """Chapter 3's latent layer with a pass that builds no key or value.
-
-    ``forward_absorbed`` returns ``forward``'s output and cache (Equation
-    4.10) with the up-projections merged into their neighbours, head by
-    head: W_Q_h^T W_UK_h takes a token straight to head h's query in latent
-    coordinates, and W_UV_h^T W_O_h^T takes a blend of latents straight to
-    head h's share of the output. A decoupled rotary key (rope_key_dim > 0)
-    is rotated by position, so it cannot be merged: it is cached as it is
-    and scored as in ``forward``, as DeepSeek-V2 does.
-    """
-
-    def merged_weights(self) -> tuple[Tensor, Tensor]:
-        """Return (to_latent (H, d_model, r), to_output (H, r, d_model)).
-
-        ``x @ to_latent[h]`` is head h's query in latent coordinates, and
-        ``blend @ to_output[h]`` is head h's share of the output for a
-        blend of latents. Compute them once after training and pass them to
-        ``forward_absorbed``, as a deployed model would.
-        """
-        heads, width, rank = self.query_heads, self.head_dim, self.latent_rank
-        w_q = self.query.weight.view(heads, width, self.d_model)  # W_Q_h rows
-        w_uk = self.key_up.weight.view(heads, width, rank)  # (H, d_h, r)
-        w_uv = self.value_up.weight.view(heads, width, rank)  # (H, d_h, r)
-        w_o = self.output.weight.view(self.d_model, heads, width)
-        w_o = w_o.permute(1, 2, 0)  # W_O_h^T: (H, d_h, d_model)
-        to_latent = w_q.transpose(1, 2) @ w_uk  # (H, d_model, r)
-        to_output = w_uv.transpose(1, 2) @ w_o  # (H, r, d_model)
-        return to_latent, to_output
-
-    def forward_absorbed(
-        self, x: Tensor, cache: LatentCache | None = None, *,
-        merged: tuple[Tensor, Tensor] | None = None,
-    ) -> tuple[Tensor, LatentCache]:
-        """Return (output (B, T, d_model), cache (B, T_past + T, r + d_R)).
-
-        Both equal ``forward``'s. ``merged`` is what ``merged_weights()``
-        returns; None computes it here.
-
-        Raises:
-            TypeError: merged is not a pair of floating tensors.
-            ValueError: x, cache or merged has the wrong shape.
-        """
-        rank, rope = self.latent_rank, self.rope_key_dim
-        latent, positions = self.extend_latent(x, cache)  # Chapter 3's checks
-        if merged is None:
-            merged = self.merged_weights()
-        if not isinstance(merged, tuple | list) or len(merged) != 2:
-            raise TypeError("merged must be the pair merged_weights() "
-                            f"returns (got {describe(merged)})")
-        shapes = ((self.query_heads, self.d_model, rank),
-                  (self.query_heads, rank, self.d_model))
-        for name, tensor, shape in zip(("merged[0]", "merged[1]"), merged,
-                                       shapes, strict=True):
-            check_tensor(name, tensor, floating=True)
-            if tuple(tensor.shape) != shape:
-                raise ValueError(f"{name} must have shape {shape} "
-                                 f"(got {tuple(tensor.shape)})")
-        to_latent, to_output = merged
-        content = latent[:, None, :, :rank]  # (B, 1, T_k, r): shared by heads
-        query_latent = x[:, None] @ to_latent  # (B, H, T, r)
-        scores = query_latent @ content.transpose(-2, -1)  # (B, H, T, T_k)
-        if rope:
-            rotary_query = self.rotary_queries(x, positions)  # (B, H, T, d_R)
-            rotary_key = latent[:, None, :, rank:]  # (B, 1, T_k, d_R)
-            scores = scores + rotary_query @ rotary_key.transpose(-2, -1)
-        scores = scores / math.sqrt(self.head_dim + rope)  # forward's scale
-        visible = ch03.causal_rows(x.size(1), latent.size(1), device=x.device)
-        weights = ch01.softmax(scores.masked_fill(~visible, -math.inf), dim=-1)
-        blend = weights @ content  # (B, H, T, r): blend the latents first,
-        output = (blend @ to_output).sum(dim=1)  # then map once: (B, T, d)
-        return output, latent
-
-
-# chapters/ch04-efficient-architectures.qmd:2960
-def quantize_kv(x: Tensor, bits: int, *,
-                per: str = "token") -> tuple[Tensor, Tensor]:
-    """Return (codes, scale) for cached keys or values (..., T, d).
-
-    ``per="token"``: one scale per cached vector, the usual choice;
-    ``per="channel"``: one scale per channel across the tokens, KIVI's
-    choice for keys. The rounding is Chapter 2's ``quantize``.
-
-    Raises:
-        TypeError: x is not a floating tensor, bits not an int, per not a str.
-        ValueError: x has fewer than 2 dimensions or is empty, bits is
-            outside 2..16, or per is not "token" or "channel".
-    """
-    check_tensor("x", x, floating=True, min_dims=2, nonempty=True)
-    bits = check_int("bits", bits, minimum=2, maximum=16)
-    per = check_choice("per", per, ("token", "channel"))
-    return ch02.quantize(x, bits, dim=-1 if per == "token" else -2)
-
-
-def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
-                                 scale_bytes: int = 2) -> int:
-    """Return the cache bytes per token at ``bits`` per number (Equation 4.11).
-
-    Every stored vector costs its packed codes, rounded up to whole bytes,
-    plus one scale: a standard cache stores 2 L H_kv vectors of d_h numbers
-    per token, a latent cache L vectors of r + d_R numbers.
-
-    Raises:
-        TypeError: config is not a KVConfig, or a count is not an int.
-        ValueError: bits outside 1..16, or scale_bytes < 0.
-    """
-    if not isinstance(config, ch03.KVConfig):
-        raise TypeError(
-            f"config must be a ch03.KVConfig (got {describe(config)})")
-    bits = check_int("bits", bits, minimum=1, maximum=16)
-    scale_bytes = check_int("scale_bytes", scale_bytes, minimum=0)
-    if config.latent_rank is None:  # a key and a value per KV head and layer
-        vectors, width = 2 * config.layers * config.kv_heads, config.head_dim
-    else:  # one latent, with its rotary key, per layer
-        vectors = config.layers
-        width = config.latent_rank + config.rope_key_dim
-    return vectors * (-(-width * bits // 8) + scale_bytes)
-
-
-def quantized_cache_error(bits: int, *, keys_per: str = "token",
-                          tokens: int = 64, dim: int = 64,
-                          outlier_channels: int = 0,
-                          outlier_scale: float = 10.0, seed: int = 0) -> float:
-    """Return the relative error of causal attention from a quantized cache.
-
-    The error is ||approx - exact|| / ||exact|| of the outputs when keys
-    (scaled ``keys_per``) and values (per token) are stored at ``bits``.
-
-    ``outlier_channels`` key channels are multiplied by ``outlier_scale``,
-    as trained keys often have a few large channels. Random data, not a
-    trained model.
-
-    Raises:
-        TypeError: an argument has the wrong type.
-        ValueError: an argument is out of range.
-    """
-    bits = check_int("bits", bits, minimum=2, maximum=16)
-    keys_per = check_choice("keys_per", keys_per, ("token", "channel"))
-    tokens = check_int("tokens", tokens, minimum=1)
-    dim = check_int("dim", dim, minimum=1)
-    outlier_channels = check_int("outlier_channels", outlier_channels,
-                                 minimum=0, maximum=dim)
-    outlier_scale = check_number("outlier_scale", outlier_scale, above=0)
-    seed = check_int("seed", seed, minimum=0)
-    generator = torch.Generator().manual_seed(seed)
-    query, key, value = (torch.randn(tokens, dim, generator=generator)
-                         for _ in range(3))
-    loud = torch.randperm(dim, generator=generator)[:outlier_channels]
-    key[:, loud] *= outlier_scale
-    mask = ch01.causal_mask(tokens)
-    exact, _ = ch01.scaled_dot_product_attention(query, key, value, mask)
-    key_hat = ch02.dequantize(*quantize_kv(key, bits, per=keys_per))
-    value_hat = ch02.dequantize(*quantize_kv(value, bits, per="token"))
-    approx, _ = ch01.scaled_dot_product_attention(query, key_hat, value_hat,
-                                                  mask)
-    return (torch.linalg.norm(approx - exact)
-            / torch.linalg.norm(exact)).item()
-
-
-# chapters/ch04-efficient-architectures.qmd:3172
+# chapters/ch04-efficient-architectures.qmd:3043
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:
@@ -1105,9 +900,7 @@ def cache_bytes_by_design(
     """
     tokens = check_int("tokens", tokens, minimum=0)
     config = RUNNING_EXAMPLE if config is None else config
-    if not isinstance(config, ch03.KVConfig):
-        raise TypeError(
-            f"config must be a ch03.KVConfig (got {describe(config)})")
+    check_type("config", config, ch03.KVConfig)
     if config.latent_rank is not None or config.windowed_layers:
         raise ValueError("config must be a standard cache without a window "
                          f"(got {config.name!r})")
