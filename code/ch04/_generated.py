@@ -315,6 +315,7 @@ def sliding_window_block_mask(seq_len: int, window: int,
 def expand_block_mask(block_mask: Tensor, block_size: int,
                       seq_len: int) -> Tensor:
     """Return the bool (T, T) token mask: every pair of a marked tile."""
+    block_size = check_int("block_size", block_size, minimum=1)  # 0: empty
     tiles = block_mask.repeat_interleave(block_size, dim=0)
     tiles = tiles.repeat_interleave(block_size, dim=1)
     return tiles[:seq_len, :seq_len]
@@ -356,7 +357,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1455
+# chapters/ch04-efficient-architectures.qmd:1456
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -439,7 +440,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1647
+# chapters/ch04-efficient-architectures.qmd:1648
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -474,7 +475,7 @@ def sharpness_comparison(query_scale: float, seed: int = 11,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1765
+# chapters/ch04-efficient-architectures.qmd:1766
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -510,7 +511,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1926
+# chapters/ch04-efficient-architectures.qmd:1927
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
@@ -553,7 +554,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2134
+# chapters/ch04-efficient-architectures.qmd:2135
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -586,7 +587,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2380
+# chapters/ch04-efficient-architectures.qmd:2381
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.10).
@@ -607,7 +608,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2518
+# chapters/ch04-efficient-architectures.qmd:2519
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -679,7 +680,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2607
+# chapters/ch04-efficient-architectures.qmd:2608
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -838,7 +839,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:2940
+# chapters/ch04-efficient-architectures.qmd:2941
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -882,7 +883,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3043
+# chapters/ch04-efficient-architectures.qmd:3044
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:
