@@ -787,11 +787,8 @@ def train_copying(model: CopyingModel, *, steps: int, length: int,
             batch_size, length, copies, symbols, generator)
         logits = model(inputs)[:, -copies:]  # (B, copies, symbols)
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.item())
+        losses.append(ch02.training_step(model, optimizer, loss,
+                                         schedule=schedule, clip_norm=None))
     model.eval()
     test_generator = torch.Generator().manual_seed(seed + 1)
     inputs, targets = selective_copying_batch(
@@ -839,7 +836,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:2941
+# chapters/ch04-efficient-architectures.qmd:2938
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -883,7 +880,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3044
+# chapters/ch04-efficient-architectures.qmd:3041
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:
