@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import sys
 from collections.abc import Collection, Iterable, Mapping
 
 import torch
@@ -37,8 +38,19 @@ def describe(value: object) -> str:
 
 
 def _type_name(kind: type) -> str:
-    """Return how a message names a type: ``str``, ``torch.Generator``, ``GPTConfig``."""
-    return f"torch.{kind.__name__}" if kind.__module__.startswith("torch") else kind.__name__
+    """Return how a message names a type: ``str``, ``torch.nn.Module``, ``GPTConfig``.
+
+    A torch type is named by the shortest public path that reaches it
+    (``torch.nn.Module``, not its home ``torch.nn.modules.module``).
+    """
+    if not kind.__module__.startswith("torch"):
+        return kind.__name__
+    parts = kind.__module__.split(".")
+    for end in range(1, len(parts) + 1):
+        path = ".".join(parts[:end])
+        if getattr(sys.modules.get(path), kind.__name__, None) is kind:
+            return f"{path}.{kind.__name__}"
+    return f"{kind.__module__}.{kind.__name__}"
 
 
 def _one_or_more(allowed: object) -> tuple:
