@@ -103,6 +103,8 @@ def test_check_type_names_the_expected_types():
         support.check_type("generator", 7, torch.Generator)
     with pytest.raises(TypeError, match=r"^device must be a str or torch.device \(got float 0.5\)$"):
         support.check_type("device", 0.5, (str, torch.device))
+    with pytest.raises(TypeError, match=r"^model must be a torch\.nn\.Module \(got int 7\)$"):
+        support.check_type("model", 7, torch.nn.Module)
 
 
 def test_check_device_accepts_devices_and_their_names():
