@@ -64,7 +64,7 @@ def measure_sharded(parts: int, tokens: int, *, query_heads: int = 32, kv_heads:
             "head_dim": head_dim,
             "max_abs_diff": float((output - ch05.decode_reference(query, key, value)).abs().max()),
             "bytes_per_step": sum(sum(row) for row in sent),
-            "ring_bytes_per_step": (parts - 1) * cache // parts if parts > 1 else 0,  # every rank: one block
+            "ring_bytes_per_step": (parts - 1) * cache // parts,  # one rank, one pass: P - 1 blocks
             "cache_bytes": cache}
 
 

@@ -45,7 +45,7 @@ def median_seconds(function, *, threads: int = 1,
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
-# chapters/ch05-measured.qmd:328
+# chapters/ch05-measured.qmd:329
 #: The state of an online softmax: (m, l, a), shaped (..., R, 1),
 #: (..., R, 1) and (..., R, d_v) for R query rows.
 OnlineState = tuple[Tensor, Tensor, Tensor]
@@ -104,7 +104,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-measured.qmd:401
+# chapters/ch05-measured.qmd:402
 def visible_ranges(tokens: int, window: int | None = None,
                    sinks: int = 0) -> list[tuple[int, int]]:
     """Return the [start, stop) position runs the newest query may read.
@@ -139,7 +139,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:474
+# chapters/ch05-measured.qmd:475
 def check_bits(bits: int) -> int:
     """Return bits if the packers can hold it (4 or 8), else raise.
 
@@ -264,7 +264,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out.mul_(cache.scale[..., start:stop, :])  # codes * scale
 
 
-# chapters/ch05-measured.qmd:616
+# chapters/ch05-measured.qmd:617
 def stacked_rows(query: Tensor, kv_heads: int, scale: float | None) -> Tensor:
     """Return the scaled query (B, H_q, 1, d) as rows (B, H_kv, G, d).
 
@@ -327,7 +327,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:740
+# chapters/ch05-measured.qmd:741
 def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
                  chunk: int) -> OnlineState:
     """Return the state (m, l, a) of every chunk of ``chunk`` keys at once.
@@ -370,7 +370,7 @@ def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
     return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
-# chapters/ch05-measured.qmd:848
+# chapters/ch05-measured.qmd:851
 def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Return int8 codes and float32 scales of each row of x (..., n)."""
     return ch02.quantize(x.float(), 8, dim=-1)
@@ -439,7 +439,7 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:963
+# chapters/ch05-measured.qmd:966
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -612,7 +612,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1186
+# chapters/ch05-measured.qmd:1189
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 1024,
                   window: int | None = None, sinks: int = 0) -> Tensor:
@@ -635,7 +635,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1745
+# chapters/ch05-measured.qmd:1754
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 512, key_tile: int = 1024) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
@@ -665,7 +665,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2150
+# chapters/ch05-measured.qmd:2162
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -698,7 +698,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2204
+# chapters/ch05-measured.qmd:2216
 def check_query_key_value(query: Tensor, key: Tensor, value: Tensor) -> None:
     """Raise unless query and key are (..., T, d) and value (..., T, d_v).
 
@@ -775,7 +775,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2326
+# chapters/ch05-measured.qmd:2338
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -836,7 +836,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2407
+# chapters/ch05-measured.qmd:2419
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -928,7 +928,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2614
+# chapters/ch05-measured.qmd:2626
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -969,7 +969,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2724
+# chapters/ch05-measured.qmd:2736
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:
