@@ -20,7 +20,7 @@ TEACHING_FULL_LIMIT = 8192  # the teaching attention builds n x n scores; stop i
 RUN_LIMIT = {"full-teaching": TEACHING_FULL_LIMIT, "window-blocksparse": 8192}  # largest n a run times
 MEMORY_DESIGNS = ("full-sdpa", "full-teaching", "flash-prefill")  # peak memory measured up to MEMORY_LIMIT
 MEMORY_LIMIT = 8192
-QUERY_TILE, KEY_TILE = 512, 1024
+QUERY_TILE, KEY_TILE = 256, 256
 
 DESIGNS = ("full-sdpa", "full-teaching", "flash-prefill", "window-blocksparse", "window-banded", "linear-chunked")
 DESIGN_NOTES = {

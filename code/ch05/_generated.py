@@ -346,7 +346,7 @@ def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
 
 
 def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
-                    chunk: int = 1024, window: int | None = None,
+                    chunk: int = 4096, window: int | None = None,
                     sinks: int = 0, scale: float | None = None) -> Tensor:
     """Return one decode step by Flash-Decoding's split-KV (Equation 5.3).
 
@@ -614,7 +614,7 @@ class KiviCache:
 
 # chapters/ch05-measured.qmd:1189
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
-                  value_up: Tensor, *, chunk: int = 1024,
+                  value_up: Tensor, *, chunk: int = 4096,
                   window: int | None = None, sinks: int = 0) -> Tensor:
     """Return a latent-cache layer's decode step, absorbed, by split-KV.
 
@@ -635,9 +635,9 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1754
+# chapters/ch05-measured.qmd:1755
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
-                  query_tile: int = 512, key_tile: int = 1024) -> Tensor:
+                  query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
 
     query, key (B, H, n, d), value (B, H, n, d_v). For each tile of
@@ -665,7 +665,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2162
+# chapters/ch05-measured.qmd:2161
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -698,7 +698,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2216
+# chapters/ch05-measured.qmd:2215
 def check_query_key_value(query: Tensor, key: Tensor, value: Tensor) -> None:
     """Raise unless query and key are (..., T, d) and value (..., T, d_v).
 
@@ -775,7 +775,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2338
+# chapters/ch05-measured.qmd:2337
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -836,7 +836,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2419
+# chapters/ch05-measured.qmd:2418
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -928,7 +928,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2626
+# chapters/ch05-measured.qmd:2625
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -969,7 +969,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2736
+# chapters/ch05-measured.qmd:2735
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:
