@@ -383,8 +383,8 @@ def two_byte_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     int8 digits of base 128, so that two int8 products carry 14 bits.
     """
     scale = (x.amax(-1, keepdim=True) / (127 * 128)).clamp_min(1e-30)
-    levels = torch.round(x / scale).to(torch.int32)
-    high = torch.div(levels, 128, rounding_mode="floor")
+    levels = torch.round(x / scale)  # integers 0 .. 127 * 128, as floats
+    high = torch.floor(levels / 128)
     return (high.to(torch.int8), (levels - 128 * high).to(torch.int8),
             scale.float())
 
@@ -421,25 +421,28 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     for b, h in heads:  # (T, G) per head: codes (T, d') @ rows (d', G)
         pieces = code_halves(key.codes[b, h], key.bits)
         columns = row_codes[b, h].T.chunk(len(pieces))  # the matching d'
-        scores.append(sum(torch._int_mm(piece, part.contiguous()) // divisor
-                          for (piece, divisor), part in zip(pieces, columns,
-                                                            strict=True)))
-    scores = (torch.stack(scores).float().view(batch, kv_heads, tokens, -1)
-              * key.scale * row_scale.transpose(-2, -1))  # (B, H_kv, T, G)
-    weights = torch.softmax(scores, dim=2) * value.scale  # w_j sigma_j
-    high, low, weight_scale = two_byte_rows(weights.transpose(-2, -1))
+        products = [torch._int_mm(piece, part.contiguous())
+                    for (piece, _), part in zip(pieces, columns, strict=True)]
+        scores.append(products[0] if len(products) == 1  # int8: one product
+                      else products[0] // 16 + products[1])  # int4: 16 low
+    scores = (torch.stack(scores).view(batch, kv_heads, tokens, -1)
+              .transpose(-2, -1).contiguous().float()  # (B, H_kv, G, T)
+              * key.scale.transpose(-2, -1) * row_scale)  # s_q s_j (q . c_j)
+    weights = (torch.softmax(scores, dim=-1)
+               * value.scale.transpose(-2, -1))  # w_j sigma_j
+    high, low, weight_scale = two_byte_rows(weights)
     mixed = []
     for b, h in heads:  # (G, d) per head: weights (G, T) @ codes (T, d')
         pieces = code_halves(value.codes[b, h], value.bits)
         mixed.append(torch.cat([
-            (torch._int_mm(high[b, h], piece).float() * 128
-             + torch._int_mm(low[b, h], piece).float()) / divisor
+            (torch._int_mm(high[b, h], piece).float() * (128 / divisor)
+             + torch._int_mm(low[b, h], piece).float() * (1 / divisor))
             for piece, divisor in pieces], dim=-1))
     out = torch.stack(mixed).view(batch, kv_heads, -1, width) * weight_scale
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:966
+# chapters/ch05-measured.qmd:969
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -612,7 +615,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1189
+# chapters/ch05-measured.qmd:1192
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 4096,
                   window: int | None = None, sinks: int = 0) -> Tensor:
@@ -635,7 +638,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1755
+# chapters/ch05-measured.qmd:1758
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
@@ -665,7 +668,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2161
+# chapters/ch05-measured.qmd:2164
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -698,7 +701,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2215
+# chapters/ch05-measured.qmd:2218
 def check_query_key_value(query: Tensor, key: Tensor, value: Tensor) -> None:
     """Raise unless query and key are (..., T, d) and value (..., T, d_v).
 
@@ -775,7 +778,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2337
+# chapters/ch05-measured.qmd:2340
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -836,7 +839,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2418
+# chapters/ch05-measured.qmd:2421
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -928,7 +931,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2625
+# chapters/ch05-measured.qmd:2628
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -969,7 +972,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2735
+# chapters/ch05-measured.qmd:2738
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:
