@@ -14,6 +14,7 @@ from .common import (
     DEVICE_CHOICES,
     Progress,
     default_results_path,
+    last_level_cache_bytes,
     load_average,
     machine_record,
     resolve_device,
@@ -21,12 +22,15 @@ from .common import (
 )
 
 FULL = {
-    "decode_tokens": [1024, 2048, 4096, 8192, 16384, 32768, 65536],
+    "decode_tokens": [1024, 4096, 8192, 16384, 32768, 65536],
     "prefill_tokens": [512, 1024, 2048, 4096, 8192, 16384],
     "scan_tokens": [256, 1024, 4096, 16384],
     "memory_tokens": [1024, 8192, 65536],
     "ring_parts": [1, 2, 4],
     "ring_tokens": 1023,
+    "ring_overlap_tokens": 4096,
+    "sharded_tokens": 16384,
+    "warm_cold": decode.WARM_COLD,
     "min_run_time": 0.2,
 }
 QUICK = {
@@ -36,6 +40,9 @@ QUICK = {
     "memory_tokens": [1024, 4096],
     "ring_parts": [2, 4],
     "ring_tokens": 255,
+    "ring_overlap_tokens": 1024,
+    "sharded_tokens": 2048,
+    "warm_cold": (("gqa8", 1024), ("gqa8", 16384)),
     "min_run_time": 0.05,
 }
 
@@ -57,18 +64,22 @@ def summary_table(results: dict) -> str:
     lines = [f"machine: {results['machine']['device_name']} ({results['machine']['threads']} threads, "
              f"torch {results['machine']['torch_version']}, {results['machine']['mode']} run)"]
     floor = results["floors"]
-    lines.append(f"floor: {floor['bytes_per_s'] / 1e9:.1f} GB/s, {floor['flop_per_s'] / 1e9:.1f} GFLOP/s")
+    lines.append(f"floor: read {floor['bytes_per_s'] / 1e9:.1f} GB/s, {floor['flop_per_s'] / 1e9:.1f} GFLOP/s"
+                 + "".join(f"; {when} {m['bytes_per_s'] / 1e9:.1f} GB/s, {m['flop_per_s'] / 1e9:.1f} GFLOP/s"
+                           for when, m in zip(("start", "end"), floor.get("measured", []), strict=False)))
     if results.get("decode"):
         largest = max(r["tokens"] for r in results["decode"])
-        reference = decode.best_time(results["decode"], decode.REFERENCE, largest)
-        lines.append(f"decode step at T={largest}:")
-        lines.append(f"  {'design':20s} {'ms':>9s} {'MiB read':>9s} {'% roofline':>10s} {'x gqa8':>7s}")
+        reference = decode.time_at(results["decode"], decode.REFERENCE, largest)
+        lines.append(f"decode step at T={largest} (cold):")
+        lines.append(f"  {'design':20s} {'ms':>9s} {'MiB read':>9s} {'% roofline':>16s} {'x gqa8':>7s}")
         for r in results["decode"]:
             if r["tokens"] == largest:
                 share = r["percent_of_roofline"]
+                span = r.get("roofline_range") or [share, share]
                 ratio = r["seconds"] / reference["seconds"] if reference else float("nan")
                 lines.append(f"  {r['design']:20s} {r['seconds'] * 1e3:9.2f} {r['cache_bytes'] / 2**20:9.1f} "
-                             + (f"{share:10.1f}" if share is not None else f"{'':10s}") + f" {ratio:7.2f}")
+                             + (f"{share:6.1f} ({span[0]:.0f}-{span[1]:.0f})" if share is not None
+                                else f"{'':16s}") + f" {ratio:7.2f}")
     for line in results.get("targets", []):
         verdict = "met" if line["met"] else "MISSED"
         lines.append(f"target {line['target']:8s} {line['design']:16s} T={line['tokens']}: "
@@ -82,23 +93,11 @@ def summary_table(results: dict) -> str:
         for r in results["scan"]["scan"]:
             lines.append(f"scan T={r['tokens']}: parallel is {r['speedup']:.1f}x the loop's speed")
     if results.get("ring"):
-        for r in results["ring"]:
+        for r in results["ring"]["runs"]:
             lines.append(f"ring P={r['parts']}: max diff {r['max_abs_diff']:.1e}, "
                          f"cache per rank {r['cache_bytes_per_rank']}")
+        lines.append(f"gloo link {results['ring']['link_bytes_per_s'] / 1e9:.2f} GB/s")
     return "\n".join(lines)
-
-
-def compile_summary(records: list[dict]) -> dict:
-    """Return, per compiled design, whether it compiled and how long its first call took beyond a step."""
-    summary = {}
-    for design in decode.COMPILED:
-        rows = sorted((r for r in records if r["design"] == design), key=lambda r: r["tokens"])
-        if rows:
-            first = rows[0]
-            summary[design] = {"compiled": first["compiled"], "fallback_reason": first["fallback_reason"],
-                               "tokens": first["tokens"],
-                               "compile_seconds": first["warmup_seconds"] - first["seconds"]}
-    return summary
 
 
 def main(argv=None) -> int:
@@ -118,11 +117,14 @@ def main(argv=None) -> int:
     progress = Progress()
     started = time.monotonic()
     results = {"machine": machine_record(device, threads, "quick" if args.quick else "full"), "sizes": sizes}
+    results["machine"]["llc_bytes"] = last_level_cache_bytes() if device.type == "cpu" else None
     progress(f"benchmarks on {results['machine']['device_name']} ({device.type}), {threads} threads, "
              f"{results['machine']['mode']} run")
     results["floors"] = floors.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)
     mrt = sizes["min_run_time"]
     if "decode" not in args.skip:
+        results["warm_cold"] = decode.run_warm_cold(sizes["warm_cold"], device=device, threads=threads,
+                                                    progress=progress, min_run_time=mrt)
         results["decode"] = decode.run_decode(sizes["decode_tokens"], device=device, threads=threads,
                                               progress=progress, min_run_time=mrt)
     if "prefill" not in args.skip:
@@ -134,18 +136,18 @@ def main(argv=None) -> int:
     if "memory" not in args.skip:
         results["memory"] = memory.run_memory(sizes["memory_tokens"], device=device, progress=progress)
     if "ring" not in args.skip:
-        results["ring"] = ring.run_ring(sizes["ring_parts"], sizes["ring_tokens"], progress=progress)
+        results["ring"] = ring.run_ring(sizes["ring_parts"], sizes["ring_tokens"], progress=progress,
+                                        overlap_tokens=sizes["ring_overlap_tokens"],
+                                        sharded_tokens=sizes["sharded_tokens"])
     final = floors.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)
     results["floors"] = floors.best_floors(results["floors"], final)
     if results.get("decode"):
         for record in results["decode"]:  # shares of the floor and the roofline, against the better floors
             decode.add_roofline(record, results["floors"])
-        results["compile"] = compile_summary(results["decode"])
         measured = sorted({r["tokens"] for r in results["decode"]})
         targets = [t for t in decode.TARGET_TOKENS if t in measured] or measured[-1:]
         results["targets"] = decode.target_report(results["decode"], targets)
-        missed = sorted({line["design"] for line in results["targets"]
-                         if not line["met"] and line["target"] != "memory"})
+        missed = sorted({line["design"] for line in results["targets"] if not line["met"]})
         results["profiles"] = []
         for design in missed:  # where the time goes, at the longest length measured
             results["profiles"].append(decode.profile_step(design, max(targets), device=device, threads=threads))

@@ -81,13 +81,14 @@ def synchronize(device: torch.device) -> None:
 
 
 def time_median(fn: Callable[[], object], *, device: torch.device, threads: int,
-                min_run_time: float = 0.2, slow_repeats: int = 3) -> dict:
+                min_run_time: float = 0.2, slow_repeats: int = 5, min_blocks: int = 5) -> dict:
     """Return the median seconds per call of `fn` measured with torch.utils.benchmark after one warm-up call.
 
     The Timer picks how many calls make one block, repeats blocks for at least `min_run_time`
     seconds, and reports the median block time per call. A call slower than `min_run_time` on
     its own would give a single block, so it is instead timed `slow_repeats` times, one call per
-    block, and the median of those is kept. On CUDA the Timer synchronises.
+    block, and the median of those is kept; a measurement of fewer than `min_blocks` blocks is
+    topped up with more blocks of the same size. On CUDA the Timer synchronises.
 
     Returns:
         {"seconds": median, "runs": number of blocks, "iqr_seconds": interquartile range,
@@ -102,6 +103,9 @@ def time_median(fn: Callable[[], object], *, device: torch.device, threads: int,
         measurement = torch_benchmark.Measurement.merge([timer.timeit(1) for _ in range(slow_repeats)])[0]
     else:
         measurement = timer.blocked_autorange(min_run_time=min_run_time)
+        if len(measurement.times) < min_blocks:
+            extra = [timer.timeit(measurement.number_per_run) for _ in range(min_blocks - len(measurement.times))]
+            measurement = torch_benchmark.Measurement.merge([measurement, *extra])[0]
     return {"seconds": float(measurement.median), "runs": len(measurement.times),
             "iqr_seconds": float(measurement.iqr), "warmup_seconds": warm_up}
 

@@ -1,14 +1,20 @@
 """One decode step of one Llama-3-8B-shaped attention layer against a cache of T tokens, per design.
 
-The designs are Chapter 5's flash-decoding (`longctx.ch05.flash_decode` and its fused, compiled
-tile update) on every cache of Chapters 3 and 4; the baselines are other ways to take the same
-step (torch's fused SDPA kernel, a materialised repeat, Chapter 3's dense teaching code, a
-latent cache rebuilt every step, a quantised cache dequantised whole every step).
+The designs are Chapter 5's steps: split-KV (Flash-Decoding) on every float cache of Chapters 3
+and 4, the integer dot-product route on the per-vector int8 and int4 caches, and the KIVI-style
+cache's own step. The baselines take the same step another way: torch's fused SDPA kernel, the
+sequential tile walk, a materialised repeat, Chapter 3's dense teaching code, a latent cache
+rebuilt every step, an int8 cache dequantised tile by tile.
+
+Every timed call reads a cache that is not in the last-level cache: each measurement builds
+enough distinct copies of its cache to fill at least COLD_FACTOR times the LLC (read from the
+machine) and each call takes the next copy, so the time is that of streaming the cache from DRAM.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 
@@ -17,7 +23,7 @@ import torch.nn.functional as F
 from longctx import ch03, ch05
 
 from . import fast
-from .common import peak_extra_bytes, time_median
+from .common import last_level_cache_bytes, peak_extra_bytes, time_median
 
 QUERY_HEADS = 32
 HEAD_DIM = 128
@@ -25,57 +31,49 @@ D_MODEL = QUERY_HEADS * HEAD_DIM
 GQA_KV_HEADS = 8
 LATENT_RANK = 512
 WINDOW = 4096
-FLOAT_TILE = 4096  # flash_decode on float caches: big tiles, few calls
-QUANTISED_TILE = 1024  # flash_decode on quantised caches: two reused float tiles of this many positions
-FUSED_TILE = 2048  # the compiled tile update: the codes of one head's tile stay in the core's L2 cache
+CHUNK = 4096  # split-KV chunk: positions whose state one batched pass computes
+TILE = 4096  # the sequential walk's tile
+KIVI_GROUP, KIVI_RESIDUAL = 32, 32  # KIVI's key group G_t and full-precision residual R
 
-FLASH_DESIGNS = (
-    "mha", "gqa8", "mqa", "window-4k", "latent-absorbed", "int8", "int4",
-    "gqa8-compiled", "int8-compiled", "int4-compiled",
-)
-BASELINES = (
-    "gqa8-sdpa", "gqa8-sdpa-gqa", "gqa8-materialised", "gqa8-dense-teaching", "latent-expanded",
-    "int8-dequantised", "int4-dequantised",
-)
+FLASH_DESIGNS = ("mha", "gqa8", "mqa", "window-4k", "latent-absorbed", "int8", "int4", "kivi8", "kivi4")
+BASELINES = ("gqa8-sdpa", "gqa8-tiled", "gqa8-materialised", "gqa8-dense-teaching", "latent-expanded",
+             "int8-tiled")
 DESIGNS = FLASH_DESIGNS + BASELINES
-FLOAT_DESIGNS = ("mha", "gqa8", "mqa", "window-4k", "latent-absorbed", "gqa8-compiled")  # held to the roofline
-QUANTISED_DESIGNS = {"int8": ("int8", "int8-compiled"), "int4": ("int4", "int4-compiled")}
-REFERENCE = ("gqa8", "gqa8-compiled")  # the float32 GQA-8 flash step the quantised ones are compared with
-COMPILED = ("gqa8-compiled", "int8-compiled", "int4-compiled")
+FLOAT_DESIGNS = ("mha", "gqa8", "mqa", "window-4k", "latent-absorbed")  # held to the roofline
+QUANTISED = {"int8": "int8", "int4": "int4"}  # the caches held to a ratio of the float32 GQA-8 step
+REFERENCE = "gqa8"  # the float32 GQA-8 split-KV step
 TARGET_TOKENS = (32768, 65536)
 ROOFLINE_TARGET = 60.0  # percent of the roofline every float design should reach
-RATIO_AIMS = {"int8": 0.5, "int4": 0.35}  # the issue's aims; the target is a ratio below 1
-MEMORY_TARGET_TILES = 3  # a step may add at most this many tiles beyond its cache
+RATIO_AIMS = {"int8": 0.5, "int4": 0.35}  # a quantised step's time over the float32 GQA-8 step's
+SDPA_AIM = 1.0  # split-KV GQA-8 no slower than torch SDPA on the same cache
+COLD_FACTOR = 4  # rotated caches fill at least this many times the LLC
+MAX_COPIES = 512
+DEFAULT_LLC = 32 * 2**20  # where the machine does not say
 
 DESIGN_NOTES = {
-    "mha": f"32 KV heads; ch05.flash_decode, tiles of {FLOAT_TILE}",
-    "gqa8": f"8 KV heads, 4 query heads stacked per KV head; ch05.flash_decode, tiles of {FLOAT_TILE}",
-    "mqa": f"1 KV head shared by 32 query heads; ch05.flash_decode, tiles of {FLOAT_TILE}",
-    "window-4k": f"GQA-8 rolling buffer of the last {WINDOW} tokens; ch05.flash_decode, tiles of {FLOAT_TILE}",
-    "latent-absorbed": (f"latent cache of rank {LATENT_RANK}, up-projections absorbed; ch05.flash_decode_latent, "
-                        f"tiles of {FLOAT_TILE}"),
-    "int8": (f"GQA-8 cache in int8, one float32 scale per token and head; ch05.flash_decode, each tile of "
-             f"{QUANTISED_TILE} dequantised into a reused float buffer"),
-    "int4": (f"GQA-8 cache in int4 (two codes a byte), per-token scales; ch05.flash_decode, each tile of "
-             f"{QUANTISED_TILE} unpacked into a reused float buffer"),
-    "gqa8-compiled": f"the gqa8 cache; ch05.fused_flash_decode with a compiled tile update, tiles of {FUSED_TILE}",
-    "int8-compiled": (f"the int8 cache; compiled tile update, codes converted in registers and scales applied "
-                      f"after the dot products, tiles of {FUSED_TILE}"),
-    "int4-compiled": f"the int4 cache; compiled tile update on the nibbles as stored, tiles of {FUSED_TILE}",
-    "gqa8-sdpa": "the gqa8 cache; torch's fused SDPA kernel, a group's 4 query heads stacked as rows (no repeat)",
-    "gqa8-sdpa-gqa": "the gqa8 cache; torch SDPA with enable_gqa=True",
+    "mha": f"32 KV heads; ch05.split_kv_decode, chunks of {CHUNK}",
+    "gqa8": f"8 KV heads, 4 query heads stacked per KV head; ch05.split_kv_decode, chunks of {CHUNK}",
+    "mqa": f"1 KV head shared by 32 query heads; ch05.split_kv_decode, chunks of {CHUNK}",
+    "window-4k": f"GQA-8 rolling buffer of the last {WINDOW} tokens; ch05.split_kv_decode",
+    "latent-absorbed": f"latent cache of rank {LATENT_RANK}, up-projections absorbed; ch05.latent_decode",
+    "int8": "GQA-8 cache in int8, one float32 scale per vector; ch05.int8_decode (torch._int_mm)",
+    "int4": "GQA-8 cache in int4 (two codes a byte), one scale per vector; ch05.int8_decode on the packed bytes",
+    "kivi8": (f"KIVI-style int8 cache: keys per channel in groups of {KIVI_GROUP}, values per token, "
+              f"last {KIVI_RESIDUAL}+ tokens in float32; ch05.KiviCache.attend"),
+    "kivi4": "the same KIVI-style cache at 4 bits; ch05.KiviCache.attend",
+    "gqa8-sdpa": "the gqa8 cache; torch's fused SDPA kernel, a group's 4 query heads stacked as rows",
+    "gqa8-tiled": f"the gqa8 cache; ch05.tiled_decode, one tile of {TILE} after another",
     "gqa8-materialised": "the gqa8 cache repeated to 32 heads with ch03.repeat_kv, then torch SDPA",
     "gqa8-dense-teaching": "the gqa8 cache; ch05.decode_reference (ch03.grouped_attention: every score at once)",
-    "latent-expanded": f"latent cache of rank {LATENT_RANK}, all keys and values rebuilt every step, then torch SDPA",
-    "int8-dequantised": "the int8 cache dequantised whole with ch02.dequantize every step, then torch SDPA",
-    "int4-dequantised": "the int4 cache unpacked and dequantised whole every step, then torch SDPA",
+    "latent-expanded": f"latent cache of rank {LATENT_RANK}, all keys and values rebuilt every step, then SDPA",
+    "int8-tiled": f"the int8 cache; ch05.tiled_decode, each tile of {TILE} dequantised into a reused buffer",
 }
-RECORD_FIELDS = ("design", "kind", "tokens", "seconds", "runs", "warmup_seconds", "cache_bytes", "bytes_moved",
-                 "flops", "tile", "tile_bytes", "extra_bytes", "compiled", "fallback_reason", "bytes_per_s",
-                 "percent_of_floor", "roofline_seconds", "percent_of_roofline", "bound", "note")
+RECORD_FIELDS = ("design", "kind", "tokens", "seconds", "runs", "iqr_seconds", "warmup_seconds", "copies",
+                 "rotated_bytes", "cache_bytes", "bytes_moved", "flops", "operations", "extra_bytes",
+                 "bytes_per_s", "percent_of_floor", "roofline_seconds", "percent_of_roofline",
+                 "roofline_range", "bound", "note")
 FILL_BLOCK = 1024  # tokens of fresh random numbers; longer caches repeat them (timing does not depend on values)
-SLOW_DESIGN_LIMIT = {"gqa8-dense-teaching": 32768, "latent-expanded": 32768}  # largest T the full run times
-_COMPILED_UPDATES: dict[str, ch05.CompiledTileUpdate] = {}  # one per compiled design: it compiles once per run
+SLOW_DESIGN_LIMIT = {"gqa8-dense-teaching": 32768, "latent-expanded": 8192, "gqa8-materialised": 16384}
 
 
 @dataclasses.dataclass
@@ -85,9 +83,9 @@ class DecodeCase:
     step: Callable[[], torch.Tensor]
     cache_bytes: int  # bytes the design must read at the least: its cache (and weights where it needs them)
     bytes_moved: int  # plus whole-cache copies the implementation writes and reads back
-    flops: int
-    tile: int | None  # positions per tile (None: not tiled)
-    tile_bytes: int | None  # float32 keys and values of one tile: the unit of a step's extra memory
+    flops: int  # multiply-adds x 2 of the dot products
+    operations: int  # flops plus the unpacking, converting and scaling a quantised step does per element
+    copies: int  # distinct caches the step rotates through
 
 
 def check_design(design: str, tokens: int) -> None:
@@ -99,11 +97,7 @@ def check_design(design: str, tokens: int) -> None:
 
 
 def _randn(*shape, generator, device, dtype=torch.float32):
-    """Return a random tensor; along a token dimension (-2) longer than FILL_BLOCK the first block repeats.
-
-    Drawing gigabytes of normal numbers costs more than the step being timed, and the step's
-    time does not depend on the values, so long caches tile one random block.
-    """
+    """Return a random tensor; along a token dimension (-2) longer than FILL_BLOCK the first block repeats."""
     if len(shape) < 2 or shape[-2] <= FILL_BLOCK:
         return torch.randn(*shape, generator=generator, device=device, dtype=dtype)
     block = torch.randn(*shape[:-2], FILL_BLOCK, shape[-1], generator=generator, device=device, dtype=dtype)
@@ -116,17 +110,40 @@ def attention_flops(query_heads: int, tokens: int, width: int) -> int:
     return 4 * query_heads * tokens * width
 
 
-def compiled_update(design: str) -> ch05.CompiledTileUpdate:
-    """Return the run's CompiledTileUpdate for a compiled design (made on first use, so it compiles once)."""
-    return _COMPILED_UPDATES.setdefault(design, ch05.CompiledTileUpdate())
+def cold_copies(cache_bytes: int, cold: bool) -> int:
+    """Return how many distinct caches to rotate through so that together they fill COLD_FACTOR x the LLC."""
+    if not cold:
+        return 1
+    llc = last_level_cache_bytes() or DEFAULT_LLC
+    return max(2, min(MAX_COPIES, math.ceil(COLD_FACTOR * llc / cache_bytes)))
 
 
-def decode_case(design: str, tokens: int, *, device: torch.device, seed: int = 0, compile_updates: bool = True,
+def _clone(thing):
+    """Return a deep copy of a cache's tensors (a tensor, a QuantizedKV, a KiviCache, a tuple)."""
+    if isinstance(thing, torch.Tensor):
+        return thing.clone()
+    if isinstance(thing, tuple):
+        return tuple(_clone(part) for part in thing)
+    if dataclasses.is_dataclass(thing):
+        return dataclasses.replace(thing, **{f.name: _clone(getattr(thing, f.name))
+                                             for f in dataclasses.fields(thing)
+                                             if isinstance(getattr(thing, f.name), torch.Tensor)})
+    return thing
+
+
+def _rotating(step: Callable, caches: list) -> Callable[[], torch.Tensor]:
+    """Return a zero-argument step that takes the next cache of `caches` at each call."""
+    turn = itertools.cycle(caches)
+    return lambda: step(next(turn))
+
+
+def decode_case(design: str, tokens: int, *, device: torch.device, seed: int = 0, cold: bool = True,
                 query_heads: int = QUERY_HEADS, head_dim: int = HEAD_DIM, latent_rank: int = LATENT_RANK,
                 window: int = WINDOW) -> DecodeCase:
-    """Return the decode step of `design` against a cache of `tokens` tokens, with its byte and FLOP counts.
+    """Return the decode step of `design` against `tokens` cached tokens, with its byte and operation counts.
 
-    compile_updates=False runs the compiled designs' tile update eagerly (the same arithmetic, for tests).
+    cold=True rotates through distinct copies of the cache filling COLD_FACTOR x the LLC; cold=False
+    re-reads one cache (warm: whatever of it the LLC holds is served from there).
 
     Raises:
         ValueError: for an unknown design or tokens < 1.
@@ -135,175 +152,198 @@ def decode_case(design: str, tokens: int, *, device: torch.device, seed: int = 0
     generator = torch.Generator(device=device).manual_seed(seed)
     query = _randn(1, query_heads, 1, head_dim, generator=generator, device=device)
     if design.startswith("latent"):
-        return _latent_case(design, tokens, query, generator, device, query_heads, head_dim, latent_rank)
+        return _latent_case(design, tokens, query, generator, device, query_heads, head_dim, latent_rank, cold)
     kv_heads = {"mha": query_heads, "mqa": 1}.get(design, GQA_KV_HEADS)
     kept = min(tokens, window) if design == "window-4k" else tokens
+    key, value = (_randn(1, kv_heads, kept, head_dim, generator=generator, device=device) for _ in "kv")
     flops = attention_flops(query_heads, kept, head_dim)
-
-    def tile_bytes(tile: int) -> int:  # float32 keys and values of one tile
-        return 2 * kv_heads * min(tile, kept) * head_dim * 4
-
+    elements = 2 * kv_heads * kept * head_dim  # cached numbers, keys and values
     if design.startswith(("int8", "int4")):
         bits = 8 if design.startswith("int8") else 4
-        key_q, value_q = (ch05.quantize_cache(_randn(1, kv_heads, kept, head_dim, generator=generator,
-                                                     device=device), bits) for _ in "kv")
-        stored = key_q.nbytes + value_q.nbytes
-        if design in ("int8", "int4"):
-            return DecodeCase(lambda: ch05.flash_decode(query, key_q, value_q, tile=QUANTISED_TILE), stored,
-                              stored, flops, QUANTISED_TILE, tile_bytes(QUANTISED_TILE))
-        if design in ("int8-compiled", "int4-compiled"):
-            update = compiled_update(design) if compile_updates else ch05.fused_tile_update
-            return DecodeCase(lambda: ch05.fused_flash_decode(query, key_q, value_q, tile=FUSED_TILE,
-                                                              tile_update=update),
-                              stored, stored, flops, FUSED_TILE, tile_bytes(FUSED_TILE))
-
-        def dequantised_step():  # the whole cache back to float32, every step
-            return fast.grouped_decode_attention(query, ch05.dequantize_cache(key_q),
-                                                 ch05.dequantize_cache(value_q))
-        return DecodeCase(dequantised_step, stored, stored + 2 * tile_bytes(kept), flops, None, None)
-    key, value = (_randn(1, kv_heads, kept, head_dim, generator=generator, device=device) for _ in "kv")
+        cache = tuple(ch05.quantize_cache(t, bits) for t in (key, value))
+        size = cache[0].nbytes + cache[1].nbytes
+        if design == "int8-tiled":  # convert, scale: two passes over every code
+            return _case(lambda c: ch05.tiled_decode(query, *c, tile=TILE), cache, size, size,
+                         flops, flops + 2 * elements, cold)
+        # scores and mix as integer products (the mix twice: two digits of the weights), the scales applied
+        # once per score and weight, and at 4 bits two shifts per packed byte on each side
+        integer = flops + attention_flops(query_heads, kept, head_dim) // 2
+        scaling = 6 * query_heads * kept
+        unpack = elements if bits == 4 else 0
+        return _case(lambda c: ch05.int8_decode(query, *c), cache, size, size, flops,
+                     integer + scaling + unpack, cold)
+    if design.startswith("kivi"):
+        bits = 8 if design == "kivi8" else 4
+        cache = ch05.KiviCache.from_keys_values(key, value, bits=bits, group=KIVI_GROUP,
+                                                residual=KIVI_RESIDUAL)
+        converting = 2 * elements * (2 if bits == 4 else 1)  # unpack (4 bits) and convert every code
+        scaling = 2 * elements // KIVI_GROUP + 4 * query_heads * kept  # fold scales into rows, scale weights
+        return _case(lambda c: c.attend(query), cache, cache.nbytes, cache.nbytes, flops,
+                     flops + converting + scaling, cold)
     size = key.nbytes + value.nbytes
     groups = query_heads // kv_heads
-    if design in ("mha", "gqa8", "mqa", "window-4k"):
-        return DecodeCase(lambda: ch05.flash_decode(query, key, value, tile=FLOAT_TILE), size, size, flops,
-                          FLOAT_TILE, tile_bytes(FLOAT_TILE))
-    if design == "gqa8-compiled":
-        update = compiled_update(design) if compile_updates else ch05.fused_tile_update
-        return DecodeCase(lambda: ch05.fused_flash_decode(query, key, value, tile=FUSED_TILE, tile_update=update),
-                          size, size, flops, FUSED_TILE, tile_bytes(FUSED_TILE))
+    cache = (key, value)
+    if design in ("mha", "gqa8", "mqa"):
+        return _case(lambda c: ch05.split_kv_decode(query, *c, chunk=CHUNK), cache, size, size, flops, flops,
+                     cold)
+    if design == "window-4k":  # the rolling buffer holds exactly the window: every slot is visible
+        return _case(lambda c: ch05.split_kv_decode(query, *c, chunk=CHUNK), cache, size, size, flops, flops,
+                     cold)
     if design == "gqa8-sdpa":
-        return DecodeCase(lambda: fast.grouped_decode_attention(query, key, value), size, size, flops, None, None)
-    if design == "gqa8-sdpa-gqa":
-        return DecodeCase(lambda: F.scaled_dot_product_attention(query, key, value, enable_gqa=True),
-                          size, size, flops, None, None)
+        return _case(lambda c: fast.grouped_decode_attention(query, *c), cache, size, size, flops, flops, cold)
+    if design == "gqa8-tiled":
+        return _case(lambda c: ch05.tiled_decode(query, *c, tile=TILE), cache, size, size, flops, flops, cold)
     if design == "gqa8-materialised":
-        def step():
-            return F.scaled_dot_product_attention(query, ch03.repeat_kv(key, groups), ch03.repeat_kv(value, groups))
-        return DecodeCase(step, size, size + 2 * groups * size, flops, None, None)
-    return DecodeCase(lambda: ch05.decode_reference(query, key, value), size, size, flops, None, None)
+        def step(c):
+            return F.scaled_dot_product_attention(query, ch03.repeat_kv(c[0], groups), ch03.repeat_kv(c[1], groups))
+        return _case(step, cache, size, size + 2 * groups * size, flops, flops, cold)
+    return _case(lambda c: ch05.decode_reference(query, *c), cache, size, size, flops, flops, cold)
 
 
-def _latent_case(design, tokens, query, generator, device, query_heads, head_dim, latent_rank) -> DecodeCase:
+def _case(step, cache, cache_bytes, bytes_moved, flops, operations, cold) -> DecodeCase:
+    """Return a DecodeCase whose step rotates through enough copies of `cache` to be cold."""
+    copies = cold_copies(cache_bytes, cold)
+    caches = [cache] + [_clone(cache) for _ in range(copies - 1)]
+    return DecodeCase(_rotating(step, caches), cache_bytes, bytes_moved, flops, operations, copies)
+
+
+def _latent_case(design, tokens, query, generator, device, query_heads, head_dim, latent_rank, cold):
     """The latent designs: a (1, T, r) cache and the two (H*d_h, r) up-projections."""
     latent = _randn(1, tokens, latent_rank, generator=generator, device=device)
     key_up, value_up = (torch.randn(query_heads * head_dim, latent_rank, generator=generator, device=device)
                         / latent_rank**0.5 for _ in "kv")
     size = latent.nbytes + key_up.nbytes + value_up.nbytes
+    cache = (latent, key_up, value_up)
     if design == "latent-expanded":
         rebuilt = 2 * tokens * query_heads * head_dim * 4
         flops = 2 * 2 * tokens * latent_rank * query_heads * head_dim + attention_flops(query_heads, tokens, head_dim)
-        return DecodeCase(lambda: fast.latent_decode_expanded(query, latent, key_up, value_up),
-                          size, size + latent.nbytes + 2 * rebuilt, flops, None, None)
+        return _case(lambda c: fast.latent_decode_expanded(query, *c), cache, size,
+                     size + latent.nbytes + 2 * rebuilt, flops, flops, cold)
     flops = attention_flops(query_heads, tokens, latent_rank) + 2 * 2 * query_heads * head_dim * latent_rank
-    return DecodeCase(lambda: ch05.flash_decode_latent(query, latent, key_up, value_up, tile=FLOAT_TILE),
-                      size, size, flops, FLOAT_TILE, min(FLOAT_TILE, tokens) * latent_rank * 4)
+    return _case(lambda c: ch05.latent_decode(query, *c, chunk=CHUNK), cache, size, size, flops, flops, cold)
 
 
 def measure_decode(design: str, tokens: int, *, device: torch.device, threads: int,
-                   min_run_time: float = 0.2, compile_updates: bool = True) -> dict:
+                   min_run_time: float = 0.2, cold: bool = True, memory: bool = True) -> dict:
     """Return the timed record of one decode step of `design` at T = `tokens` (fields: RECORD_FIELDS).
 
     The roofline fields are None here; `add_roofline` fills them once the run's floors are final.
     """
-    case = decode_case(design, tokens, device=device, compile_updates=compile_updates)
+    case = decode_case(design, tokens, device=device, cold=cold)
     timing = time_median(case.step, device=device, threads=threads, min_run_time=min_run_time)
-    extra = peak_extra_bytes(case.step) if device.type == "cpu" else None
-    update = _COMPILED_UPDATES.get(design) if compile_updates else None
+    extra = peak_extra_bytes(case.step) if device.type == "cpu" and memory else None
     return {"design": design, "kind": "flash" if design in FLASH_DESIGNS else "baseline", "tokens": tokens,
-            "seconds": timing["seconds"], "runs": timing["runs"], "warmup_seconds": timing["warmup_seconds"],
-            "cache_bytes": case.cache_bytes, "bytes_moved": case.bytes_moved, "flops": case.flops,
-            "tile": case.tile, "tile_bytes": case.tile_bytes, "extra_bytes": extra,
-            "compiled": None if design not in COMPILED else bool(update and update.fallback_reason is None),
-            "fallback_reason": update.fallback_reason if update else None,
-            "bytes_per_s": None, "percent_of_floor": None, "roofline_seconds": None,
-            "percent_of_roofline": None, "bound": None, "note": DESIGN_NOTES[design]}
+            "seconds": timing["seconds"], "runs": timing["runs"], "iqr_seconds": timing["iqr_seconds"],
+            "warmup_seconds": timing["warmup_seconds"], "copies": case.copies,
+            "rotated_bytes": case.copies * case.cache_bytes, "cache_bytes": case.cache_bytes,
+            "bytes_moved": case.bytes_moved, "flops": case.flops, "operations": case.operations,
+            "extra_bytes": extra, "bytes_per_s": None, "percent_of_floor": None, "roofline_seconds": None,
+            "percent_of_roofline": None, "roofline_range": None, "bound": None, "note": DESIGN_NOTES[design]}
+
+
+def roofline_seconds(record: dict, floor: dict) -> tuple[float, float]:
+    """Return (memory time, arithmetic time): the bytes over the read floor B, the operations over F."""
+    return record["cache_bytes"] / floor["bytes_per_s"], record["operations"] / floor["flop_per_s"]
 
 
 def add_roofline(record: dict, floors: dict) -> dict:
     """Fill a record's floor and roofline fields from the run's floors (Equation 5.1).
 
-    The roofline time is max(bytes it must read / B, FLOPs / F); the record's share of it is
-    roofline time / measured time, so 100 % means the step ran at the machine's limit.
+    The roofline time is max(bytes it must read / B, operations / F) with B the read floor and F the
+    matmul floor; the share is roofline time / measured time, against the faster floors of the run
+    (`floors["bytes_per_s"]`, `floors["flop_per_s"]`). `roofline_range` holds the lowest and highest
+    share any one of the run's floor measurements (`floors["measured"]`, start and end) gives.
     """
-    memory = record["cache_bytes"] / floors["bytes_per_s"]
-    arithmetic = record["flops"] / floors["flop_per_s"]
+    memory, arithmetic = roofline_seconds(record, floors)
     record["bytes_per_s"] = record["cache_bytes"] / record["seconds"]
     record["percent_of_floor"] = 100.0 * memory / record["seconds"]
     record["roofline_seconds"] = max(memory, arithmetic)
     record["percent_of_roofline"] = 100.0 * record["roofline_seconds"] / record["seconds"]
     record["bound"] = "memory" if memory >= arithmetic else "arithmetic"
+    shares = [100.0 * max(roofline_seconds(record, one)) / record["seconds"]
+              for one in floors.get("measured", [floors])]
+    record["roofline_range"] = [min(shares), max(shares)]
     return record
 
 
-def run_decode(token_counts, designs=DESIGNS, *, device, threads, progress, min_run_time: float = 0.2,
-               compile_updates: bool = True) -> list[dict]:
-    """Return decode records for every design at every T (slow baselines stop at their limit)."""
+def run_decode(token_counts, designs=DESIGNS, *, device, threads, progress, min_run_time: float = 0.2) -> list[dict]:
+    """Return cold decode records for every design at every T (slow baselines stop at their limit)."""
     records = []
     for tokens in token_counts:
         for design in designs:
             if tokens > SLOW_DESIGN_LIMIT.get(design, tokens):
                 continue  # seconds per call, and its trend is plain by then
             try:
-                record = measure_decode(design, tokens, device=device, threads=threads,
-                                        min_run_time=min_run_time, compile_updates=compile_updates)
+                record = measure_decode(design, tokens, device=device, threads=threads, min_run_time=min_run_time)
             except RuntimeError as error:  # e.g. out of memory on an accelerator: keep the rest of the run
                 if device.type == "cpu":
                     raise
                 progress(f"decode {design} T={tokens}: skipped on {device.type} ({error})")
                 continue
             records.append(record)
-            first = record["warmup_seconds"] - record["seconds"]
-            progress(f"decode {design:20s} T={tokens:6d}: {record['seconds'] * 1e3:9.2f} ms"
-                     + (f" (first call {first:.1f} s longer)" if design in COMPILED and first > 1 else ""))
+            progress(f"decode {design:20s} T={tokens:6d}: {record['seconds'] * 1e3:9.2f} ms "
+                     f"({record['copies']} caches rotated, {record['runs']} blocks)")
     return records
 
 
-def best_time(records: list[dict], designs, tokens: int) -> dict | None:
-    """Return the fastest record among `designs` at T = `tokens`, or None if none was measured."""
-    rows = [r for r in records if r["design"] in designs and r["tokens"] == tokens]
-    return min(rows, key=lambda r: r["seconds"]) if rows else None
+WARM_COLD = (("gqa8", 4096), ("gqa8", 32768), ("int8", 32768), ("int4", 32768))
+
+
+def run_warm_cold(pairs=WARM_COLD, *, device, threads, progress, min_run_time: float = 0.2) -> list[dict]:
+    """Return, for each (design, T), the step re-reading one cache (warm) and rotating caches (cold)."""
+    rows = []
+    for design, tokens in pairs:
+        warm, cold = (measure_decode(design, tokens, device=device, threads=threads, min_run_time=min_run_time,
+                                     cold=flag, memory=False) for flag in (False, True))
+        rows.append({"design": design, "tokens": tokens, "cache_bytes": warm["cache_bytes"],
+                     "warm_seconds": warm["seconds"], "cold_seconds": cold["seconds"],
+                     "cold_copies": cold["copies"], "llc_bytes": last_level_cache_bytes()})
+        progress(f"warm/cold {design} T={tokens}: {warm['seconds'] * 1e3:.2f} / {cold['seconds'] * 1e3:.2f} ms")
+    return rows
+
+
+def time_at(records: list[dict], design: str, tokens: int) -> dict | None:
+    """Return the record of `design` at T = `tokens`, or None if it was not measured."""
+    return next((r for r in records if r["design"] == design and r["tokens"] == tokens), None)
 
 
 def target_report(records: list[dict], token_counts=TARGET_TOKENS) -> list[dict]:
-    """Return one line per target and length: what was measured, the target, and whether it was met.
+    """Return one line per target and length: what was measured, the goal, whether it was met, the gap.
 
-    Targets (the issue's): every float flash design at >= ROOFLINE_TARGET % of its roofline; the
-    int8 and int4 caches (the faster of eager and compiled) faster than the float32 GQA-8 flash
-    step (the faster of eager and compiled); a step's extra memory at most MEMORY_TARGET_TILES tiles.
-    Needs records with roofline fields (add_roofline).
+    Targets: every float split-KV design at >= ROOFLINE_TARGET % of its roofline; the GQA-8 split-KV
+    step no slower than torch SDPA on the same cache; the int8 and int4 steps at most RATIO_AIMS of
+    the float32 GQA-8 step. All times cold. Needs records with roofline fields (add_roofline).
     """
     lines = []
     for tokens in token_counts:
-        reference = best_time(records, REFERENCE, tokens)
+        reference = time_at(records, REFERENCE, tokens)
         for design in FLOAT_DESIGNS:
-            row = best_time(records, (design,), tokens)
+            row = time_at(records, design, tokens)
             if row:
                 share = row["percent_of_roofline"]
                 lines.append({"target": "roofline", "design": design, "tokens": tokens, "value": share,
-                              "goal": ROOFLINE_TARGET, "met": share >= ROOFLINE_TARGET,
-                              "gap": ROOFLINE_TARGET / share})
-        for cache, designs in QUANTISED_DESIGNS.items():
-            row = best_time(records, designs, tokens)
+                              "range": row["roofline_range"], "goal": ROOFLINE_TARGET,
+                              "met": share >= ROOFLINE_TARGET, "gap": ROOFLINE_TARGET / share})
+        sdpa = time_at(records, "gqa8-sdpa", tokens)
+        if reference and sdpa:
+            ratio = reference["seconds"] / sdpa["seconds"]
+            lines.append({"target": "sdpa", "design": REFERENCE, "tokens": tokens, "value": ratio,
+                          "goal": SDPA_AIM, "met": ratio <= SDPA_AIM, "gap": ratio / SDPA_AIM})
+        for cache, design in QUANTISED.items():
+            row = time_at(records, design, tokens)
             if row and reference:
                 ratio = row["seconds"] / reference["seconds"]
-                lines.append({"target": "ratio", "design": row["design"], "tokens": tokens, "value": ratio,
-                              "goal": 1.0, "aim": RATIO_AIMS[cache], "met": ratio < 1.0,
-                              "aim_met": ratio <= RATIO_AIMS[cache], "gap": ratio / RATIO_AIMS[cache],
-                              "reference": reference["design"]})
-        for row in records:
-            if row["tokens"] == tokens and row["kind"] == "flash" and row["extra_bytes"] is not None:
-                tiles = row["extra_bytes"] / row["tile_bytes"]
-                lines.append({"target": "memory", "design": row["design"], "tokens": tokens, "value": tiles,
-                              "goal": MEMORY_TARGET_TILES, "met": tiles <= MEMORY_TARGET_TILES,
-                              "gap": tiles / MEMORY_TARGET_TILES})
+                lines.append({"target": "ratio", "design": design, "tokens": tokens, "value": ratio,
+                              "goal": RATIO_AIMS[cache], "met": ratio <= RATIO_AIMS[cache],
+                              "gap": ratio / RATIO_AIMS[cache]})
     return lines
 
 
 def profile_step(design: str, tokens: int, *, device: torch.device, threads: int, top: int = 8) -> dict:
-    """Return where one decode step's time goes: torch.profiler's operators by self CPU time.
+    """Return where one cold decode step's time goes: torch.profiler's operators by self CPU time.
 
-    The step runs once to warm up (and compile), then three times under the profiler; each
-    operator's self time is divided by three. Compiled kernels show as one compiled region.
+    The step runs once to warm up, then three times under the profiler; each operator's self time
+    is divided by three.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -319,9 +359,9 @@ def profile_step(design: str, tokens: int, *, device: torch.device, threads: int
         torch.set_num_threads(previous)
     averages = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
     total = sum(e.self_cpu_time_total for e in averages) / 3 / 1e6
-    rows = [{"name": operator_name(e.key), "kind": operator_kind(e.key),
-             "self_seconds": e.self_cpu_time_total / 3 / 1e6, "calls": e.count // 3,
-             "share": e.self_cpu_time_total / 3 / 1e6 / total if total else math.nan} for e in averages[:top]]
+    rows = [{"name": e.key, "kind": operator_kind(e.key), "self_seconds": e.self_cpu_time_total / 3 / 1e6,
+             "calls": e.count // 3, "share": e.self_cpu_time_total / 3 / 1e6 / total if total else math.nan}
+            for e in averages[:top]]
     kinds = {}
     for e in averages:
         kinds[operator_kind(e.key)] = kinds.get(operator_kind(e.key), 0.0) + e.self_cpu_time_total / 3 / 1e6
@@ -329,19 +369,12 @@ def profile_step(design: str, tokens: int, *, device: torch.device, threads: int
             "kinds": {kind: seconds / total for kind, seconds in kinds.items()} if total else {}}
 
 
-MATRIX_PRODUCTS = ("aten::bmm", "aten::mm", "aten::matmul", "aten::baddbmm", "aten::addmm")
-
-
-def operator_name(key: str) -> str:
-    """Return a profiler key as a reader should see it (an inductor graph's hash becomes a phrase)."""
-    return "compiled tile update (inductor C++ kernel)" if "CompiledFxGraph" in key else key
+MATRIX_PRODUCTS = ("aten::bmm", "aten::mm", "aten::matmul", "aten::baddbmm", "aten::addmm", "aten::_int_mm")
 
 
 def operator_kind(key: str) -> str:
-    """Return which kind of work a profiler key is: matrix products, the compiled kernel, elementwise
-    passes and reductions (every other aten operator), or Python-side overhead (the rest)."""
-    if "CompiledFxGraph" in key:
-        return "compiled kernel"
+    """Return which kind of work a profiler key is: matrix products, elementwise passes and reductions
+    (every other aten operator), or Python-side overhead (the rest)."""
     if key in MATRIX_PRODUCTS:
         return "matrix products"
     if key.startswith("aten::"):

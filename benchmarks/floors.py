@@ -61,7 +61,12 @@ def buffer_megabytes(device: torch.device, quick: bool) -> int:
 
 
 def measure_floors(*, device: torch.device, threads: int, quick: bool, progress) -> dict:
-    """Return the floors record: bandwidth (copy, read) and matmul throughput; 'bytes_per_s' is the read floor."""
+    """Return the floors record: bandwidth (copy, read) and matmul throughput.
+
+    'bytes_per_s' is the read floor B, the faster of the sum and the matrix-vector product over the
+    buffer (a decode step reads its cache and writes almost nothing); the copy bandwidth, which counts
+    bytes read plus bytes written, is recorded beside it but is not B. 'flop_per_s' is the matmul floor F.
+    """
     bandwidth = bandwidth_floor(device=device, threads=threads, megabytes=buffer_megabytes(device, quick))
     progress(f"floors: copy {bandwidth['copy_bytes_per_s'] / 1e9:.1f} GB/s, read {bandwidth['read_bytes_per_s'] / 1e9:.1f} GB/s")
     sizes = (512, 1024) if quick else (1024, 2048, 3072)
@@ -69,16 +74,19 @@ def measure_floors(*, device: torch.device, threads: int, quick: bool, progress)
     matmul = max(tries, key=lambda record: record["flop_per_s"])  # the fastest rate the machine showed
     matmul["sizes_tried"] = {str(t["size"]): t["flop_per_s"] for t in tries}
     progress(f"floors: matmul {matmul['flop_per_s'] / 1e9:.1f} GFLOP/s (best of n = {', '.join(map(str, sizes))})")
-    return {"bandwidth": bandwidth, "matmul": matmul,
-            "bytes_per_s": max(bandwidth["read_bytes_per_s"], bandwidth["copy_bytes_per_s"]),
-            "flop_per_s": matmul["flop_per_s"]}
+    read_by = "matrix-vector product" if bandwidth["read_matvec_bytes_per_s"] >= bandwidth["read_sum_bytes_per_s"] \
+        else "sum"
+    return {"bandwidth": bandwidth, "matmul": matmul, "bytes_per_s": bandwidth["read_bytes_per_s"],
+            "read_by": read_by, "flop_per_s": matmul["flop_per_s"]}
 
 
 def best_floors(first: dict, second: dict) -> dict:
     """Return floors made of the faster copy, the faster read and the faster matmul of two measurements.
 
     A floor is the best the machine can do; measuring it at the start and the end of a run and
-    keeping the better of each guards against a moment when other work slowed the machine.
+    keeping the better of each guards against a moment when other work slowed the machine. Both
+    measurements stay in 'measured' (start, end), so that a share of the roofline can be given
+    with the range the two floors span. 'bytes_per_s' is the faster read floor (not the copy).
     """
     bandwidth = {}
     for key in ("copy", "read"):
@@ -86,6 +94,6 @@ def best_floors(first: dict, second: dict) -> dict:
         bandwidth.update({name: value for name, value in best.items() if name.startswith(key)})
     bandwidth["buffer_bytes"] = first["bandwidth"]["buffer_bytes"]
     matmul = max(first["matmul"], second["matmul"], key=lambda m: m["flop_per_s"])
-    return {"bandwidth": bandwidth, "matmul": matmul,
-            "bytes_per_s": max(bandwidth["read_bytes_per_s"], bandwidth["copy_bytes_per_s"]),
-            "flop_per_s": matmul["flop_per_s"], "measured": [first, second]}
+    read_by = max((first, second), key=lambda f: f["bandwidth"]["read_bytes_per_s"])["read_by"]
+    return {"bandwidth": bandwidth, "matmul": matmul, "bytes_per_s": bandwidth["read_bytes_per_s"],
+            "read_by": read_by, "flop_per_s": matmul["flop_per_s"], "measured": [first, second]}

@@ -8,7 +8,6 @@ import math
 import os
 import socket
 import time
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -21,32 +20,22 @@ from longctx import ch02, ch03, ch04
 from longctx.support import (
     check_choice,
     check_int,
-    check_int_sequence,
     check_number,
     check_tensor,
     check_type,
-    describe,
 )
 
 
-# chapters/ch05-measured.qmd:118
+# chapters/ch05-measured.qmd:63
 def median_seconds(function, *, threads: int = 1,
                    min_run_time: float = 0.2) -> float:
     """Return the median seconds per call of ``function`` after a warm-up.
-
-    The calls are timed by torch.utils.benchmark's Timer.
-
-    Args:
-        function: a callable with no arguments.
-        threads: torch threads the Timer runs with (>= 1).
-        min_run_time: seconds of repeated blocks to collect (> 0).
 
     Raises:
         TypeError: if function is not callable or a setting not a number.
         ValueError: if threads < 1 or min_run_time <= 0.
     """
-    if not callable(function):
-        raise TypeError(f"function must be callable (got {describe(function)})")
+    check_type("function", function, Callable)
     threads = check_int("threads", threads, minimum=1)
     min_run_time = check_number("min_run_time", min_run_time, above=0)
     function()  # warm-up: page faults, kernel choice, allocator growth
@@ -56,7 +45,7 @@ def median_seconds(function, *, threads: int = 1,
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
-# chapters/ch05-measured.qmd:334
+# chapters/ch05-measured.qmd:329
 #: The state of an online softmax: (m, l, a), shaped (..., R, 1),
 #: (..., R, 1) and (..., R, d_v) for R query rows.
 OnlineState = tuple[Tensor, Tensor, Tensor]
@@ -66,15 +55,8 @@ def online_softmax_start(rows: tuple[int, ...], value_width: int,
                          like: Tensor) -> OnlineState:
     """Return the state before any key: m = -inf, l = 0, a = 0 per row.
 
-    Args:
-        rows: the leading shape (..., R) of the query rows.
-        value_width: d_v, the width of the values to be mixed.
-        like: a tensor whose dtype and device the state takes.
+    ``rows`` is the leading shape (..., R); the state takes like's dtype.
     """
-    rows = tuple(check_int_sequence("rows", rows, minimum=0,
-                                    nonempty=True).tolist())
-    value_width = check_int("value_width", value_width, minimum=1)
-    check_tensor("like", like, floating=True)
     running_max = like.new_full((*rows, 1), -math.inf)  # m
     running_sum = like.new_zeros((*rows, 1))  # l
     accumulator = like.new_zeros((*rows, value_width))  # a
@@ -85,34 +67,11 @@ def online_softmax_update(state: OnlineState, scores: Tensor,
                           values) -> OnlineState:
     """Return (m', l', a') after one tile of keys (Equation 5.2).
 
-    Args:
-        state: (m, l, a) from online_softmax_start or an earlier update.
-        scores: (..., R, n) scaled scores of the tile's n keys, -inf
-            where a row may not see a key.
-        values: the tile's values (..., n, d_v), or a function that
-            turns the weights (..., R, n) into their mix (..., R, d_v).
-
-    Raises:
-        TypeError: if state is not three tensors or scores not a float
-            tensor.
-        ValueError: if the shapes of state, scores and values disagree.
+    scores (..., R, n) are scaled, -inf where a row may not see a key;
+    values are (..., n, d_v), or a function turning the weights
+    (..., R, n) into their mix (..., R, d_v).
     """
-    if not (isinstance(state, tuple) and len(state) == 3):
-        raise TypeError(f"state must be the tuple (m, l, a) "
-                        f"(got {describe(state)})")
     running_max, running_sum, accumulator = state
-    check_tensor("scores", scores, min_dims=2, floating=True)
-    if scores.shape[:-1] != running_max.shape[:-1]:
-        raise ValueError(f"scores (..., R, n) must have the state's rows "
-                         f"{tuple(running_max.shape[:-1])} "
-                         f"(got {tuple(scores.shape)})")
-    if not callable(values):
-        check_tensor("values", values, min_dims=2, floating=True)
-        wanted = (*scores.shape[:-2], scores.shape[-1], accumulator.shape[-1])
-        if tuple(values.shape) != wanted:
-            raise ValueError(f"values must have one row per key of scores "
-                             f"and the state's d_v: {wanted} "
-                             f"(got {tuple(values.shape)})")
     new_max = torch.maximum(running_max, scores.amax(-1, keepdim=True))
     # a row that has seen no key keeps m' = -inf: shift it by 0 instead
     shift = torch.where(new_max.isfinite(), new_max, 0.0)
@@ -123,18 +82,29 @@ def online_softmax_update(state: OnlineState, scores: Tensor,
     return new_max, running_sum, accumulator * correction + mixed
 
 
+def merge_states(state: OnlineState, dim: int) -> OnlineState:
+    """Return one state from states stacked along ``dim`` (log-sum-exp).
+
+    Each part is moved onto the largest m and the parts are added: the
+    same rescaling as Equation 5.2, with a whole state as the tile.
+    """
+    running_max, running_sum, accumulator = state
+    top = running_max.amax(dim, keepdim=True)
+    shift = torch.where(top.isfinite(), top, 0.0)
+    correction = torch.exp(running_max - shift)  # e^(m_c - m)
+    return (top.squeeze(dim), (running_sum * correction).sum(dim),
+            (accumulator * correction).sum(dim))
+
+
 def finish_online_softmax(state: OnlineState) -> Tensor:
     """Return a / l, the attention output; a row that saw no key gets 0."""
-    if not (isinstance(state, tuple) and len(state) == 3):
-        raise TypeError(f"state must be the tuple (m, l, a) "
-                        f"(got {describe(state)})")
     _, running_sum, accumulator = state
     seen = running_sum > 0
     return torch.where(seen, accumulator / torch.where(seen, running_sum, 1.0),
                        0.0)
 
 
-# chapters/ch05-measured.qmd:426
+# chapters/ch05-measured.qmd:402
 def visible_ranges(tokens: int, window: int | None = None,
                    sinks: int = 0) -> list[tuple[int, int]]:
     """Return the [start, stop) position runs the newest query may read.
@@ -169,7 +139,20 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:500
+# chapters/ch05-measured.qmd:475
+def check_bits(bits: int) -> int:
+    """Return bits if the packers can hold it (4 or 8), else raise.
+
+    Raises:
+        TypeError: if bits is not an integer.
+        ValueError: if bits is not 4 or 8.
+    """
+    bits = check_int("bits", bits)
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8 (got {bits})")
+    return bits
+
+
 def pack_int4(codes: Tensor) -> Tensor:
     """Return 4-bit codes packed two a byte: (..., d) int8 -> (..., d/2).
 
@@ -178,10 +161,8 @@ def pack_int4(codes: Tensor) -> Tensor:
     the high nibbles of a uint8 tensor.
 
     Raises:
-        TypeError: if codes is not an int8 tensor.
         ValueError: if d is odd or a code lies outside [-8, 7].
     """
-    check_tensor("codes", codes, min_dims=1, dtype=torch.int8, nonempty=True)
     if codes.shape[-1] % 2:
         raise ValueError(f"codes must have an even last dimension to pack "
                          f"two a byte (got {tuple(codes.shape)})")
@@ -195,13 +176,7 @@ def pack_int4(codes: Tensor) -> Tensor:
 
 
 def int4_halves(packed: Tensor) -> tuple[Tensor, Tensor]:
-    """Return the signed codes in the low and high nibbles, each (..., d/2).
-
-    The low nibbles are the first half of the head width, the high
-    nibbles the second (pack_int4's layout).
-    """
-    check_tensor("packed", packed, min_dims=1, dtype=torch.uint8,
-                 nonempty=True)
+    """Return the signed codes in the low and high nibbles, each (..., d/2)."""
     signed = packed.view(torch.int8)
     low = torch.bitwise_right_shift(torch.bitwise_left_shift(signed, 4), 4)
     return low, torch.bitwise_right_shift(signed, 4)  # shifts keep the sign
@@ -214,40 +189,30 @@ def unpack_int4(packed: Tensor) -> Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class QuantizedKV:
-    """Cached keys or values as integer codes and float32 scales.
+    """Cached keys or values as integer codes, one float32 scale a vector.
 
     Attributes:
         codes: (B, H, T, d) int8 when ``bits`` is 8; (B, H, T, d/2) uint8
             when ``bits`` is 4, two codes a byte (see pack_int4).
-        scale: float32 (B, H, T, 1) when ``per`` is "token", one scale per
-            cached vector, or (B, H, 1, d) when ``per`` is "channel".
+        scale: float32 (B, H, T, 1).
         bits: 8 or 4.
-        per: "token" or "channel".
 
     Raises:
         TypeError: if codes or scale has the wrong dtype.
-        ValueError: if bits is not 4 or 8, or a shape does not fit.
+        ValueError: if bits is not 4 or 8, or the shapes do not fit.
     """
 
     codes: Tensor
     scale: Tensor
     bits: int
-    per: str = "token"
 
     def __post_init__(self) -> None:
-        check_int("bits", self.bits)
-        if self.bits not in (4, 8):
-            raise ValueError(f"bits must be 4 or 8 (got {self.bits})")
-        check_choice("per", self.per, ("token", "channel"))
+        check_bits(self.bits)
         dtype = torch.int8 if self.bits == 8 else torch.uint8
         check_tensor("codes", self.codes, dims=4, dtype=dtype, nonempty=True)
-        check_tensor("scale", self.scale, dims=4, dtype=torch.float32)
-        batch, heads, tokens, width = self.shape
-        wanted = ((batch, heads, tokens, 1) if self.per == "token"
-                  else (batch, heads, 1, width))
-        if tuple(self.scale.shape) != wanted or tokens < 1:
-            raise ValueError(f"scale must have shape {wanted} for per="
-                             f"{self.per!r} (got {tuple(self.scale.shape)})")
+        check_tensor("scale", self.scale, dims=4, dtype=torch.float32,
+                     sizes={0: self.codes.shape[0], 1: self.codes.shape[1],
+                            2: self.codes.shape[2], 3: 1})
 
     @property
     def shape(self) -> torch.Size:
@@ -260,41 +225,19 @@ class QuantizedKV:
         """Return the bytes the codes and scales occupy."""
         return self.codes.nbytes + self.scale.nbytes
 
-    def scale_at(self, start: int, stop: int) -> Tensor:
-        """Return the scales that positions [start, stop) use."""
-        tokens = self.shape[2]
-        start = check_int("start", start, minimum=0, maximum=tokens - 1)
-        stop = check_int("stop", stop, minimum=start + 1, maximum=tokens)
-        return self.scale[..., start:stop, :] if self.per == "token" \
-            else self.scale
 
-
-def quantize_cache(x: Tensor, bits: int = 8, *,
-                   per: str = "token") -> QuantizedKV:
+def quantize_cache(x: Tensor, bits: int = 8) -> QuantizedKV:
     """Return keys or values (B, H, T, d) as a QuantizedKV of ``bits`` bits.
 
-    The codes and scales are ch04.quantize_kv's (absmax, Chapter 2); at
-    4 bits the codes are packed two a byte.
-
-    Raises:
-        TypeError: if x is not a floating-point tensor.
-        ValueError: if x is not 4-D, bits is not 4 or 8, or per is not
-            "token" or "channel".
+    The codes and scales are ch04.quantize_kv's (absmax, one scale per
+    vector); at 4 bits the codes are packed two a byte.
     """
-    check_tensor("x", x, dims=4, floating=True, nonempty=True)
-    check_int("bits", bits)
-    if bits not in (4, 8):
-        raise ValueError(f"bits must be 4 or 8 (got {bits})")
-    codes, scale = ch04.quantize_kv(x, bits, per=per)
-    return QuantizedKV(pack_int4(codes) if bits == 4 else codes, scale,
-                       bits, per)
+    codes, scale = ch04.quantize_kv(x, check_bits(bits))
+    return QuantizedKV(pack_int4(codes) if bits == 4 else codes, scale, bits)
 
 
 def dequantize_cache(cache: QuantizedKV) -> Tensor:
     """Return the float32 keys or values a QuantizedKV stands for."""
-    if not isinstance(cache, QuantizedKV):
-        raise TypeError(f"cache must be a QuantizedKV "
-                        f"(got {describe(cache)})")
     codes = unpack_int4(cache.codes) if cache.bits == 4 else cache.codes
     return ch02.dequantize(codes, cache.scale)
 
@@ -305,21 +248,10 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
 
     A float cache returns a view of itself. A QuantizedKV is dequantised
     into ``buffer``, a float32 tensor (B, H, >= n, d) that the caller
-    allocates once and reuses for every tile; the result, a view of it,
-    equals ch02.dequantize's for those positions.
+    allocates once and reuses; the result is a view of it.
     """
-    check_type("cache", cache, (Tensor, QuantizedKV))
-    batch, heads, tokens, width = cache.shape
-    start = check_int("start", start, minimum=0, maximum=tokens - 1)
-    stop = check_int("stop", stop, minimum=start + 1, maximum=tokens)
     if isinstance(cache, Tensor):
         return cache[..., start:stop, :]
-    check_tensor("buffer", buffer, dims=4, dtype=torch.float32)
-    if (buffer.shape[:2] != (batch, heads) or buffer.shape[-1] != width
-            or buffer.shape[2] < stop - start):
-        raise ValueError(f"buffer must be ({batch}, {heads}, >= "
-                         f"{stop - start}, {width}) "
-                         f"(got {tuple(buffer.shape)})")
     out = buffer[..., : stop - start, :]
     codes = cache.codes[..., start:stop, :]
     if cache.bits == 8:
@@ -329,68 +261,36 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
         low, high = int4_halves(codes)  # (B, H, n, d/2) each
         out[..., :half].copy_(low)
         out[..., half:].copy_(high)
-    out.mul_(cache.scale_at(start, stop))  # codes * scale, in place
-    return out
+    return out.mul_(cache.scale[..., start:stop, :])  # codes * scale
 
 
-# chapters/ch05-measured.qmd:681
-def decode_shapes(query: Tensor, key: Tensor | QuantizedKV,
-                  value: Tensor | QuantizedKV) -> tuple[int, int, int, int]:
-    """Return (H_kv, G, T, d_v) of a decode step, checking the arguments.
+# chapters/ch05-measured.qmd:617
+def stacked_rows(query: Tensor, kv_heads: int, scale: float | None) -> Tensor:
+    """Return the scaled query (B, H_q, 1, d) as rows (B, H_kv, G, d).
 
-    Raises:
-        TypeError: if query is not a float tensor, or key or value is
-            neither a float tensor of query's dtype nor a QuantizedKV.
-        ValueError: if the shapes do not form one decode step.
+    Query head h reads KV head h // G, as in ch03.grouped_attention.
     """
-    check_tensor("query", query, dims=4, floating=True, nonempty=True)
-    for name, cache in (("key", key), ("value", value)):
-        if not isinstance(cache, QuantizedKV):
-            check_tensor(name, cache, dims=4, dtype=query.dtype, nonempty=True)
-    batch, query_heads, query_len, width = query.shape
-    kv_heads, tokens = key.shape[1], key.shape[2]
-    if query_len != 1:
-        raise ValueError(f"query must be one token, (B, H_q, 1, d) "
-                         f"(got {tuple(query.shape)})")
-    if tuple(key.shape) != (batch, kv_heads, tokens, width) or tokens < 1:
-        raise ValueError(f"key must be (B, H_kv, T, d) = ({batch}, H_kv, "
-                         f"T, {width}) with T >= 1 (got {tuple(key.shape)})")
-    if tuple(value.shape[:3]) != (batch, kv_heads, tokens):
-        raise ValueError(f"value must be (B, H_kv, T, d_v) with key's B, "
-                         f"H_kv and T (got {tuple(value.shape)})")
-    if query_heads % kv_heads:
-        raise ValueError(f"H_kv must divide H_q (got {query_heads} query "
-                         f"heads and {kv_heads} KV heads)")
-    return kv_heads, query_heads // kv_heads, tokens, value.shape[-1]
+    batch, query_heads, _, width = query.shape
+    assert query_heads % kv_heads == 0, "H_kv must divide H_q"
+    scale = 1 / math.sqrt(width) if scale is None else scale
+    return query.reshape(batch, kv_heads, query_heads // kv_heads,
+                         width) * scale
 
 
-def flash_decode(query: Tensor, key: Tensor | QuantizedKV,
+def tiled_decode(query: Tensor, key: Tensor | QuantizedKV,
                  value: Tensor | QuantizedKV, *, tile: int = 4096,
                  window: int | None = None, sinks: int = 0,
                  scale: float | None = None) -> Tensor:
-    """Return one decode step of attention, reading the cache tile by tile.
+    """Return one decode step, walking the cache one tile after another.
 
-    Flash-decoding: the cached keys and values are walked in tiles of
-    ``tile`` positions, each tile folded into a running softmax
-    (Equation 5.2), so no score vector longer than a tile ever exists.
-    Query head h reads KV head h // G, as in ch03.grouped_attention, and
-    only the positions visible_ranges returns are read.
-
-    Args:
-        query: (B, H_q, 1, d), the newest token's queries.
-        key: (B, H_kv, T, d) floats of query's dtype, or a QuantizedKV.
-        value: (B, H_kv, T, d_v) floats, or a QuantizedKV.
-        tile: positions per tile (>= 1).
-        window, sinks: as in ch03.visibility_mask (None: every key).
-        scale: the score scale; None means 1 / sqrt(d).
-
-    Returns:
-        (B, H_q, 1, d_v), equal to decode_reference up to rounding.
+    query (B, H_q, 1, d); key (B, H_kv, T, d) and value (B, H_kv, T, d_v),
+    floats or QuantizedKV. Each tile of the positions visible_ranges
+    returns is folded into a running softmax (Equation 5.2). Returns
+    (B, H_q, 1, d_v), equal to decode_reference up to rounding.
     """
-    kv_heads, groups, tokens, value_width = decode_shapes(query, key, value)
-    batch, query_heads, _, width = query.shape
-    scale = (1 / math.sqrt(width) if scale is None
-             else check_number("scale", scale, above=0))
+    batch, kv_heads, tokens, _ = key.shape
+    value_width = value.shape[-1]
+    rows = stacked_rows(query, kv_heads, scale)  # (B, H_kv, G, d)
     spans = tile_ranges(visible_ranges(tokens, window, sinks), tile)
     longest = max(stop - start for start, stop in spans)
     key_buffer, value_buffer = (  # one reused float32 tile per quantised side
@@ -398,222 +298,377 @@ def flash_decode(query: Tensor, key: Tensor | QuantizedKV,
         else query.new_empty(batch, kv_heads, longest, cache.shape[-1],
                              dtype=torch.float32)
         for cache in (key, value))
-    rows = query.reshape(batch, kv_heads, groups, width) * scale  # (B,Hkv,G,d)
     state = online_softmax_start(rows.shape[:-1], value_width, rows)
     for start, stop in spans:
-        keys = read_tile(key, start, stop, key_buffer)  # (B, H_kv, n, d)
-        values = read_tile(value, start, stop, value_buffer)  # (.., n, d_v)
-        keys, values = keys.to(rows.dtype), values.to(rows.dtype)  # (no-op)
+        keys = read_tile(key, start, stop, key_buffer).to(rows.dtype)
+        values = read_tile(value, start, stop, value_buffer).to(rows.dtype)
         scores = rows @ keys.transpose(-2, -1)  # (B, H_kv, G, n)
         state = online_softmax_update(state, scores, values)
     out = finish_online_softmax(state)  # (B, H_kv, G, d_v)
-    return out.reshape(batch, query_heads, 1, value_width)
+    return out.reshape(query.shape[:-1] + (value_width,))
 
 
 def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
                      value: Tensor | QuantizedKV, *,
                      window: int | None = None, sinks: int = 0) -> Tensor:
-    """Return the step flash_decode takes, computed densely: its reference.
+    """Return the same step computed densely: every score at once.
 
     A quantised cache is dequantised whole (dequantize_cache); the step is
-    ch03.grouped_attention with the last row of ch03.visibility_mask,
-    every score at once. It builds a T x T mask when a window is given,
-    so use it at test sizes.
+    ch03.grouped_attention with the last row of ch03.visibility_mask. It
+    builds a T x T mask when a window is given: use it at test sizes.
     """
-    _, _, tokens, _ = decode_shapes(query, key, value)
     keys, values = (dequantize_cache(cache).to(query.dtype)
                     if isinstance(cache, QuantizedKV) else cache
                     for cache in (key, value))
     mask = None
     if window is not None:
-        mask = ch03.visibility_mask(tokens, window, sinks,
+        mask = ch03.visibility_mask(keys.shape[2], window, sinks,
                                     device=query.device)[-1:]  # (1, T)
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:851
-def tile_codes(tile: Tensor, bits: int,
-               dtype: torch.dtype) -> list[tuple[Tensor, slice]]:
-    """Return a tile as float pieces, each with the head-width slice it covers.
+# chapters/ch05-measured.qmd:741
+def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
+                 chunk: int) -> OnlineState:
+    """Return the state (m, l, a) of every chunk of ``chunk`` keys at once.
 
-    One piece for a float or int8 tile; for a packed int4 tile, the low
-    nibbles (the first half of the width) and the high ones (the second).
+    rows (B, H, G, d); keys (B, H, n, d) and values (B, H, n, d_v) with n
+    a multiple of chunk. The states cover (B, H, C, G) for C = n / chunk.
     """
-    bits = check_int("bits", bits)
-    if bits not in (4, 8, 32):
-        raise ValueError(f"bits must be 4, 8 or 32 (got {bits})")
-    check_type("dtype", dtype, torch.dtype)
-    stored = {4: torch.uint8, 8: torch.int8}.get(bits)  # None: float tiles
-    check_tensor("tile", tile, dims=4, floating=stored is None, dtype=stored,
-                 nonempty=True)
-    if bits == 4:
-        low, high = int4_halves(tile)
-        half = tile.shape[-1]
-        return [(low.to(dtype), slice(0, half)),
-                (high.to(dtype), slice(half, 2 * half))]
-    return [(tile.to(dtype), slice(0, tile.shape[-1]))]
+    batch, heads, tokens, width = keys.shape
+    count = tokens // chunk
+    keys = keys.reshape(batch, heads, count, chunk, width)  # a view
+    values = values.reshape(batch, heads, count, chunk, values.shape[-1])
+    scores = rows.unsqueeze(2) @ keys.transpose(-2, -1)  # (B, H, C, G, chunk)
+    top = scores.amax(-1, keepdim=True)  # m_c
+    weights = torch.exp(scores - top)
+    return top, weights.sum(-1, keepdim=True), weights @ values
 
 
-def fused_tile_update(state: OnlineState, rows: Tensor, key_tile: Tensor,
-                      key_scale: Tensor | None, value_tile: Tensor,
-                      value_scale: Tensor | None, bits: int) -> OnlineState:
-    """Return the state after one tile, from the codes as stored (Equation 5.3).
+def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
+                    chunk: int = 4096, window: int | None = None,
+                    sinks: int = 0, scale: float | None = None) -> Tensor:
+    """Return one decode step by Flash-Decoding's split-KV (Equation 5.3).
 
-    Written for torch.compile: codes become floats inside the kernel, the
-    per-token scales multiply scores and weights after the dot products,
-    and each of a group's G rows has its own sum so that one read of a
-    code serves all G.
-
-    Args:
-        state: (m, l, a) over the rows (B, H_kv, G).
-        rows: (B, H_kv, G, d) scaled query rows, any per-channel key scale
-            already folded in.
-        key_tile, value_tile: (B, H_kv, n, .) floats, int8 codes or packed
-            int4 codes.
-        key_scale, value_scale: (B, H_kv, n, 1) per-token scales, or None.
-        bits: 32 for float tiles, 8 or 4.
+    query (B, H_q, 1, d); key (B, H_kv, T, d), value (B, H_kv, T, d_v).
+    The visible positions are cut into chunks whose states are computed
+    in one batched pass (a shorter last chunk of each run in one more)
+    and merged by log-sum-exp. Returns (B, H_q, 1, d_v).
     """
-    bits = check_int("bits", bits)
-    if bits not in (4, 8, 32):
-        raise ValueError(f"bits must be 4, 8 or 32 (got {bits!r})")
-    check_tensor("rows", rows, dims=4, floating=True, nonempty=True)
-    stored = {4: torch.uint8, 8: torch.int8}.get(bits)  # None: float tiles
-    for name, tile, scale in (("key", key_tile, key_scale),
-                              ("value", value_tile, value_scale)):
-        check_tensor(f"{name}_tile", tile, dims=4, floating=stored is None,
-                     dtype=stored, nonempty=True)
-        if scale is not None:
-            check_tensor(f"{name}_scale", scale, dims=4, floating=True,
-                         sizes={-1: 1})
-    groups = rows.shape[-2]
-    keys = tile_codes(key_tile, bits, rows.dtype)
-    values = tile_codes(value_tile, bits, rows.dtype)
-    scores = torch.stack(  # (B, H_kv, G, n): one sum per row of the group
-        [sum((rows[..., g, None, part] * piece).sum(-1) for piece, part in keys)
-         for g in range(groups)], dim=-2)
-    if key_scale is not None:
-        scores = scores * key_scale.transpose(-2, -1)  # sigma_j (q . c_j)
-
-    def mix(weights: Tensor) -> Tensor:  # (B, H_kv, G, n) -> (.., G, d_v)
-        if value_scale is not None:
-            weights = weights * value_scale.transpose(-2, -1)  # w_j sigma_j
-        return torch.stack(
-            [torch.cat([(weights[..., g, :, None] * piece).sum(-2)
-                        for piece, _ in values], dim=-1)
-             for g in range(groups)], dim=-2)
-
-    return online_softmax_update(state, scores, mix)
-
-
-class CompiledTileUpdate:
-    """fused_tile_update compiled by torch.compile, eager where that fails.
-
-    The first call compiles; inductor's CPU backend needs a C++ compiler.
-    If compiling raises, the reason is kept in ``fallback_reason``, one
-    warning says so, and every later call runs fused_tile_update eagerly:
-    the same result, more slowly.
-    """
-
-    def __init__(self) -> None:
-        self.compiled = torch.compile(
-            fused_tile_update, dynamic=True,  # one kernel for every T
-            options={"cpp.enable_floating_point_contract_flag": "fast"})
-        self.fallback_reason: str | None = None
-
-    def __call__(self, *args) -> OnlineState:
-        if self.fallback_reason is None:
-            try:
-                return self.compiled(*args)
-            except Exception as error:  # no compiler, unsupported platform
-                self.fallback_reason = str(error).strip().split("\n")[0][:300]
-                warnings.warn("torch.compile failed, running the tile update "
-                              f"eagerly: {self.fallback_reason}", stacklevel=2)
-        return fused_tile_update(*args)
-
-
-def fused_flash_decode(query: Tensor, key: Tensor | QuantizedKV,
-                       value: Tensor | QuantizedKV, *, tile: int = 2048,
-                       window: int | None = None, sinks: int = 0,
-                       scale: float | None = None,
-                       tile_update=fused_tile_update) -> Tensor:
-    """Return flash_decode's step with the tiles handed over as stored.
-
-    ``tile_update`` is fused_tile_update (eager, for checking) or a
-    CompiledTileUpdate (the fast path). Arguments and result are
-    flash_decode's; key and value must be both float or both quantised.
-    """
-    check_type("tile_update", tile_update, Callable)
-    kv_heads, groups, tokens, value_width = decode_shapes(query, key, value)
-    batch, query_heads, _, width = query.shape
-    quantized = isinstance(key, QuantizedKV)
-    if quantized != isinstance(value, QuantizedKV):
-        raise TypeError("key and value must be both float tensors or both "
-                        "QuantizedKV")
-    scale = (1 / math.sqrt(width) if scale is None
-             else check_number("scale", scale, above=0))
-    spans = tile_ranges(visible_ranges(tokens, window, sinks), tile)
-    rows = query.reshape(batch, kv_heads, groups, width) * scale  # (B,Hkv,G,d)
-    if quantized and key.per == "channel":
-        rows = rows * key.scale  # (q * sigma) . c_j, Equation 5.3
-    bits = key.bits if quantized else 32
-    state = online_softmax_start(rows.shape[:-1], value_width, rows)
-    for start, stop in spans:
-        if quantized:
-            key_scale = (key.scale_at(start, stop) if key.per == "token"
-                         else None)
-            value_scale = (value.scale_at(start, stop) if value.per == "token"
-                           else None)
-            state = tile_update(state, rows, key.codes[..., start:stop, :],
-                                key_scale, value.codes[..., start:stop, :],
-                                value_scale, bits)
-        else:
-            state = tile_update(state, rows, key[..., start:stop, :], None,
-                                value[..., start:stop, :], None, bits)
+    rows = stacked_rows(query, key.shape[1], scale)  # (B, H_kv, G, d)
+    parts = []
+    for start, stop in visible_ranges(key.shape[2], window, sinks):
+        whole = start + (stop - start) // chunk * chunk
+        for first, last, size in ((start, whole, chunk),
+                                  (whole, stop, stop - whole)):
+            if last > first:
+                parts.append(chunk_states(rows, key[..., first:last, :],
+                                          value[..., first:last, :], size))
+    state = merge_states(tuple(torch.cat(piece, dim=2)
+                               for piece in zip(*parts, strict=True)), dim=2)
     out = finish_online_softmax(state)  # (B, H_kv, G, d_v)
-    if quantized and value.per == "channel":
-        out = out * value.scale  # sigma * sum_j w_j c_j
-    return out.reshape(batch, query_heads, 1, value_width)
+    return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
-# chapters/ch05-measured.qmd:1037
-def flash_decode_latent(query: Tensor, latent: Tensor, key_up: Tensor,
-                        value_up: Tensor, *, tile: int = 4096,
-                        window: int | None = None, sinks: int = 0) -> Tensor:
-    """Return a latent-cache layer's decode step, absorbed, tile by tile.
+# chapters/ch05-measured.qmd:851
+def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Return int8 codes and float32 scales of each row of x (..., n)."""
+    return ch02.quantize(x.float(), 8, dim=-1)
+
+
+def two_byte_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Return (high, low, scale) with x ~ (128 high + low) * scale per row.
+
+    x (..., n) >= 0 is rounded to 127 * 128 levels, then split into two
+    int8 digits of base 128, so that two int8 products carry 14 bits.
+    """
+    scale = (x.amax(-1, keepdim=True) / (127 * 128)).clamp_min(1e-30)
+    levels = torch.round(x / scale)  # integers 0 .. 127 * 128, as floats
+    high = torch.floor(levels / 128)
+    return (high.to(torch.int8), (levels - 128 * high).to(torch.int8),
+            scale.float())
+
+
+def code_halves(codes: Tensor, bits: int) -> list[tuple[Tensor, int]]:
+    """Return a head's stored codes as int8 pieces, each with its divisor.
+
+    An int8 cache is one piece. A packed int4 byte read as signed gives
+    the high code by b >> 4 and sixteen times the low one by b << 4,
+    exactly: two pieces, each half the width, with no unpacking loop.
+    """
+    if bits == 8:
+        return [(codes, 1)]
+    signed = codes.view(torch.int8)
+    return [(torch.bitwise_left_shift(signed, 4), 16),  # 16 x low code
+            (torch.bitwise_right_shift(signed, 4), 1)]  # high code
+
+
+def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
+                scale: float | None = None) -> Tensor:
+    """Return one decode step from integer codes (Equation 5.4).
+
+    query (B, H_q, 1, d); key and value QuantizedKV (B, H_kv, T, .) of 8
+    or 4 bits. Scores: int8 query rows times the key codes, summed in
+    int32 by torch._int_mm, times the two scales. Mix: the weights
+    w_j sigma_j as two int8 digits times the value codes, the same way.
+    Returns (B, H_q, 1, d).
+    """
+    batch, kv_heads, tokens, width = key.shape
+    rows = stacked_rows(query, kv_heads, scale)  # (B, H_kv, G, d)
+    row_codes, row_scale = int8_rows(rows)  # (B, H_kv, G, d), (.., G, 1)
+    heads = [(b, h) for b in range(batch) for h in range(kv_heads)]
+    scores = []
+    for b, h in heads:  # (T, G) per head: codes (T, d') @ rows (d', G)
+        pieces = code_halves(key.codes[b, h], key.bits)
+        columns = row_codes[b, h].T.chunk(len(pieces))  # the matching d'
+        products = [torch._int_mm(piece, part.contiguous())
+                    for (piece, _), part in zip(pieces, columns, strict=True)]
+        scores.append(products[0] if len(products) == 1  # int8: one product
+                      else products[0] // 16 + products[1])  # int4: 16 low
+    scores = (torch.stack(scores).view(batch, kv_heads, tokens, -1)
+              .transpose(-2, -1).contiguous().float()  # (B, H_kv, G, T)
+              * key.scale.transpose(-2, -1) * row_scale)  # s_q s_j (q . c_j)
+    weights = (torch.softmax(scores, dim=-1)
+               * value.scale.transpose(-2, -1))  # w_j sigma_j
+    high, low, weight_scale = two_byte_rows(weights)
+    mixed = []
+    for b, h in heads:  # (G, d) per head: weights (G, T) @ codes (T, d')
+        pieces = code_halves(value.codes[b, h], value.bits)
+        mixed.append(torch.cat([
+            (torch._int_mm(high[b, h], piece).float() * (128 / divisor)
+             + torch._int_mm(low[b, h], piece).float() * (1 / divisor))
+            for piece, divisor in pieces], dim=-1))
+    out = torch.stack(mixed).view(batch, kv_heads, -1, width) * weight_scale
+    return out.reshape(query.shape).to(query.dtype)
+
+
+# chapters/ch05-measured.qmd:969
+def asymmetric_codes(x: Tensor, bits: int,
+                     dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Return (codes, scale, offset) with x ~ codes * scale + offset.
+
+    The range [min, max] along ``dim`` is cut into 2^bits - 1 steps; the
+    codes are stored signed (shifted by 2^(bits-1)) so that they fit
+    int8 and pack_int4, and the offset absorbs the shift.
+    """
+    low = x.amin(dim, keepdim=True)
+    levels = 2**bits - 1
+    step = ((x.amax(dim, keepdim=True) - low) / levels).clamp_min(1e-12)
+    half = 2 ** (bits - 1)
+    codes = torch.round((x - low) / step) - half  # in [-half, half - 1]
+    return codes.to(torch.int8), step, low + half * step
+
+
+@dataclasses.dataclass
+class KiviCache:
+    """A KIVI-style cache: keys per channel in groups, values per token.
+
+    Attributes:
+        bits: 8 or 4; group: G_t tokens per key group; residual: R, the
+            fewest newest tokens kept in full precision.
+        key_codes, value_codes: (B, H, T_q, d) int8, or packed
+            (B, H, T_q, d/2) uint8 at 4 bits, for the T_q quantised tokens.
+        key_scale, key_offset: (B, H, T_q / G_t, d) float32, per group.
+        value_scale, value_offset: (B, H, T_q, 1) float32, per token.
+        key_recent, value_recent: (B, H, T_r, d) float32, R <= T_r < R + G_t
+            once the cache holds R tokens.
+    """
+
+    bits: int
+    group: int
+    residual: int
+    key_codes: Tensor
+    key_scale: Tensor
+    key_offset: Tensor
+    value_codes: Tensor
+    value_scale: Tensor
+    value_offset: Tensor
+    key_recent: Tensor
+    value_recent: Tensor
+
+    @classmethod
+    def from_keys_values(cls, key: Tensor, value: Tensor, *, bits: int = 4,
+                         group: int = 32, residual: int = 32) -> "KiviCache":
+        """Return the cache of keys and values (B, H, T, d), as if appended.
+
+        Raises:
+            TypeError: if an argument has the wrong type.
+            ValueError: for bits other than 4 or 8, group < 1, residual < 0,
+                or key and value of different shapes.
+        """
+        check_tensor("key", key, dims=4, floating=True, nonempty=True)
+        check_tensor("value", value, dims=4, floating=True,
+                     sizes=dict(enumerate(key.shape)))
+        bits = check_bits(bits)
+        group = check_int("group", group, minimum=1)
+        residual = check_int("residual", residual, minimum=0)
+        empty = key[..., :0, :].float()
+        no_codes = torch.zeros(empty.shape, dtype=torch.int8)
+        stored = pack_int4(no_codes) if bits == 4 else no_codes
+        cache = cls(bits, group, residual, stored, empty, empty, stored,
+                    empty[..., :1], empty[..., :1], empty, empty)
+        cache.append(key, value)
+        return cache
+
+    def pack(self, codes: Tensor) -> Tensor:
+        """Return int8 codes as stored: as they are, or two a byte."""
+        codes = codes.to(torch.int8)
+        return pack_int4(codes) if self.bits == 4 else codes
+
+    def append(self, key: Tensor, value: Tensor) -> None:
+        """Add tokens (B, H, n, d) and quantise every whole group past R."""
+        self.key_recent = torch.cat([self.key_recent, key.float()], dim=2)
+        self.value_recent = torch.cat([self.value_recent, value.float()],
+                                      dim=2)
+        ready = ((self.key_recent.shape[2] - self.residual)
+                 // self.group * self.group)
+        if ready <= 0:
+            return
+        keys, values = self.key_recent[..., :ready, :], \
+            self.value_recent[..., :ready, :]
+        batch, heads, _, width = keys.shape
+        grouped = keys.reshape(batch, heads, -1, self.group, width)
+        codes, scale, offset = asymmetric_codes(grouped, self.bits, dim=3)
+        value_codes, value_scale, value_offset = asymmetric_codes(
+            values, self.bits, dim=-1)
+        new = {"key_codes": self.pack(codes.flatten(2, 3)),
+               "key_scale": scale.squeeze(3), "key_offset": offset.squeeze(3),
+               "value_codes": self.pack(value_codes),
+               "value_scale": value_scale, "value_offset": value_offset}
+        for name, part in new.items():
+            setattr(self, name, torch.cat([getattr(self, name), part], dim=2))
+        self.key_recent = self.key_recent[..., ready:, :]
+        self.value_recent = self.value_recent[..., ready:, :]
+
+    @property
+    def tokens(self) -> int:
+        """Return T, the tokens cached (quantised and recent)."""
+        return self.value_scale.shape[2] + self.key_recent.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Return the bytes of every tensor the cache holds."""
+        return sum(part.nbytes for part in (
+            self.key_codes, self.key_scale, self.key_offset,
+            self.value_codes, self.value_scale, self.value_offset,
+            self.key_recent, self.value_recent))
+
+    def codes_as_floats(self, codes: Tensor) -> Tensor:
+        """Return stored codes as float32 (..., n, d)."""
+        return (unpack_int4(codes) if self.bits == 4 else codes).float()
+
+    def dequantize(self) -> tuple[Tensor, Tensor]:
+        """Return the float32 keys and values (B, H, T, d) it stands for."""
+        batch, heads, quantised, _ = self.value_scale.shape
+        width = self.key_recent.shape[-1]
+        codes = self.codes_as_floats(self.key_codes).view(
+            batch, heads, -1, self.group, width)
+        keys = (codes * self.key_scale.unsqueeze(3)
+                + self.key_offset.unsqueeze(3)).view(batch, heads, -1, width)
+        values = (self.codes_as_floats(self.value_codes) * self.value_scale
+                  + self.value_offset)
+        return (torch.cat([keys, self.key_recent], dim=2),
+                torch.cat([values, self.value_recent], dim=2))
+
+    def attend(self, query: Tensor, *, groups_per_pass: int = 64,
+               scale: float | None = None) -> Tensor:
+        """Return one decode step over the cache, query (B, H_q, 1, d).
+
+        Split-KV with the key group as the chunk: each pass converts the
+        codes of ``groups_per_pass`` groups (never the whole cache) and
+        computes their states; the residual is one more chunk.
+        """
+        rows = stacked_rows(query.float(), self.key_recent.shape[1], scale)
+        batch, heads, _, width = rows.shape
+        count = self.key_scale.shape[2]
+        parts = []
+        for first in range(0, count, groups_per_pass):
+            last = min(first + groups_per_pass, count)
+            span = slice(first * self.group, last * self.group)
+            keys = self.codes_as_floats(self.key_codes[..., span, :]).view(
+                batch, heads, last - first, self.group, width)
+            group_rows = (rows.unsqueeze(2)
+                          * self.key_scale[..., first:last, None, :])
+            offsets = (rows.unsqueeze(2)
+                       * self.key_offset[..., first:last, None, :]).sum(-1)
+            scores = (group_rows @ keys.transpose(-2, -1)
+                      + offsets[..., None])  # (B, H, C, G, G_t)
+            top = scores.amax(-1, keepdim=True)
+            weights = torch.exp(scores - top)  # (B, H, C, G, G_t)
+            value_scale = self.value_scale[..., span, :].view(
+                batch, heads, last - first, 1, self.group)
+            value_offset = self.value_offset[..., span, :].view(
+                batch, heads, last - first, 1, self.group)
+            values = self.codes_as_floats(self.value_codes[..., span, :])
+            mixed = ((weights * value_scale)
+                     @ values.view(batch, heads, last - first, self.group, -1)
+                     + (weights * value_offset).sum(-1, keepdim=True))
+            parts.append((top, weights.sum(-1, keepdim=True), mixed))
+        recent = self.key_recent.shape[2]
+        if recent:
+            parts.append(chunk_states(rows, self.key_recent,
+                                      self.value_recent, recent))
+        state = merge_states(tuple(torch.cat(piece, dim=2)
+                                   for piece in zip(*parts, strict=True)),
+                             dim=2)
+        out = finish_online_softmax(state)  # (B, H, G, d)
+        return out.reshape(query.shape).to(query.dtype)
+
+
+# chapters/ch05-measured.qmd:1192
+def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
+                  value_up: Tensor, *, chunk: int = 4096,
+                  window: int | None = None, sinks: int = 0) -> Tensor:
+    """Return a latent-cache layer's decode step, absorbed, by split-KV.
 
     Chapter 4's absorption: q_h . (W_UK,h c_j) = (W_UK,h^T q_h) . c_j, so
-    the cached latents are the keys and the values of one KV head shared
-    by every query head, and the mixed latent is lifted by W_UV,h once.
-
-    Args:
-        query: (B, H, 1, d_h), the newest token's queries.
-        latent: (B, T, r), the cache (no decoupled rotary part).
-        key_up, value_up: (H * d_h, r), the weights of the layer's
-            nn.Linear(r, H * d_h) up-projections.
-
-    Returns:
-        (B, H, 1, d_h), the heads' outputs before the output projection.
+    the latents (B, T, r) are the keys and the values of one KV head
+    shared by every query head, and the mixed latent is lifted by W_UV,h
+    once. query (B, H, 1, d_h); key_up, value_up (H * d_h, r), the
+    weights of nn.Linear(r, H * d_h). Returns (B, H, 1, d_h).
     """
-    check_tensor("query", query, dims=4, floating=True, nonempty=True)
-    check_tensor("latent", latent, dims=3, dtype=query.dtype, nonempty=True)
     heads, head_dim, rank = query.shape[1], query.shape[-1], latent.shape[-1]
-    for name, weight in (("key_up", key_up), ("value_up", value_up)):
-        check_tensor(name, weight, dims=2, dtype=query.dtype)
-        if tuple(weight.shape) != (heads * head_dim, rank):
-            raise ValueError(f"{name} must be (H * d_h, r) = "
-                             f"({heads * head_dim}, {rank}) "
-                             f"(got {tuple(weight.shape)})")
     key_up = key_up.view(heads, head_dim, rank)  # W_UK,h per head
     value_up = value_up.view(heads, head_dim, rank)  # W_UV,h per head
     latent_query = query @ key_up  # (B, H, 1, r): W_UK,h^T q_h
     shared = latent.unsqueeze(1)  # (B, 1, T, r): one KV head, K = V
-    mixed = flash_decode(latent_query, shared, shared, tile=tile,
-                         window=window, sinks=sinks,
-                         scale=1 / math.sqrt(head_dim))  # (B, H, 1, r)
+    mixed = split_kv_decode(latent_query, shared, shared, chunk=chunk,
+                            window=window, sinks=sinks,
+                            scale=1 / math.sqrt(head_dim))  # (B, H, 1, r)
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:2053
+# chapters/ch05-measured.qmd:1758
+def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
+                  query_tile: int = 256, key_tile: int = 256) -> Tensor:
+    """Return causal attention (B, H, n, d_v), FlashAttention's way.
+
+    query, key (B, H, n, d), value (B, H, n, d_v). For each tile of
+    ``query_tile`` rows the key tiles up to the diagonal are folded into
+    a running softmax (Equation 5.2); tiles wholly in the future are
+    skipped, and no score tile is larger than query_tile x key_tile.
+    """
+    tokens, width = query.shape[-2:]
+    out = query.new_empty(query.shape[:-1] + (value.shape[-1],))
+    for q_start in range(0, tokens, query_tile):
+        q_stop = min(q_start + query_tile, tokens)
+        rows = query[..., q_start:q_stop, :] / math.sqrt(width)
+        state = online_softmax_start(rows.shape[:-1], value.shape[-1], rows)
+        for k_start in range(0, q_stop, key_tile):  # stop at the diagonal
+            k_stop = min(k_start + key_tile, tokens)
+            scores = rows @ key[..., k_start:k_stop, :].transpose(-2, -1)
+            if k_stop > q_start + 1:  # the tile holds some future keys
+                future = (torch.arange(k_start, k_stop, device=query.device)
+                          > torch.arange(q_start, q_stop,
+                                         device=query.device)[:, None])
+                scores = scores.masked_fill(future, -math.inf)
+            state = online_softmax_update(state, scores,
+                                          value[..., k_start:k_stop, :])
+        out[..., q_start:q_stop, :] = finish_online_softmax(state)
+    return out
+
+
+# chapters/ch05-measured.qmd:2164
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -646,7 +701,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2107
+# chapters/ch05-measured.qmd:2218
 def check_query_key_value(query: Tensor, key: Tensor, value: Tensor) -> None:
     """Raise unless query and key are (..., T, d) and value (..., T, d_v).
 
@@ -676,17 +731,9 @@ def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
 
-    A score is -inf where the key lies in the query's future.
-
     Query row i is token query_start + i and key column j is token
-    key_start + j; the query may see the key when j <= i.
+    key_start + j; a score is -inf where the key lies in the future.
     """
-    check_tensor("query", query, min_dims=2, floating=True, nonempty=True)
-    check_tensor("key", key, min_dims=2, dtype=query.dtype, nonempty=True,
-                 sizes={-1: query.shape[-1]})
-    query_start = check_int("query_start", query_start, minimum=0)
-    key_start = check_int("key_start", key_start, minimum=0)
-    scale = check_number("scale", scale, above=0)
     query_pos = torch.arange(query_start, query_start + query.shape[-2],
                              device=query.device)
     key_pos = torch.arange(key_start, key_start + key.shape[-2],
@@ -731,36 +778,20 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2238
+# chapters/ch05-measured.qmd:2340
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
-                        bytes_sent: Tensor, cache_bytes: Tensor) -> None:
+                        bytes_sent: Tensor, cache_bytes: Tensor,
+                        seconds: Tensor) -> None:
     """Run rank ``rank`` of ring attention, writing into shared tensors.
 
-    The rank keeps its own contiguous block of queries and attends, one
-    step at a time, to the key/value block that started on rank
-    (rank - step) mod P, passing each block on to rank + 1 while it
-    computes (P - 1 transfers in all).
-
-    Args:
-        rank, parts: this rank and the number of ranks P.
-        port: the TCP port on 127.0.0.1 where the ranks meet.
-        query, key, value: the whole (..., T, d) tensors in shared
-            memory; the rank copies out its own block.
-        output: shared (..., T, d_v) tensor for the result rows.
-        bytes_sent: shared int64 (P, P), bytes this rank sent each step.
-        cache_bytes: shared int64 (P,), bytes of keys and values held.
+    The rank keeps its own block of queries and, at step s, attends to
+    the key/value block that started on rank (rank - s) mod P while it
+    passes that block on to rank + 1. query, key, value and output are
+    the whole (..., T, .) tensors in shared memory; bytes_sent (P, P)
+    and seconds (P, P, 2) record each step's bytes, compute time and
+    time spent waiting for the transfer after computing.
     """
-    parts = check_int("parts", parts, minimum=1)
-    rank = check_int("rank", rank, minimum=0, maximum=parts - 1)
-    port = check_int("port", port, minimum=1, maximum=65_535)
-    check_query_key_value(query, key, value)
-    check_tensor("output", output, dtype=value.dtype, sizes=dict(
-        enumerate(value.shape)), dims=value.dim())
-    check_tensor("bytes_sent", bytes_sent, dims=2, dtype=torch.int64,
-                 sizes={0: parts, 1: parts})
-    check_tensor("cache_bytes", cache_bytes, dims=1, dtype=torch.int64,
-                 sizes={0: parts})
     bounds = partition_bounds(query.shape[-2], parts)
     torch.set_num_threads(1)  # P processes share the cores
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # stay on loopback
@@ -790,13 +821,17 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                              dist.irecv(next_key, left),
                              dist.irecv(next_value, left)]
                 bytes_sent[rank, step] = block_key.nbytes + block_value.nbytes
+            began = time.perf_counter()
             k_start = bounds[owner][0]
             if k_start < q_stop:  # else the block is wholly in the future
                 scores = causal_block_scores(rows, block_key, q_start,
                                              k_start, scale)
                 state = online_softmax_update(state, scores, block_value)
+            computed = time.perf_counter()
             for transfer in transfers:
                 transfer.wait()
+            seconds[rank, step] = torch.tensor(
+                [computed - began, time.perf_counter() - computed])
             if transfers:
                 block_key, block_value = next_key, next_value
         output[..., q_start:q_stop, :] = finish_online_softmax(state)
@@ -804,7 +839,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2332
+# chapters/ch05-measured.qmd:2421
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -814,35 +849,15 @@ def free_local_port() -> int:
 
 @dataclasses.dataclass
 class RingResult:
-    """A ring run: the output, token ranges, bytes held and bytes sent."""
+    """A ring run: the output, token ranges, bytes held and sent, times."""
 
     output: torch.Tensor
     parts: int
     bounds: list
     cache_bytes_per_rank: list  # bytes of keys and values each rank held
     bytes_sent_per_step: list  # [rank][step], P - 1 steps
-
-    def __post_init__(self) -> None:
-        check_tensor("output", self.output, min_dims=2, floating=True,
-                     nonempty=True)
-        parts = check_int("parts", self.parts, minimum=1)
-        check_type("bounds", self.bounds, list)
-        tokens = self.output.shape[-2]
-        if [tuple(pair) for pair in self.bounds] != partition_bounds(
-                tokens, parts):
-            raise ValueError(f"bounds must be partition_bounds({tokens}, "
-                             f"{parts}) (got {self.bounds})")
-        held = check_int_sequence("cache_bytes_per_rank",
-                                  self.cache_bytes_per_rank, minimum=0)
-        if len(held) != parts:
-            raise ValueError(f"cache_bytes_per_rank must hold {parts} "
-                             f"counts (got {len(held)})")
-        check_type("bytes_sent_per_step", self.bytes_sent_per_step, list)
-        sent = [check_int_sequence("bytes_sent_per_step", row, minimum=0)
-                for row in self.bytes_sent_per_step]
-        if len(sent) != parts or any(len(row) != parts - 1 for row in sent):
-            raise ValueError(f"bytes_sent_per_step must hold {parts} rows "
-                             f"of {parts - 1} counts (got {len(sent)} rows)")
+    compute_seconds: list  # [rank][step], P steps
+    wait_seconds: list  # [rank][step]: waiting for a transfer after compute
 
     @property
     def total_cache_bytes(self) -> int:
@@ -855,6 +870,32 @@ class RingResult:
         return [sum(row) for row in self.bytes_sent_per_step]
 
 
+def start_ranks(worker: str, parts: int, args: tuple,
+                timeout_s: float) -> None:
+    """Run longctx.ch05's ``worker`` on P fresh processes and wait for them.
+
+    Raises:
+        TimeoutError: if the processes do not finish within timeout_s.
+    """
+    # fresh processes import the worker by name: use the package's copy
+    function = getattr(importlib.import_module("longctx.ch05"), worker)
+    methods = torch_multiprocessing.get_all_start_methods()
+    method = "forkserver" if "forkserver" in methods else "spawn"
+    if method == "forkserver":  # a clean server imports torch once
+        torch_multiprocessing.get_context(method).set_forkserver_preload(
+            ["torch", "longctx.ch05"])
+    context = torch_multiprocessing.start_processes(
+        function, args=(parts, free_local_port(), *args), nprocs=parts,
+        join=False, start_method=method)
+    started = time.monotonic()
+    while not context.join(timeout=0.5):
+        if time.monotonic() - started > timeout_s:
+            for process in context.processes:
+                process.kill()
+            raise TimeoutError(f"{worker} with P={parts} did not finish "
+                               f"within {timeout_s} s")
+
+
 def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                    timeout_s: float = 120.0) -> RingResult:
     """Return causal attention from P gloo processes passing blocks on.
@@ -864,10 +905,6 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
         parts: number of processes P (>= 1); each holds a contiguous 1/P
             of the keys and values.
         timeout_s: seconds to wait for the processes before stopping them.
-
-    Returns:
-        A RingResult: the (..., T, d_v) output, each rank's cache bytes
-        and the bytes it sent in each step.
 
     Raises:
         TypeError: if an argument has the wrong type.
@@ -883,24 +920,127 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
     output = torch.zeros(value.shape, dtype=value.dtype).share_memory_()
     bytes_sent = torch.zeros(parts, parts, dtype=torch.int64).share_memory_()
     cache_bytes = torch.zeros(parts, dtype=torch.int64).share_memory_()
-    # fresh processes import the worker by name: use the package's copy
-    worker = importlib.import_module("longctx.ch05").ring_attention_rank
-    methods = torch_multiprocessing.get_all_start_methods()
-    method = "forkserver" if "forkserver" in methods else "spawn"
-    if method == "forkserver":  # a clean server imports torch once
-        torch_multiprocessing.get_context(method).set_forkserver_preload(
-            ["torch", "longctx.ch05"])
-    context = torch_multiprocessing.start_processes(
-        worker, args=(parts, free_local_port(), *shared, output, bytes_sent,
-                      cache_bytes),
-        nprocs=parts, join=False, start_method=method)
-    started = time.monotonic()
-    while not context.join(timeout=0.5):
-        if time.monotonic() - started > timeout_s:
-            for process in context.processes:
-                process.kill()
-            raise TimeoutError(f"ring attention with P={parts} did not "
-                               f"finish within {timeout_s} s")
+    seconds = torch.zeros(parts, parts, 2, dtype=torch.float64).share_memory_()
+    start_ranks("ring_attention_rank", parts, (*shared, output, bytes_sent,
+                                               cache_bytes, seconds),
+                timeout_s)
     return RingResult(output=output.clone(), parts=parts, bounds=bounds,
                       cache_bytes_per_rank=cache_bytes.tolist(),
-                      bytes_sent_per_step=bytes_sent[:, : parts - 1].tolist())
+                      bytes_sent_per_step=bytes_sent[:, : parts - 1].tolist(),
+                      compute_seconds=seconds[..., 0].tolist(),
+                      wait_seconds=seconds[..., 1].tolist())
+
+
+# chapters/ch05-measured.qmd:2628
+def link_rank(rank: int, parts: int, port: int, block: Tensor,
+              repeats: int, seconds: Tensor) -> None:
+    """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
+
+    Rank 0 writes the median one-way seconds into ``seconds`` (1,).
+    """
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=parts)
+    try:
+        buffer, times = block.clone(), []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            if rank == 0:
+                dist.send(buffer, 1)
+                dist.recv(buffer, 1)
+            elif rank == 1:
+                dist.recv(buffer, 0)
+                dist.send(buffer, 0)
+            times.append((time.perf_counter() - began) / 2)
+        seconds[0] = sorted(times)[len(times) // 2]
+    finally:
+        dist.destroy_process_group()
+
+
+def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
+                   timeout_s: float = 60.0) -> float:
+    """Return the bytes per second one gloo rank sends another, measured.
+
+    Raises:
+        TypeError: if an argument is not a number.
+        ValueError: if megabytes <= 0 or repeats < 1.
+    """
+    megabytes = check_number("megabytes", megabytes, above=0)
+    repeats = check_int("repeats", repeats, minimum=1)
+    block = torch.zeros(int(megabytes * 2**20) // 4).share_memory_()
+    seconds = torch.zeros(1, dtype=torch.float64).share_memory_()
+    start_ranks("link_rank", 2, (block, repeats, seconds), timeout_s)
+    return block.nbytes / seconds.item()
+
+
+# chapters/ch05-measured.qmd:2738
+def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
+                        key: Tensor, value: Tensor, output: Tensor,
+                        bytes_sent: Tensor) -> None:
+    """Run rank ``rank`` of a sharded decode step, writing into shared tensors.
+
+    The rank holds positions partition_bounds(T, P)[rank] of key and value
+    (B, H_kv, T, .); rank 0 broadcasts the query (B, H_q, 1, d), every rank
+    sends its state back, and rank 0 writes the merged step into output.
+    bytes_sent (P, 2): bytes of query and of state each rank sent.
+    """
+    bounds = partition_bounds(key.shape[2], parts)
+    torch.set_num_threads(1)  # P processes share the cores
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=parts)
+    try:
+        start, stop = bounds[rank]
+        keys = key[..., start:stop, :].clone()  # this rank's slice only
+        values = value[..., start:stop, :].clone()
+        row = query.clone() if rank == 0 else torch.empty_like(query)
+        dist.broadcast(row, src=0)
+        rows = stacked_rows(row, keys.shape[1], None)  # (B, H_kv, G, d)
+        state = chunk_states(rows, keys, values, stop - start)  # one chunk
+        packed = torch.cat(state, dim=-1)  # (B, H_kv, 1, G, 2 + d_v)
+        gathered = ([torch.empty_like(packed) for _ in range(parts)]
+                    if rank == 0 else None)
+        dist.gather(packed, gathered, dst=0)
+        bytes_sent[rank, 0] = row.nbytes * (parts - 1) if rank == 0 else 0
+        bytes_sent[rank, 1] = packed.nbytes if rank else 0
+        if rank == 0:
+            stacked = torch.cat(gathered, dim=2)  # (B, H_kv, P, G, 2 + d_v)
+            merged = merge_states((stacked[..., :1], stacked[..., 1:2],
+                                   stacked[..., 2:]), dim=2)
+            output.copy_(finish_online_softmax(merged).reshape(output.shape))
+    finally:
+        dist.destroy_process_group()
+
+
+def sharded_decode(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
+                   timeout_s: float = 120.0) -> tuple[Tensor, list]:
+    """Return a decode step computed by P gloo ranks, each on 1/P of the cache.
+
+    query (B, H_q, 1, d); key (B, H_kv, T, d) and value (B, H_kv, T, d_v)
+    float CPU tensors, T >= P. Returns the (B, H_q, 1, d_v) output and,
+    per rank, [bytes of query sent, bytes of state sent].
+
+    Raises:
+        TypeError: if an argument has the wrong type.
+        ValueError: if P < 1, T < P, or the shapes do not form a step.
+        TimeoutError: if the processes do not finish within timeout_s.
+    """
+    parts = check_int("parts", parts, minimum=1)
+    timeout_s = check_number("timeout_s", timeout_s, above=0)
+    check_tensor("query", query, dims=4, floating=True, nonempty=True,
+                 sizes={2: 1})
+    check_tensor("key", key, dims=4, dtype=query.dtype, nonempty=True,
+                 sizes={0: query.shape[0], 3: query.shape[-1]})
+    check_tensor("value", value, dims=4, dtype=query.dtype,
+                 sizes={0: key.shape[0], 1: key.shape[1], 2: key.shape[2]})
+    if query.shape[1] % key.shape[1]:
+        raise ValueError(f"H_kv must divide H_q (got {query.shape[1]} query "
+                         f"heads and {key.shape[1]} KV heads)")
+    partition_bounds(key.shape[2], parts)  # refuses T < P
+    shared = [t.detach().contiguous().share_memory_()
+              for t in (query, key, value)]
+    output = torch.zeros(query.shape[:-1] + (value.shape[-1],),
+                         dtype=query.dtype).share_memory_()
+    bytes_sent = torch.zeros(parts, 2, dtype=torch.int64).share_memory_()
+    start_ranks("sharded_decode_rank", parts, (*shared, output, bytes_sent),
+                timeout_s)
+    return output.clone(), bytes_sent.tolist()
