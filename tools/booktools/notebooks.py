@@ -41,14 +41,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .bib import bibliography_keys, render_citations
-from .book import Book, load_book, write_atomic
-from .numbering import ChapterInfo, Numbering, Target
+from .book import Book, repo_url, write_atomic
+from .numbering import ChapterInfo, Numbering, Target, compute_numbering
 from .qmd import (
     BRACKET,
     BRACKET_ITEM,
     CODE_SPAN,
     CROSSREF_PREFIXES,
     IMAGE_LABEL,
+    INLINE_EXPRESSION,
     LABELLED_EQUATION,
     PIPE_CAPTION,
     REFERENCE,
@@ -56,7 +57,8 @@ from .qmd import (
     CellItem,
     Div,
     Line,
-    QmdError,
+    inline_text,
+    parse_options,
     walk,
 )
 
@@ -66,8 +68,6 @@ __all__ = [
     "export_notebooks",
     "finish_book",
     "finish_notebook",
-    "main_notebooks",
-    "repo_url",
     "setup_cell_source",
     "translate_inline",
 ]
@@ -400,14 +400,16 @@ def _write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
-def export_notebooks(book: Book, files: list[str | Path] | None = None) -> tuple[list, list[str]]:
+def export_notebooks(
+    book: Book, files: list[str | Path] | None = None, numbering: Numbering | None = None
+) -> tuple[list, list[str]]:
     """The unexecuted notebook of every listed (or named) file that exists, in book order.
 
     Returns:
         (exported, problems): `(ChapterInfo, notebook)` pairs, and the problems
         ("FILE:LINE: message") that stopped a chapter from being exported.
     """
-    numbering = book.numbering
+    numbering = numbering or compute_numbering(book)
     problems = [str(exc) for exc in numbering.problems]
     keys = bibliography_keys(book.bibliography)
     wanted = None
@@ -502,31 +504,6 @@ if command is not None:
 import longctx\
 """
 
-_REPO_URL = re.compile(r"^(?:https?|ssh|git)://[^\s'\"\\]+$")
-
-
-def repo_url(book: Book) -> str:
-    """`_quarto.yml`'s `book.repo-url`, which the notebooks' first cell installs longctx from.
-
-    Raises:
-        BookError: it is missing, or not an http(s)/ssh/git URL.
-    """
-    from .book import BookError
-
-    value = (book.config.get("book") or {}).get("repo-url")
-    if value is None or (isinstance(value, str) and not value.strip()):
-        raise BookError(
-            "_quarto.yml has no book.repo-url: the notebooks' first cell installs longctx from it "
-            "(add `repo-url: https://github.com/OWNER/REPO` under `book:`)"
-        )
-    if not isinstance(value, str) or not _REPO_URL.match(value.strip()):
-        raise BookError(
-            f"_quarto.yml: book.repo-url must be an https://, ssh:// or git:// URL of the book's "
-            f"repository (pip installs `longctx @ git+URL`), not {value!r}"
-        )
-    return value.strip()
-
-
 def setup_cell_source(url: str) -> str:
     """The code of a reader's first cell, installing longctx from `url` outside the repository."""
     return SETUP_CELL.format(repo_url=json.dumps(url))
@@ -562,9 +539,6 @@ def finish_notebook(notebook, executed, url: str, display: str):
         StaleNotebook: `executed` ran different code or other inline expressions
             (message `FILE:LINE: ...`).
     """
-    from .execute import inline_text
-    from .qmd import INLINE_EXPRESSION, parse_options
-
     ran_code = [cell for cell in (executed.cells if executed is not None else []) if cell.cell_type == "code"]
     values = [
         entry
@@ -613,8 +587,6 @@ def finish_notebook(notebook, executed, url: str, display: str):
 
 
 def _needs_execution(notebook) -> bool:
-    from .qmd import INLINE_EXPRESSION
-
     return any(
         cell.cell_type == "code" or (cell.cell_type == "markdown" and INLINE_EXPRESSION.search(cell.source))
         for cell in notebook.cells
@@ -664,21 +636,3 @@ def finish_book(
         _write_if_changed(path, nbformat.writes(notebook) + "\n")
         paths.append(path)
     return paths, problems
-
-
-def main_notebooks(root: Path, args) -> int:
-    """`booktools notebooks`: the reader's notebooks from the executed ones (`execute` runs first)."""
-    book = load_book(root)
-    out = Path(args.out).resolve() if args.out else book.root / "notebooks"
-    executed = Path(args.executed).resolve() if args.executed else book.root / "_build" / "executed"
-    try:
-        paths, problems = finish_book(book, executed, out, args.files or None)
-    except QmdError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    for problem in problems:
-        print(problem, file=sys.stderr)
-    if not args.quiet:
-        for path in paths:
-            print(f"wrote {book.display(path)}")
-    return 1 if problems else 0

@@ -1,8 +1,8 @@
 """Pandoc, the converter Quarto itself runs: where it is and how the build calls it.
 
 The book pins `pypandoc-binary` (requirements.txt), whose wheel carries a pandoc
-binary: the same pandoc 3.6.1 that the Quarto kit on our machines runs, so both
-editions read the bibliography and format citations with the same citeproc.
+binary: the same pandoc 3.6.1 that the Quarto kit on our machines runs, so the reader's
+notebooks format citations with the citeproc Quarto's pages use.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@
 
 from __future__ import annotations
 
-import argparse
 import copy
 import glob
 import json
@@ -36,8 +35,8 @@ from pathlib import Path
 
 import yaml
 
-from .book import Book, BookError, find_root, load_book, write_atomic
-from .qmd import Document, QmdError, parse_file
+from .book import Book, BookError, load_book, repo_url, write_atomic
+from .qmd import INLINE_EXPRESSION, Document, QmdError, parse_file
 
 __all__ = [
     "QuartoError",
@@ -48,10 +47,8 @@ __all__ = [
     "finish_html",
     "quarto_notebook",
     "stage_project",
-    "main",
 ]
 
-INLINE = re.compile(r"(^|[^`])`\{python\}[ \t]([^`]+)`")
 STAGE_DIR = Path("_build") / "quarto"
 # What Quarto's HTML pages load from CDNs, and what the book serves instead (from web/node_modules).
 _POLYFILL = re.compile(r'[ \t]*<script src="https://cdnjs\.cloudflare\.com/polyfill/[^"]*"></script>\n?')
@@ -167,7 +164,7 @@ def quarto_notebook(doc: Document, executed: dict | None) -> dict:
         if not text.strip():
             return
         cell = _markdown_cell(text)
-        found = [match.group(2).strip() for match in INLINE.finditer(text)]
+        found = [match.group("expr").strip() for match in INLINE_EXPRESSION.finditer(text)]
         if found:
             given: dict[str, dict] = {}
             for expression in found:
@@ -402,11 +399,6 @@ def finish_html(out: Path, node_modules: Path, *, repo_url: str | None = None) -
 # the whole edition
 
 
-def _repo_url(book: Book) -> str | None:
-    value = (book.config.get("book") or {}).get("repo-url")
-    return str(value) if value else None
-
-
 def build_quarto_book(
     root: Path,
     executed: Path,
@@ -433,8 +425,6 @@ def build_quarto_book(
     Raises:
         QuartoError: Quarto, MathJax or an executed chapter is missing, or the render failed.
     """
-    from .html import ensure_node_modules
-
     started = time.perf_counter()
     book = load_book(root)
     quarto = quarto or find_quarto()
@@ -447,7 +437,7 @@ def build_quarto_book(
             formats.append("pdf")
         else:
             skipped["pdf"] = "no TeX installation (install one with `quarto install tinytex`)"
-    node_modules = node_modules or ensure_node_modules(root)
+    node_modules = node_modules or root / "web" / "node_modules"
     for item in ("mathjax/" + MATHJAX_FILES[0], f"{FONT_PACKAGE}/400.css"):
         if not (node_modules / item).exists():
             raise QuartoError(f"{node_modules / item} is missing: run `npm ci --prefix web`")
@@ -473,38 +463,13 @@ def build_quarto_book(
             + (f", no {', '.join(missing)} output" if missing else "")
             + f"); _book/ was left as it was\n{tail}"
         )
-    finish_html(rendered, node_modules, repo_url=_repo_url(book))
+    try:
+        url = repo_url(book)
+    except BookError:
+        url = None  # no source links to name
+    finish_html(rendered, node_modules, repo_url=url)
     if out.exists():
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(rendered), str(out))
     return {"formats": formats, "skipped": skipped, "seconds": time.perf_counter() - started}
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m booktools quarto",
-        description="Render the Quarto edition from the executed chapters (run `execute` first).",
-    )
-    parser.add_argument("--root", default=None, help="the book's root (default: found from the cwd)")
-    parser.add_argument("--executed", default=None, help="executed notebooks (default: _build/executed)")
-    parser.add_argument("--out", default=None, help="output folder (default: _book)")
-    parser.add_argument("--to", default=None, help="formats, comma-separated (default: html,epub and pdf with TeX)")
-    args = parser.parse_args(argv)
-    try:
-        root = Path(args.root).resolve() if args.root else find_root()
-        executed = Path(args.executed).resolve() if args.executed else root / "_build" / "executed"
-        out = Path(args.out).resolve() if args.out else root / "_book"
-        formats = [name.strip() for name in args.to.split(",") if name.strip()] if args.to else None
-        result = build_quarto_book(root, executed, out, formats=formats)
-    except (QuartoError, BookError) as exc:
-        print(f"quarto: {exc}", file=sys.stderr)
-        return 1
-    for name, reason in result["skipped"].items():
-        print(f"quarto: {name.upper()} skipped: {reason}")
-    print(f"quarto: rendered {', '.join(result['formats'])} in {result['seconds']:.0f} s -> {out}")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
