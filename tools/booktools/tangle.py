@@ -151,10 +151,14 @@ def _hoist_imports(block: _Block, tree: ast.Module, imports: list[str], problem)
     return runs
 
 
+ISOLATED = ["--isolated", "--config", 'lint.isort.known-first-party = ["longctx"]']
+
+
 def sort_imports(texts: dict[Path, str], root: Path) -> dict[Path, str]:
     """Each module's text with its imports in the order ruff's isort rules want, in one ruff run.
 
-    The settings are the book's `code/ruff.toml` where it has one (it makes `longctx` first-party).
+    The settings are the book's `code/ruff.toml`; a book without one (a test's) gets ruff's
+    defaults, with `longctx` first-party as there.
     """
     if not texts:
         return {}
@@ -166,7 +170,7 @@ def sort_imports(texts: dict[Path, str], root: Path) -> dict[Path, str]:
         for path, name in names.items():
             name.write_text(texts[path], encoding="utf-8")
         command = [find_ruff_bin(), "check", "--no-cache", "--fix-only", "--exit-zero", "--quiet", "--select", "I",
-                   "--line-length", str(IMPORT_WIDTH), *(["--config", str(config)] if config.is_file() else ["--isolated"])]
+                   "--line-length", str(IMPORT_WIDTH), *(["--config", str(config)] if config.is_file() else ISOLATED)]
         done = subprocess.run([*command, *map(str, names.values())], capture_output=True, text=True, cwd=folder)
         if done.returncode != 0:
             raise QmdError("code", 0, f"ruff could not sort the imports (run `make env`): {done.stderr.strip()[-500:]}")
