@@ -256,13 +256,8 @@ def maths_with_space_before_closing_dollar(doc) -> list[tuple[int, str]]:
                 if paragraph[closing - 1].isspace() and not paragraph[opening + 1].isspace():
                     line = block.line + text.count("\n", 0, offset + closing)
                     span = " ".join(paragraph[opening : closing + 1].split())
-                    found.append(
-                        (
-                            line,
-                            f"maths span {span} has a space before its closing `$`, so Pandoc prints it "
-                            "as text; end the span on a non-space character (`$x$ = …`)",
-                        )
-                    )
+                    found.append((line, f"maths span {span} has a space before its closing `$`, so Pandoc prints it "
+                        "as text; end the span on a non-space character (`$x$ = …`)"))
             offset += len(paragraph)
     return found
 
@@ -340,15 +335,10 @@ def markdown_in_inline_values(doc) -> list[tuple[int, str]]:
                         if any(pattern.search(template) for template in _string_templates(value))
                     ]
                     if kinds:
-                        found.append(
-                            (
-                                line,
-                                f"inline value `{{python}} {expression}` is a str carrying Markdown "
-                                f"({', '.join(kinds)}); Quarto prints a str as plain text, so the reader "
-                                "sees the marks: make the value plain text, or wrap it in "
-                                "IPython.display.Markdown",
-                            )
-                        )
+                        found.append((line, f"inline value `{{python}} {expression}` is a str carrying Markdown "
+                            f"({', '.join(kinds)}); Quarto prints a str as plain text, so the reader "
+                            "sees the marks: make the value plain text, or wrap it in "
+                            "IPython.display.Markdown"))
     return found
 
 
@@ -357,14 +347,9 @@ def unlabelled_mermaid(doc) -> list[tuple[int, str]]:
     found = []
     for cell in doc.cells:
         if cell.executable and cell.lang == "mermaid" and not str(cell.label or "").startswith("fig-"):
-            found.append(
-                (
-                    cell.line,
-                    "mermaid diagram without `%%| label: fig-…`: Quarto 1.7's EPUB wraps an unlabelled "
-                    "diagram in markup that is not valid XHTML; label it as a figure and give it "
-                    "`%%| fig-cap:` and `%%| fig-alt:`",
-                )
-            )
+            found.append((cell.line, "mermaid diagram without `%%| label: fig-…`: Quarto 1.7's EPUB wraps an unlabelled "
+                "diagram in markup that is not valid XHTML; label it as a figure and give it "
+                "`%%| fig-cap:` and `%%| fig-alt:`"))
     return found
 
 
@@ -380,13 +365,8 @@ def long_code_lines(doc, limit: int = CODE_LINE_LIMIT) -> list[tuple[int, str]]:
             if text.startswith(cell.indent):
                 text = text[len(cell.indent) :]
             if len(text) > limit:
-                found.append(
-                    (
-                        first + offset,
-                        f"code line is {len(text)} characters; the book's code lines are at most {limit} "
-                        "so that they fit the page",
-                    )
-                )
+                found.append((first + offset, f"code line is {len(text)} characters; the book's code lines are at most {limit} "
+                    "so that they fit the page"))
     return found
 
 
@@ -498,13 +478,8 @@ def _side_effects(statements: list[ast.stmt], in_class: bool = False) -> list[tu
             what = "this assert"
         elif isinstance(stmt, ast.AugAssign):
             what = f"`{_describe(stmt)}`"
-        found.append(
-            (
-                stmt.lineno,
-                f"{what} runs when the module is imported; saved cells hold only imports, "
-                "functions, classes and constants (move it to a cell without `# @save`)",
-            )
-        )
+        found.append((stmt.lineno, f"{what} runs when the module is imported; saved cells hold only imports, "
+            "functions, classes and constants (move it to a cell without `# @save`)"))
     return found
 
 

@@ -63,13 +63,8 @@ from .qmd import (
 )
 
 __all__ = [
-    "export_book",
-    "export_chapter",
-    "export_notebooks",
-    "finish_book",
-    "finish_notebook",
-    "setup_cell_source",
-    "translate_inline",
+    "export_book", "export_chapter", "export_notebooks", "finish_book", "finish_notebook",
+    "setup_cell_source", "translate_inline",
 ]
 
 _FIG_ALT = re.compile(r"""fig-alt=(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)')""")

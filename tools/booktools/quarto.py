@@ -39,14 +39,8 @@ from .book import Book, BookError, load_book, repo_url, write_atomic
 from .qmd import INLINE_EXPRESSION, Document, QmdError, parse_file
 
 __all__ = [
-    "QuartoError",
-    "build_quarto_book",
-    "find_chromium",
-    "find_quarto",
-    "find_tex",
-    "finish_html",
-    "quarto_notebook",
-    "stage_project",
+    "QuartoError", "build_quarto_book", "find_chromium", "find_quarto", "find_tex", "finish_html",
+    "quarto_notebook", "stage_project",
 ]
 
 STAGE_DIR = Path("_build") / "quarto"
@@ -233,8 +227,6 @@ def stage_project(book: Book, executed: Path, stage: Path, *, formats: list[str]
     Returns:
         The staged files, as `_quarto.yml` lists them.
     """
-    import json
-
     import nbformat
 
     if stage.exists():
@@ -250,7 +242,6 @@ def stage_project(book: Book, executed: Path, stage: Path, *, formats: list[str]
         except QmdError as exc:
             raise QuartoError(str(exc)) from None
         notebook_path = executed / f"{Path(entry.path).stem}.ipynb"
-        ran = None
         if not doc.python_cells:
             # Nothing to execute: Quarto renders the file itself (as a notebook, a preface's
             # `{.unnumbered}` heading would become the title of a numbered chapter).
@@ -259,13 +250,11 @@ def stage_project(book: Book, executed: Path, stage: Path, *, formats: list[str]
             shutil.copyfile(source, target)
             renamed[entry.path] = entry.path
             continue
-        if doc.python_cells:
-            if not notebook_path.is_file():
-                raise QuartoError(
-                    f"{entry.path} has not been executed ({book.display(notebook_path)} is missing): "
-                    "run `make execute` first"
-                )
-            ran = json.loads(notebook_path.read_text(encoding="utf-8"))
+        if not notebook_path.is_file():
+            raise QuartoError(
+                f"{entry.path} has not been executed ({book.display(notebook_path)} is missing): run `make execute` first"
+            )
+        ran = json.loads(notebook_path.read_text(encoding="utf-8"))
         staged = str(Path(entry.path).with_suffix(".ipynb"))
         target = stage / staged
         target.parent.mkdir(parents=True, exist_ok=True)
