@@ -196,28 +196,29 @@ def _image_problems(page) -> list[str]:
 
 # Each diagram: drawn or not, and the smallest of its labels' font sizes as drawn on the screen
 # (the label's CSS font size times the scale from the SVG's units to the screen's pixels).
-_DIAGRAMS = """() => Array.from(document.querySelectorAll('pre.mermaid-js')).map(d => {
-  const svg = d.querySelector('svg');
+# Quarto's mermaid-init.js replaces each `pre.mermaid-js` by the `svg.mermaid-js` it draws.
+_DIAGRAMS = """() => Array.from(document.querySelectorAll('svg.mermaid-js')).map(svg => {
   const sizes = [];
-  if (svg) {
-    for (const label of svg.querySelectorAll('text, foreignObject')) {
-      if (!label.textContent.trim()) continue;
-      const ctm = label.getScreenCTM();
-      const inner = label.querySelector('span, div, p, tspan') || label;
-      if (ctm) sizes.push(parseFloat(getComputedStyle(inner).fontSize) * Math.hypot(ctm.a, ctm.b));
-    }
+  for (const label of svg.querySelectorAll('text, foreignObject')) {
+    if (!label.textContent.trim()) continue;
+    const ctm = label.getScreenCTM();
+    const inner = label.querySelector('span, div, p, tspan') || label;
+    if (ctm) sizes.push(parseFloat(getComputedStyle(inner).fontSize) * Math.hypot(ctm.a, ctm.b));
   }
-  return {svg: !!svg, error: !!d.querySelector('svg[aria-roledescription=error]'),
-          text: d.textContent.slice(0, 60), smallest: sizes.length ? Math.min(...sizes) : null};
+  return {error: svg.getAttribute('aria-roledescription') === 'error', text: svg.id,
+          smallest: sizes.length ? Math.min(...sizes) : null};
 })"""
 
 
-def _maths_and_diagram_problems(page, width: int) -> list[str]:
-    """MathJax errors; mermaid diagrams without an SVG, with an error one, or with text too small to read."""
+def _maths_and_diagram_problems(page, width: int, expected: int) -> list[str]:
+    """MathJax errors; mermaid diagrams not drawn, drawn as an error, or with text too small to read."""
     errors = page.evaluate("() => Array.from(document.querySelectorAll('mjx-merror')).map(e => e.textContent)")
     problems = [f"MathJax error: {error}" for error in errors]
-    for diagram in page.evaluate(_DIAGRAMS):
-        if not diagram["svg"] or diagram["error"]:
+    diagrams = page.evaluate(_DIAGRAMS)
+    if len(diagrams) != expected:
+        problems.append(f"{len(diagrams)} mermaid diagrams drawn of the {expected} on the page")
+    for diagram in diagrams:
+        if diagram["error"]:
             problems.append(f"mermaid diagram not rendered: {diagram['text']!r}")
         elif diagram["smallest"] is None or diagram["smallest"] < MIN_DIAGRAM_TEXT_PX:
             problems.append(
@@ -337,10 +338,7 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
     try:
         page.set_viewport_size({"width": 1280, "height": 900})
         page.goto(server + name, wait_until="load", timeout=120_000)
-        page.wait_for_function(
-            "() => Array.from(document.querySelectorAll('pre.mermaid-js')).every(d => d.querySelector('svg'))",
-            timeout=60_000,
-        )
+        page.wait_for_function("() => document.querySelectorAll('pre.mermaid-js').length === 0", timeout=60_000)
         page.evaluate(
             "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) ? "
             "MathJax.startup.promise.then(() => true) : true"
@@ -349,6 +347,7 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
 
         problems += _image_problems(page)
         html_source = (book_dir / name).read_text(encoding="utf-8")
+        diagrams = html_source.count('<pre class="mermaid mermaid-js"')
         if 'class="math' in html_source:
             if page.evaluate("() => document.querySelectorAll('mjx-container').length") == 0:
                 problems.append("the page has maths but none was typeset")
@@ -364,7 +363,7 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
             page.set_viewport_size({"width": width, "height": height})
             page.evaluate("() => window.scrollTo(0, 0)")
             page.wait_for_timeout(300)
-            problems += _maths_and_diagram_problems(page, width)
+            problems += _maths_and_diagram_problems(page, width, diagrams)
             wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
             if wide > 0:
                 problems.append(f"the page scrolls sideways by {wide} px at {width} px: {_overflowing(page)}")

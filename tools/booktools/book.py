@@ -59,14 +59,6 @@ class Book:
         return self.root / str(value) if value else None
 
     @property
-    def title(self) -> str:
-        return str((self.config.get("book") or {}).get("title") or "The book")
-
-    @property
-    def subtitle(self) -> str:
-        return str((self.config.get("book") or {}).get("subtitle") or "")
-
-    @property
     def module_entries(self) -> list[ChapterEntry]:
         """The entries that produce modules (files named chNN-*.qmd), in book order."""
         return [entry for entry in self.entries if entry.module is not None]

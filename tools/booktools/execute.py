@@ -1,19 +1,12 @@
 """Execute the exported notebooks in fresh kernels and substitute inline expressions.
 
-Each notebook runs cell by cell in its own `python3` kernel (cwd = the book's root,
-matplotlib's inline backend, so figures become PNG outputs). A markdown cell's inline
-expressions `` `{python} expr` `` are evaluated when the cell is reached, that is after
-the code cells above it and before the next one runs, as Quarto does, and replaced by
-their value formatted as Quarto formats them: a `str` as its text (no quotes), an
-object with `_repr_markdown_` (e.g. `IPython.display.Markdown`) as that markdown,
-anything else as its `repr` (the `text/plain` form). Each markdown cell keeps its
-expressions' raw results as Jupyter's `user_expressions` metadata (expression, mime bundle),
-in the order they were evaluated: it is the one record of inline values. Quarto renders the
-chapter from it (`booktools quarto`), and the reader's notebooks format it with
-`qmd.inline_text`, the same function that fills in the executed notebook's markdown.
-
-A failing cell is reported as `chapters/FILE.qmd:LINE: ...` with the traceback's last
-lines; that chapter's executed notebook is not written (a stale one is removed).
+Each notebook runs cell by cell in its own `python3` kernel (cwd = the book's root, matplotlib's
+inline backend). A markdown cell's `` `{python} expr` `` values are evaluated when the cell is
+reached, after the code above it, as Quarto does, and replaced by `qmd.inline_text` of their
+result; the raw results stay in the cell's `user_expressions` metadata, the one record of inline
+values, from which Quarto renders the chapter (`booktools quarto`) and the reader's notebooks
+take their text. A failing cell is reported as `chapters/FILE.qmd:LINE: ...` with the
+traceback's last lines; that chapter's executed notebook is not written (a stale one is removed).
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
-"""Export chapters as Jupyter notebooks that read cleanly without Quarto.
+"""The chapters as Jupyter notebooks that read cleanly without Quarto: what `execute` runs, and
+(finished with the executed outputs) the reader's `notebooks/`.
 
-The notebooks are what a reader runs in Jupyter and what `execute` runs to make the
-outputs the notebook edition shows (it renders the prose from the source, not from here).
-What the export does:
-
-- one notebook per file in `_quarto.yml`: `notebooks/<stem>.ipynb` (nbformat 4,
-  kernelspec python3); notebook metadata `longctx`: source, number, title, kind;
-- each ```` ```{python} ```` cell becomes a code cell with its `#|` lines kept at the top
-  (as Quarto keeps them); cell metadata `longctx`: `line` (the qmd line of the opening
-  fence), `source` (the qmd path); for figure/table cells also `label`, `number` ("3.2"),
-  `caption`, `alt` and `kind` ("figure"/"table");
-- after a figure cell (before a table cell) a markdown cell "**Figure 3.2:** caption"
-  with metadata `longctx.role == "caption"` (and `label`);
-- mermaid and other non-Python blocks stay in the markdown as fenced code;
-- markdown is split into cells at headings (levels 1-3), code cells and callouts;
-- headings get their numbers ("## 3.2 Grouped heads"; the chapter heading "# 3 Title",
-  appendices "# Appendix A: Title"); `{#sec-…}`/`{.unnumbered}` attributes are removed;
-- `@fig-x`, `[@fig-x]`, `@tbl-`, `@eq-`, `@sec-` become "Figure 3.2", "Table 3.1",
-  "Equation 3.1", "Section 3.4" (a chapter label: "Chapter 3"/"Appendix A");
-- `$$ … $$ {#eq-x}` becomes `$$ … \\tag{3.1}$$`; pipe-table captions `: Cap {#tbl-x}`
-  become "**Table 3.1:** Cap";
-- citations `[@key]`, `[@a; @b]`, narrative `@key` become the text pandoc's citeproc
-  gives them in the Quarto edition's style: "(Vaswani et al. 2017)", "Su and Lu (2021)"
-  (all of a book's citations are formatted in one pandoc run);
-- callouts become `<div class="callout callout-note"><p class="callout-title">X</p>`
-  … `</div>` (blank lines keep the markdown inside rendering); a callout holding code
-  cells is split: its first markdown part has the title, later parts have the class
-  `callout-continued`; every cell inside carries metadata
-  `longctx.callout = {type, title, collapse, id, part}`;
-- inline `` `{python} expr` `` is left as written (`execute` substitutes values).
+One notebook per listed file, markdown split at headings (levels 1-3), code cells and callouts.
+Headings carry their numbers ("## 3.2 Grouped heads", "# Appendix A: Title"); cross-references
+become "Figure 3.2", "Section 3.4"; a labelled equation gets `\\tag{3.1}`; captions become
+"**Figure 3.2:** caption" cells; citations read as citeproc formats them in the book's style,
+"(Vaswani et al. 2017)" (one pandoc run for the book); callouts become titled `<div>` blocks
+(split around code cells, `callout-continued`); diagrams stay fenced, with caption and alt text.
+Each code cell keeps its `#|` lines and carries metadata `longctx` (`source`, `line`; a figure's
+or table's `label`, `number`, `caption`, `alt`, `kind`); inline `{python}` values are left for
+`execute`. The reader's notebooks drop the `#|` lines, fill in the values and open with a cell
+that installs `longctx` outside the repository.
 """
 
 from __future__ import annotations

@@ -33,12 +33,7 @@ from .qmd import (
 
 __all__ = ["ChapterInfo", "Numbering", "Target", "book_numbering", "compute_numbering", "KIND_NAMES"]
 
-KIND_NAMES = {
-    "figure": "Figure",
-    "table": "Table",
-    "equation": "Equation",
-    "section": "Section",
-}
+KIND_NAMES = {"figure": "Figure", "table": "Table", "equation": "Equation", "section": "Section"}
 LABEL_KINDS = {"fig": "figure", "tbl": "table", "eq": "equation", "sec": "section"}
 
 

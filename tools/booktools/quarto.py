@@ -1,23 +1,14 @@
-"""The Quarto edition: Quarto renders the chapters that the notebook executor has already run.
+"""The book, rendered by Quarto from the chapters `execute` has already run (`booktools quarto`).
 
-`python -m booktools quarto` (what `make book` runs where Quarto exists):
-
-1. **Stage.** Every file `_quarto.yml` lists becomes a Quarto notebook in `_build/quarto/`:
-   its markdown exactly as written (Quarto's cross-references, callouts, diagrams, inline
-   expressions), its Python cells with their `#|` options, and the outputs and inline values
-   of the executed notebook in `_build/executed/` (`user_expressions`, which Quarto reads as
-   it reads its own execution). A copy of `_quarto.yml` lists the notebooks instead of the
-   `.qmd` files and turns execution off. So each chapter runs once for both editions, and
-   Quarto writes nothing into the source tree (no `index.html`, `.quarto/`, `*_files/`).
-2. **Render.** `quarto render` in that folder, whose `_quarto.yml` lists html and epub (and
-   pdf where a TeX installation exists; otherwise it says PDF was skipped). Quarto's EPUB draws each
-   mermaid diagram with Chrome: Debian's `/usr/bin/chromium` is handed to it through
-   `QUARTO_CHROMIUM`, since Quarto looks only for `google-chrome` and `chromium-browser`.
-3. **Finish.** MathJax and the Source Sans Pro font are copied into the book from
-   `web/node_modules/` (the npm registry, pinned in `web/package-lock.json`) and every page
-   loads them from there: no page asks another host for anything. Source links name the
-   chapter's `.qmd`, not the staged notebook.
-4. **Publish.** The new `_book/` replaces the old one only when the render succeeded.
+1. Stage: each listed file becomes a Quarto notebook in `_build/quarto/`, its markdown exactly as
+   written, its cells with their `#|` options and the executed notebook's outputs and inline values
+   (`user_expressions`, which Quarto reads as its own); a copy of `_quarto.yml` lists them and turns
+   execution off. Each chapter runs once, and Quarto writes nothing into the source tree.
+2. Render: `quarto render` there (html, epub, and pdf where TeX exists). Quarto's EPUB draws the
+   diagrams with Chrome; Debian's `/usr/bin/chromium` is handed to it as `QUARTO_CHROMIUM`.
+3. Finish: MathJax and Source Sans Pro are copied in from `web/node_modules/` (pinned in
+   `web/package-lock.json`), so no page asks another host for anything; source links name the `.qmd`.
+4. Publish: the new `_book/` replaces the old one only when the render succeeded.
 """
 
 from __future__ import annotations
