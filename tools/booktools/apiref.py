@@ -1,25 +1,11 @@
 """The API reference appendix, generated from the chapters' modules when the book is built.
 
-For every chapter module that exists (`longctx.ch01`, `longctx.ch02`, ...), every public
-name in its `__all__`: the signature, the first paragraph of the docstring, and a link to
-the section of the chapter whose `# @save` cell defines it. The defining cell is found
-from the `# chapters/FILE.qmd:LINE` comments the tangle step writes before each saved
-block in `code/chNN/_generated.py`; the section is the last heading above that line, and
-the link's fragment is the id Quarto gives that heading (its `sec-` label, else Pandoc's
-slug). `ApiEntry.href` names the page (`ch03-long-context.html#sec-ch03-rope`); the
-Markdown links by fragment alone (`#sec-ch03-rope`), the one form both outputs resolve to
-the right page: Quarto's HTML book with its post-render step, and Pandoc's EPUB (where
-chapters are `chNNN.xhtml` files).
-
-Signatures longer than the book's code lines (80 characters) are broken one parameter per
-line, as a formatter would, inside a Python code block, so they fit the page.
-
-The book is read once per call: one `_quarto.yml`, each chapter parsed and walked once.
-
-The appendix's only cell is
-
-    from booktools.apiref import api_reference
-    api_reference()
+For every public name of every chapter module (`longctx.ch01`, ...): its signature (one parameter
+a line past 80 characters, as a formatter breaks it), the first paragraph of its docstring, and a
+link to the section whose `# @save` cell defines it, found from the `# chapters/FILE.qmd:LINE`
+comments of `code/chNN/_generated.py` and linked by fragment alone (`#sec-ch03-rope`), the one form
+both Quarto's HTML and its EPUB resolve. The book is read once per call. The appendix's one cell is
+`from booktools.apiref import api_reference; api_reference()`.
 """
 
 from __future__ import annotations
