@@ -40,6 +40,7 @@ from .qmd import (
     Div,
     Line,
     inline_text,
+    parse_attributes,
     parse_options,
     walk,
 )
@@ -49,7 +50,6 @@ __all__ = [
     "setup_cell_source", "translate_inline",
 ]
 
-_FIG_ALT = re.compile(r"""fig-alt=(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)')""")
 NOTEBOOK_KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 
 #: cite(citation as written, its keys) -> its text, or None to leave it as written.
@@ -250,8 +250,7 @@ class _Builder:
         if not match.group("label").startswith("fig-"):
             return match.group(0)
         target = self.targets.get(match.group("label"))
-        alt_match = _FIG_ALT.search(match.group("attrs"))
-        alt = (alt_match.group("dq") or alt_match.group("sq") or "") if alt_match else match.group("caption")
+        alt = parse_attributes(match.group("attrs"))[2].get("fig-alt", match.group("caption"))
         name = target.text if target is not None else "Figure"
         return f"![{alt}]({match.group('path')}{match.group('title') or ''})\n\n**{name}:** {match.group('caption')}"
 
