@@ -81,7 +81,7 @@ book: execute
 	  $(MAKE) --no-print-directory $(WEB_STAMP) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(BOOK) quarto && \
 	  echo "The book: $(CURDIR)/_book/index.html (read it through 'make serve': search and page contents need http)"; \
 	else \
-	  $(BOOK) notebooks && \
+	  $(BOOK) notebooks --quiet && \
 	  echo "No Quarto here, so no _book/: the executed chapters are in notebooks/. For the book, install Quarto (https://quarto.org/docs/get-started/) and run make book again."; \
 	fi
 
