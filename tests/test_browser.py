@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -317,6 +318,22 @@ def _long_code_problems(page) -> list[str]:
     ]
 
 
+def _wait_until_quiet(page, in_flight: set, quiet: float = 0.5, limit: float = 120.0) -> None:
+    """Wait until no request of the page has been in flight for `quiet` seconds.
+
+    Playwright's "networkidle" waits for Chromium's own lifecycle event, which a page whose
+    layout changes after load (the diagrams being sized) does not always send.
+    """
+    deadline, since = time.monotonic() + limit, None
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        since = None if in_flight else (since or now)
+        if since is not None and now - since >= quiet:
+            return
+        page.wait_for_timeout(100)
+    raise AssertionError(f"requests still in flight after {limit:.0f} s: {[r.url for r in in_flight][:5]}")
+
+
 @pytest.mark.parametrize("name", _pages())
 def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
     assert (book_dir / name).is_file(), f"{name} was not rendered"
@@ -324,7 +341,10 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
     page = browser.new_page()
     host = urllib.parse.urlsplit(server).hostname
 
+    in_flight: set = set()
+
     def on_request(request):
+        in_flight.add(request)
         requested = urllib.parse.urlsplit(request.url)
         if requested.scheme in ("http", "https", "ws", "wss") and requested.hostname != host:
             problems.append(f"request to another host: {request.url}")
@@ -333,6 +353,8 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
     page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
     page.on("request", on_request)
     page.on("requestfailed", lambda request: problems.append(f"request failed: {request.url} ({request.failure})"))
+    page.on("requestfinished", lambda request: in_flight.discard(request))
+    page.on("requestfailed", lambda request: in_flight.discard(request))
     page.on("response", lambda response: response.status >= 400 and problems.append(f"HTTP {response.status}: {response.url}"))
     stem = name.replace("/", "-").removesuffix(".html")
     try:
@@ -343,7 +365,7 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
             "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) ? "
             "MathJax.startup.promise.then(() => true) : true"
         )
-        page.wait_for_load_state("networkidle", timeout=120_000)
+        _wait_until_quiet(page, in_flight)
 
         problems += _image_problems(page)
         html_source = (book_dir / name).read_text(encoding="utf-8")
