@@ -21,7 +21,7 @@ PORT ?= 8000
 
 help:
 	@echo "make test        run every check (first run creates .venv and installs the pins)"
-	@echo "make test-fast   every test that neither executes the chapters nor renders (under a minute)"
+	@echo "make test-fast   every test that neither executes the chapters nor renders the book"
 	@echo "make book        build the book into _book/ and print the page to open"
 	@echo "make serve       serve _book/ at http://127.0.0.1:8000/ (PORT=...)"
 	@echo "make tangle      regenerate code/chNN/ from the chapters' '# @save' cells"
