@@ -1,6 +1,7 @@
 # Long Context from Scratch: the commands. README.md names the two that matter:
-#   make test   every check: generated modules current, unit tests, every chapter executed, the browser test
-#   make book   the whole book in _book/ (Quarto where it exists, the notebook edition otherwise)
+#   make test   every check: generated modules current, unit tests, every chapter executed, the book
+#               rendered by Quarto (HTML and EPUB, EPUBCheck) and read in Chromium
+#   make book   the book in _book/, rendered by Quarto (without Quarto: the executed notebooks/)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -10,24 +11,24 @@ ENV_STAMP := $(VENV)/.installed
 # Quarto: on PATH, or in the venv from `pip install quarto-cli`. A failed install is remembered here so
 # that it is tried once per environment, not on every build.
 QUARTO_FAILED := $(VENV)/.quarto-install-failed
-# MathJax and Mermaid for the notebook edition, and MathJax and Source Sans Pro for the Quarto edition,
-# come from the npm registry (pinned in web/package-lock.json) and are copied into _book/, so the
-# book's pages load nothing from the network.
+# MathJax and the Source Sans Pro font come from the npm registry (pinned in web/package-lock.json) and
+# are copied into _book/, so the book's pages load nothing from the network.
 WEB_STAMP := web/node_modules/.installed
 PORT ?= 8000
 
 .DEFAULT_GOAL := help
-.PHONY: help env tangle notebooks execute check book html serve preview test lint bench bench-quick experiment clean distclean
+.PHONY: help env tangle notebooks execute check book serve preview test test-fast lint bench bench-quick experiment clean distclean
 
 help:
 	@echo "make test        run every check (first run creates .venv and installs the pins)"
+	@echo "make test-fast   every test that neither executes the chapters nor renders the book"
 	@echo "make book        build the book into _book/ and print the page to open"
 	@echo "make serve       serve _book/ at http://127.0.0.1:8000/ (PORT=...)"
 	@echo "make tangle      regenerate code/chNN/ from the chapters' '# @save' cells"
 	@echo "make notebooks   executed notebooks/chNN-*.ipynb for Jupyter, outputs included"
 	@echo "make execute     run every chapter as a notebook into _build/executed/"
 	@echo "make check       book integrity: references, labels, captions, generated code current"
-	@echo "make lint        ruff on code/, tools/, tests/, benchmarks/ and experiments/"
+	@echo "make lint        ruff on code/ (the generated modules' style), tools/, tests/, benchmarks/, experiments/"
 	@echo "make bench       the measured benchmarks (about 5 minutes on 2 quiet cores)"
 	@echo "make bench-quick a smoke run of the benchmarks (about 3 minutes)"
 	@echo "make experiment  Chapter 6's extension experiment, saved to experiments/results/ (under 10 minutes on 2 cores)"
@@ -65,12 +66,11 @@ execute: tangle
 check: $(ENV_STAMP)
 	$(BOOK) check
 
-html: $(ENV_STAMP) $(WEB_STAMP)
-	$(BOOK) html
-
-# The Quarto edition renders the chapters `execute` has just run (each chapter runs once; Quarto writes
-# nothing into the source tree: it works in _build/quarto/). Without Quarto: the notebook edition.
-book: execute $(WEB_STAMP)
+# Quarto renders the chapters `execute` has just run (each chapter runs once; Quarto writes nothing
+# into the source tree: it works in _build/quarto/). Quarto from PATH, else `pip install quarto-cli`
+# into .venv (tried once per environment); without either: the executed notebooks/ and a line saying
+# how to get Quarto.
+book: execute
 	@q=$$(command -v quarto || { test -x $(VENV)/bin/quarto && echo $(VENV)/bin/quarto; } || true); \
 	if [ -z "$$q" ] && [ ! -e $(QUARTO_FAILED) ]; then \
 	  echo "Quarto not found; trying 'pip install quarto-cli' once for this environment"; \
@@ -78,12 +78,12 @@ book: execute $(WEB_STAMP)
 	  then q=$(VENV)/bin/quarto; else touch $(QUARTO_FAILED); fi; \
 	fi; \
 	if [ -n "$$q" ]; then \
-	  PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(BOOK) quarto; \
+	  $(MAKE) --no-print-directory $(WEB_STAMP) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(BOOK) quarto && \
+	  echo "The book: $(CURDIR)/_book/index.html (read it through 'make serve': search and page contents need http)"; \
 	else \
-	  echo "Quarto is not available here (install it from quarto.org or 'pip install quarto-cli' where its download works); building the notebook edition instead."; \
-	  $(BOOK) html; \
+	  $(BOOK) notebooks --quiet && \
+	  echo "No Quarto here, so no _book/: the executed chapters are in notebooks/. For the book, install Quarto (https://quarto.org/docs/get-started/) and run make book again."; \
 	fi
-	@echo "The book: $(CURDIR)/_book/index.html (read it through 'make serve': search and page contents need http)"
 
 # Serve _book/ on this machine only: the Quarto edition's search and page contents need http, not file://.
 serve:
@@ -98,11 +98,16 @@ preview: $(ENV_STAMP)
 	  c=$$(command -v google-chrome || command -v chromium-browser || command -v chromium || true); \
 	  PATH="$(CURDIR)/$(VENV)/bin:$$PATH" QUARTO_PYTHON="$(CURDIR)/$(PY)" TQDM_DISABLE=1 \
 	  QUARTO_CHROMIUM="$${QUARTO_CHROMIUM:-$$c}" $$q preview --to html; \
-	else echo "make preview needs Quarto (quarto.org, or 'pip install quarto-cli'); 'make book' builds the notebook edition without it."; exit 2; fi
+	else echo "make preview needs Quarto (https://quarto.org/docs/get-started/, or 'pip install quarto-cli')."; exit 2; fi
 
 test: $(ENV_STAMP) $(WEB_STAMP)
 	$(PY) -m pytest
 
+# The edit-test loop: every test not marked `slow` (those execute the chapters or render the book).
+test-fast: $(ENV_STAMP)
+	$(PY) -m pytest -m "not slow" -q
+
+# code/ has its own settings (code/ruff.toml): isort with longctx first-party, Google docstrings.
 lint: $(ENV_STAMP)
 	$(PY) -m ruff check code tools tests benchmarks experiments
 

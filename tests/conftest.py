@@ -4,14 +4,13 @@
   folder; tooling tests change it freely.
 - `book_execution` (session scope): every file the real `_quarto.yml` lists exported and
   executed once, `--jobs 2`, into a temporary folder; gives the folder and each run.
-- `executed_book` (session scope): just that folder of executed notebooks
-  (`<stem>.ipynb`), for tests that build the notebook edition from it.
-- `notebook_edition` (session scope): the real book's notebook edition, built once from
-  them into a temporary `_book/`.
-- `quarto_book` (session scope): the Quarto edition (HTML and EPUB) rendered by Quarto from
-  those same executed notebooks, so no chapter runs twice. The render starts in the background
-  as soon as the chapters have run, and the tests that need it wait for it; where `quarto` is
-  not on PATH they skip, saying so.
+- `executed_book` (session scope): just that folder of executed notebooks (`<stem>.ipynb`).
+- `quarto_book` (session scope): the book (HTML and EPUB) rendered by Quarto from those same
+  executed notebooks, so no chapter runs twice. The render starts in the background as soon as
+  the chapters have run, and the tests that need it wait for it. Where `quarto` is not on PATH
+  they skip, saying so; in CI (the `CI` environment variable set) they fail instead.
+
+Every test that executes chapters or renders is marked `slow`: `make test-fast` leaves them out.
 """
 
 from __future__ import annotations
@@ -27,6 +26,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_BOOK = Path(__file__).resolve().parent / "fixtures" / "book"
+
+
+SLOW_FIXTURES = {"book_execution", "executed_book", "quarto_book"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs the executed or rendered book is `slow` even where its file forgot to say so."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip a test for want of a tool, saying so; in CI (`CI` set, as .ci/run and CI services do) fail instead."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set: every tool must be installed)")
+    pytest.skip(f"skipped: {reason}")
 
 
 @pytest.fixture
@@ -99,7 +115,7 @@ def _start_quarto_render(executed: Path, work: Path) -> None:
 
 @pytest.fixture(scope="session")
 def quarto_book(request: pytest.FixtureRequest) -> QuartoBook:
-    """The rendered Quarto edition; skips (saying why) where Quarto is not installed.
+    """The rendered book; skips (saying why) where Quarto is not installed, and fails so in CI.
 
     Set LONGCTX_QUARTO_BOOK_DIR to a rendered `_book/` to check that folder instead.
     """
@@ -110,8 +126,8 @@ def quarto_book(request: pytest.FixtureRequest) -> QuartoBook:
         return QuartoBook(Path(override), 0.0)
 
     if find_quarto() is None:
-        pytest.skip(
-            "Quarto edition skipped: `quarto` is not on PATH (install it from quarto.org; on our "
+        skip_or_fail(
+            "`quarto` is not on PATH (install it from quarto.org or `pip install quarto-cli`; on our "
             "machines .ci/run gets it from ../shared/quarto-kit/setup.sh)"
         )
     book_execution = request.getfixturevalue("book_execution")
@@ -127,16 +143,6 @@ def quarto_book(request: pytest.FixtureRequest) -> QuartoBook:
 def executed_book(book_execution: BookExecution) -> Path:
     """The folder of the real book's executed notebooks (one `<stem>.ipynb` per listed file)."""
     return book_execution.directory
-
-
-@pytest.fixture(scope="session")
-def notebook_edition(executed_book: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real book's notebook edition (`_book/`), built once per session."""
-    from booktools.html import build_book
-
-    out = tmp_path_factory.mktemp("notebook-edition") / "_book"
-    build_book(REPO, executed_book, out)
-    return out
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from booktools.book import load_book
 from booktools.check import check_book
+from test_booktools_tangle import ALPHA, make_book
 
 # The shared fixture's diagram has no label (its numbering is what the other tooling tests
 # expect); the clean book labels it, which moves every later line of ch01-alpha.qmd down by two.
@@ -95,8 +96,8 @@ def chapter(root: Path, name: str = "ch01-alpha") -> Path:
             id="stale-module",
         ),
         pytest.param(
-            lambda root: edit(chapter(root), "return n * (n + 1)", "return m * (n + 1)"),
-            "chapters/ch01-alpha.qmd:26: saved code uses `m`, which no saved cell defines or imports",
+            lambda root: edit(chapter(root), "return n * (n + 1)", "return n * (n + 1"),
+            "chapters/ch01-alpha.qmd:26: saved code does not compile",
             id="tangle-error",
         ),
         pytest.param(
@@ -209,3 +210,183 @@ def test_code_line_limit_is_what_the_page_fits():
     from booktools.check import CODE_LINE_LIMIT
 
     assert CODE_LINE_LIMIT == 80
+
+
+# --- the book's rules for saved code: chapter order, no side effects, what `help()` shows -------------
+
+NUMBERED = """
+# Beta {#sec-ch02-beta}
+
+## Counting {#sec-ch02-counting}
+
+$$
+y = 2x
+$$ {#eq-ch02-double}
+
+```{python}
+# @save
+def twice(x: int) -> int:
+    \"\"\"DOC\"\"\"
+    return 2 * x  # COMMENT
+```
+"""
+
+
+def saved_code_problems(tmp_path, body: str) -> list[str]:
+    """`check`'s problems for a book of ch01-alpha, `body` as ch02-beta and an empty ch03-gamma."""
+    root = make_book(
+        tmp_path / "err",
+        {"chapters/ch01-alpha.qmd": ALPHA, "chapters/ch02-beta.qmd": body, "chapters/ch03-gamma.qmd": "# Gamma\n"},
+    )
+    return [problem for problem in check_book(load_book(root)) if "stale" not in problem]
+
+
+def numbered_problems(tmp_path, doc: str, comment: str = "Equation 2.1") -> list[str]:
+    return saved_code_problems(tmp_path, NUMBERED.replace("DOC", doc).replace("COMMENT", comment))
+
+
+def test_docstrings_that_name_the_books_numbers_pass(tmp_path):
+    doc = "Return 2x (Equation 2.1 of Section 2.1, as in Chapter 1).\n\n    Args:\n        x: a number.\n    "
+    assert numbered_problems(tmp_path, doc) == []
+
+
+@pytest.mark.parametrize(
+    ("doc", "comment", "expected"),
+    [
+        pytest.param(
+            "Return 2x (@eq-ch02-double).", "Equation 2.1",
+            "chapters/ch02-beta.qmd:12: the docstring of `twice` holds the Quarto cross-reference "
+            '`@eq-ch02-double`, which `help()` shows as it is; write "Equation 2.1"',
+            id="equation-label",
+        ),
+        pytest.param(
+            "Return 2x, as @sec-ch02-counting says.", "Equation 2.1",
+            'cross-reference `@sec-ch02-counting`, which `help()` shows as it is; write "Section 2.1"',
+            id="section-label",
+        ),
+        pytest.param(
+            "Return 2x [@vaswani2017attention].", "Equation 2.1",
+            "the docstring of `twice` holds the Quarto citation `[@vaswani2017attention]`",
+            id="citation",
+        ),
+        pytest.param(
+            "Return `{python} doubled`.", "Equation 2.1",
+            "the docstring of `twice` holds a Quarto inline value `{python}`",
+            id="inline-value",
+        ),
+        pytest.param(
+            "Return 2x (Equation 2.2).", "Equation 2.1",
+            "chapters/ch02-beta.qmd:12: the docstring of `twice` names Equation 2.2, which the book does not have",
+            id="equation-number-that-does-not-exist",
+        ),
+        pytest.param(
+            "Return 2x (see Figure 1.1).", "Equation 2.1",
+            "names Figure 1.1, which the book does not have",
+            id="figure-number-that-does-not-exist",
+        ),
+        pytest.param(
+            "Return 2x.", "y of @eq-ch02-double",
+            "chapters/ch02-beta.qmd:13: a comment holds the Quarto cross-reference `@eq-ch02-double`",
+            id="label-in-a-comment",
+        ),
+        pytest.param(
+            "Return 2x.", "Section 2.9",
+            "chapters/ch02-beta.qmd:13: a comment names Section 2.9, which the book does not have",
+            id="section-number-in-a-comment",
+        ),
+    ],
+)
+def test_docstrings_and_comments_refuse_quarto_syntax_and_missing_numbers(tmp_path, doc, comment, expected):
+    found = numbered_problems(tmp_path, doc, comment)
+    assert any(expected in problem for problem in found), found
+
+
+def test_an_attribute_docstring_with_a_quarto_label_is_refused(tmp_path):
+    body = NUMBERED.replace('def twice(x: int) -> int:\n    \"\"\"DOC\"\"\"\n    return 2 * x  # COMMENT',
+                            'LIMIT = 2\n\"\"\"A limit (@eq-ch02-double).\"\"\"')
+    assert "LIMIT" in body
+    expected = "chapters/ch02-beta.qmd:12: an attribute's docstring holds the Quarto cross-reference `@eq-ch02-double`"
+    assert any(problem.startswith(expected) for problem in saved_code_problems(tmp_path, body))
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param(
+            "# B\n\n```{python}\n# @save\nfrom longctx import ch03\n```\n",
+            "chapters/ch02-beta.qmd:5: `from longctx import ch03` imports ch03; a chapter may import only "
+            "earlier chapters (ch01)",
+            id="later-import",
+        ),
+        pytest.param(
+            "# B\n\n```{python}\nfrom longctx import ch03\n```\n",
+            "chapters/ch02-beta.qmd:4: `from longctx import ch03` imports ch03",
+            id="later-import-in-a-cell-not-saved",
+        ),
+        pytest.param(
+            "# B\n\n```{python}\n# @save\ndef f():\n    from longctx.ch03 import thing\n    return thing\n```\n",
+            "chapters/ch02-beta.qmd:6: `from longctx.ch03 import ...` imports ch03",
+            id="later-import-inside-function",
+        ),
+        pytest.param(
+            "# B\n\n```{python}\n# @save\nimport longctx.ch02\n```\n",
+            "chapters/ch02-beta.qmd:5: `import longctx.ch02` imports this chapter's own module",
+            id="self-import",
+        ),
+        pytest.param(
+            "# B\n\n```{python}\n# @save\nX = 1\nprint(X)\n```\n",
+            "chapters/ch02-beta.qmd:6: `print(X)` runs when the module is imported",
+            id="side-effect-call",
+        ),
+        pytest.param(
+            "# B\n\n```{python}\n# @save\nTOTAL = 0\nfor i in range(3):\n    TOTAL += i\n```\n",
+            "chapters/ch02-beta.qmd:6: this loop runs when the module is imported",
+            id="side-effect-loop",
+        ),
+        pytest.param(
+            "# B\n\n```{python}\n# @save\nimport matplotlib.pyplot as plt\nFIG = plt.figure()\n```\n",
+            "chapters/ch02-beta.qmd:6: `plt.figure()` runs when the module is imported",
+            id="side-effect-in-assignment",
+        ),
+    ],
+)
+def test_saved_code_breaking_a_book_rule_is_caught(tmp_path, body, expected):
+    found = saved_code_problems(tmp_path, body)
+    assert any(problem.startswith(expected) for problem in found), found
+
+
+def test_definitions_constants_and_guarded_imports_are_not_side_effects(tmp_path):
+    body = """# B
+
+```{python}
+# @save
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+\"\"\"A module docstring-like string.\"\"\"
+LIMITS = {"small": 1, "large": 2}
+NAMES: tuple[str, ...] = tuple(sorted(LIMITS))
+
+
+def count(items: Iterator[int]) -> int:
+    return sum(1 for _ in items)
+```
+"""
+    assert saved_code_problems(tmp_path, body) == []
+
+
+def test_an_equation_gone_from_the_book_fails_check_though_the_module_is_unchanged(tmp_path, booktools):
+    """A docstring's number is checked against the book every time, not only when its text changes."""
+    body = NUMBERED.replace("DOC", "Return 2x (Equation 2.1).").replace("COMMENT", "y = 2x")
+    root = make_book(tmp_path / "r", {"chapters/ch01-alpha.qmd": ALPHA, "chapters/ch02-beta.qmd": body})
+    assert booktools(root, "tangle")[0] == 0
+    chapter = root / "chapters" / "ch02-beta.qmd"
+    chapter.write_text(chapter.read_text().replace("$$ {#eq-ch02-double}", "$$"))  # no line moves
+    assert booktools(root, "tangle", "--check")[0] == 0
+    code, _, err = booktools(root, "check")
+    assert code == 1
+    assert "chapters/ch02-beta.qmd:12: the docstring of `twice` names Equation 2.1, which the book does not have" in err
+    assert "stale" not in err

@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
-from booktools.execute import _substitute, inline_text, kernel_env
-from booktools.qmd import INLINE_EXPRESSION
+import pytest
+from booktools.execute import _substitute, kernel_env
+from booktools.qmd import INLINE_EXPRESSION, inline_text
 
 
 def test_inline_values_are_formatted_as_quarto_does():
@@ -45,6 +46,7 @@ def test_kernel_environment_shows_figures_inline():
     assert int(env["OMP_NUM_THREADS"]) >= 1
 
 
+@pytest.mark.slow
 def test_execute_substitutes_inline_expressions_at_their_position(fixture_book, booktools, tmp_path):
     chapter = fixture_book / "chapters" / "ch01-alpha.qmd"
     text = chapter.read_text()
@@ -71,6 +73,7 @@ def test_execute_substitutes_inline_expressions_at_their_position(fixture_book, 
     assert all(cell.get("execution_count") for cell in notebook.cells if cell.cell_type == "code")
 
 
+@pytest.mark.slow
 def test_failures_name_chapter_file_and_line(fixture_book, booktools, tmp_path):
     chapters = fixture_book / "chapters"
     (chapters / "ch01-alpha.qmd").write_text(

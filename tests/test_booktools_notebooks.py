@@ -13,9 +13,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from booktools.book import BookError, load_book
+from booktools.book import BookError, load_book, repo_url
 from booktools.execute import execute_book
-from booktools.notebooks import export_book, finish_book, repo_url, setup_cell_source, translate_inline
+from booktools.notebooks import export_book, finish_book, setup_cell_source, translate_inline
 from booktools.numbering import book_numbering, compute_numbering
 from packaging.requirements import Requirement
 
@@ -297,6 +297,7 @@ def quarto_syntax(notebook) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_reader_notebooks_show_no_quarto_syntax(reader_book):
     _, notebooks = reader_book
     assert list(notebooks) == ["index", "ch01-alpha", "ch02-beta", "appendix-extra"]
@@ -311,6 +312,7 @@ def test_reader_notebooks_show_no_quarto_syntax(reader_book):
     assert "\\tag{1.1}" in alpha and "**Table 1.1:** Pairs by length" in alpha
 
 
+@pytest.mark.slow
 def test_reader_notebooks_carry_values_and_outputs(reader_book):
     _, notebooks = reader_book
     alpha = notebooks["ch01-alpha"]
@@ -329,6 +331,7 @@ def test_reader_notebooks_carry_values_and_outputs(reader_book):
     assert all(cell.execution_count for cell in code if cell.metadata.longctx.get("role") != "setup")
 
 
+@pytest.mark.slow
 def test_reader_code_cells_drop_quarto_options_and_fold_as_the_book_does(reader_book):
     _, notebooks = reader_book
     cells = [cell for cell in notebooks["ch01-alpha"].cells if cell.cell_type == "code"][1:]
@@ -342,6 +345,7 @@ def test_reader_code_cells_drop_quarto_options_and_fold_as_the_book_does(reader_
     assert "jupyter" not in cells[0].metadata
 
 
+@pytest.mark.slow
 def test_first_cell_installs_longctx_only_where_needed(reader_book):
     _, notebooks = reader_book
     for name in ("ch01-alpha", "ch02-beta"):
@@ -410,6 +414,7 @@ def test_cli_without_repo_url_fails_before_writing(fixture_book, booktools):
     assert not (fixture_book / "notebooks").exists()
 
 
+@pytest.mark.slow
 def test_cli_finishes_executed_notebooks_and_reports_stale_ones(fixture_book, booktools):
     _with_repo_url(fixture_book)
     code, out, err = booktools(fixture_book, "notebooks", "chapters/ch02-beta.qmd")
@@ -430,6 +435,7 @@ def test_cli_finishes_executed_notebooks_and_reports_stale_ones(fixture_book, bo
     assert "chapters/ch02-beta.qmd:15: the executed notebook is stale (this cell changed since it ran)" in err
 
 
+@pytest.mark.slow
 def test_real_book_reader_notebooks_open_clean(executed_book, tmp_path):
     """Every notebook `make notebooks` gives: no Quarto syntax, values, outputs, the setup cell."""
     book = load_book(REPO)

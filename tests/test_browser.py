@@ -1,21 +1,18 @@
-"""Both editions of the book, read in headless Chromium (Debian's, driven by Playwright).
+"""The book's pages, read in headless Chromium (Debian's, driven by Playwright).
 
-The Quarto edition (`test_quarto_page_reads_cleanly`, below the notebook edition's test) is the
-one Quarto renders in the session from the same executed chapters (fixture `quarto_book`); it
-skips, saying so, where Quarto is not installed. Its pages get the same checks and more: no raw
-`$`, `*word*` or backticks in the prose, and every code block of at most 80 characters a line
-shown whole (no scrolling) in a 1280 px window.
+The pages are the ones Quarto renders in the session from the executed chapters (fixture
+`quarto_book`, tests/conftest.py). For every page the book lists, at 1280 px and at 390 px: no
+console errors, no failed requests and none to another host; every image loaded, with alt text,
+no wider than the text column; maths typeset; every Mermaid diagram drawn, and its text at least
+MIN_DIAGRAM_TEXT_PX high on the screen; no raw Quarto syntax and no Markdown printed as
+characters; every internal link resolving to a file and an id; code blocks of at most 80
+characters a line shown whole at 1280 px; and the page never scrolling sideways (wide tables,
+code, equations and diagrams scroll inside their own boxes). A screenshot of each page at both
+widths goes to tests/artifacts/screenshots/ (git-ignored): the first screenful by default, the
+whole page when LONGCTX_FULL_SCREENSHOTS=1 (for reading the book as it renders).
 
-Builds `_book/` from the executed chapters (once per session, into a temporary folder), serves it
-on 127.0.0.1 and, for every page the book lists: no console errors, no failed requests and none to
-another host; every image loaded with alt text; maths typeset; every Mermaid diagram an SVG; no raw
-Quarto syntax in the text; every internal link resolving to a file and an id. A screenshot of
-each page at 1280 and at 390 px goes to tests/artifacts/screenshots/ (git-ignored): the first
-screenful by default, the whole page when LONGCTX_FULL_SCREENSHOTS=1 (for reading the book as it
-renders; stitching a long chapter's page costs several seconds, about a minute and a half for
-both editions).
-
-Set LONGCTX_BOOK_DIR to a built `_book/` to check that folder instead of building one.
+Where Chromium or Quarto is missing the tests skip, saying so; in CI (`CI` set) they fail.
+Set LONGCTX_QUARTO_BOOK_DIR to a rendered `_book/` to read that folder instead of rendering one.
 """
 
 from __future__ import annotations
@@ -27,13 +24,14 @@ import os
 import re
 import shutil
 import threading
+import time
 import urllib.parse
 from pathlib import Path
 
 import pytest
-from booktools import html as book_html
 from booktools.book import load_book
 from bs4 import BeautifulSoup
+from conftest import skip_or_fail
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -53,43 +51,27 @@ CHROMIUM_ARGS = [
 RAW_QUARTO = re.compile(
     r"@(?:fig|tbl|eq|sec)-[A-Za-z0-9]|\{#(?:fig|tbl|eq|sec)-|(?:^|\n)\s*:::|#\||\{python\}"
 )
-
-
-def _listed_pages() -> list[str]:
-    """The page every file in _quarto.yml becomes (files that do not exist yet are left out)."""
-    override = os.environ.get("LONGCTX_BOOK_DIR")
-    if override:
-        return sorted(path.name for path in Path(override).glob("*.html"))
-    book = load_book(ROOT)
-    return [f"{Path(entry.path).stem}.html" for entry in book.entries if (ROOT / entry.path).is_file()]
-
-
-PAGES = _listed_pages()
+CODE_LINE_LIMIT = 80
+MIN_DIAGRAM_TEXT_PX = 9
+"""The smallest a diagram's text may be drawn, in CSS pixels, at either width (the prose is 16 px)."""
+WIDTHS = ((1280, 900), (390, 844))
 
 
 @pytest.fixture(scope="session")
 def chromium_path() -> Path:
     if not CHROMIUM.exists():
-        pytest.skip(
-            "browser test skipped: /usr/bin/chromium is missing (install Debian's package: "
-            "apt-get install -y chromium)"
-        )
-    pytest.importorskip(
-        "playwright.sync_api", reason="browser test skipped: Playwright for Python is not installed"
-    )
+        skip_or_fail("the browser test needs /usr/bin/chromium (Debian's package: apt-get install -y chromium)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ModuleNotFoundError:
+        skip_or_fail("the browser test needs Playwright for Python (requirements.txt; run `make env`)")
     return CHROMIUM
 
 
 @pytest.fixture(scope="session")
-def book_dir(request, chromium_path, tmp_path_factory) -> Path:
-    """The built notebook edition: the given folder, or one built from the session's executed chapters."""
-    override = os.environ.get("LONGCTX_BOOK_DIR")
-    if override:
-        return Path(override)
-    executed = request.getfixturevalue("executed_book")
-    out = tmp_path_factory.mktemp("book") / "_book"
-    book_html.build_book(ROOT, Path(executed), out)
-    return out
+def book_dir(chromium_path, quarto_book) -> Path:
+    """The rendered book (Quarto's `_book/`)."""
+    return quarto_book.directory
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -192,11 +174,11 @@ def _overflowing(page) -> list[str]:
     )
 
 
-# --- checks both editions' page tests make ---------------------------------------------------------
+# --- the checks -----------------------------------------------------------------------------------
 
 
-def _image_problems(page, *, must_fit: bool = False) -> list[str]:
-    """Images that did not load or have no alt text (and, if asked, are wider than the text column)."""
+def _image_problems(page) -> list[str]:
+    """Images that did not load, have no alt text or are wider than the text column."""
     images = page.evaluate(
         "() => Array.from(document.images).map(i => ({src: i.getAttribute('src'), "
         "ok: i.complete && i.naturalWidth > 0, alt: (i.getAttribute('alt') || '').trim(), "
@@ -208,22 +190,42 @@ def _image_problems(page, *, must_fit: bool = False) -> list[str]:
             problems.append(f"image did not load: {image['src']}")
         if not image["alt"]:
             problems.append(f"image without alt text: {image['src']}")
-        if must_fit and not image["fits"]:
+        if not image["fits"]:
             problems.append(f"image wider than the text column: {image['src']}")
     return problems
 
 
-def _maths_and_diagram_problems(page, diagrams: str) -> list[str]:
-    """MathJax errors, and mermaid blocks (CSS selector `diagrams`) without an SVG or with an error one."""
+# Each diagram: drawn or not, and the smallest of its labels' font sizes as drawn on the screen
+# (the label's CSS font size times the scale from the SVG's units to the screen's pixels).
+# Quarto's mermaid-init.js replaces each `pre.mermaid-js` by the `svg.mermaid-js` it draws.
+_DIAGRAMS = """() => Array.from(document.querySelectorAll('svg.mermaid-js')).map(svg => {
+  const sizes = [];
+  for (const label of svg.querySelectorAll('text, foreignObject')) {
+    if (!label.textContent.trim()) continue;
+    const ctm = label.getScreenCTM();
+    const inner = label.querySelector('span, div, p, tspan') || label;
+    if (ctm) sizes.push(parseFloat(getComputedStyle(inner).fontSize) * Math.hypot(ctm.a, ctm.b));
+  }
+  return {error: svg.getAttribute('aria-roledescription') === 'error', text: svg.id,
+          smallest: sizes.length ? Math.min(...sizes) : null};
+})"""
+
+
+def _maths_and_diagram_problems(page, width: int, expected: int) -> list[str]:
+    """MathJax errors; mermaid diagrams not drawn, drawn as an error, or with text too small to read."""
     errors = page.evaluate("() => Array.from(document.querySelectorAll('mjx-merror')).map(e => e.textContent)")
     problems = [f"MathJax error: {error}" for error in errors]
-    found = page.evaluate(
-        f"() => Array.from(document.querySelectorAll('{diagrams}')).map(d => ({{svg: !!d.querySelector('svg'), "
-        "error: !!d.querySelector('svg[aria-roledescription=error]'), text: d.textContent.slice(0, 60)}))"
-    )
-    for diagram in found:
-        if not diagram["svg"] or diagram["error"]:
+    diagrams = page.evaluate(_DIAGRAMS)
+    if len(diagrams) != expected:
+        problems.append(f"{len(diagrams)} mermaid diagrams drawn of the {expected} on the page")
+    for diagram in diagrams:
+        if diagram["error"]:
             problems.append(f"mermaid diagram not rendered: {diagram['text']!r}")
+        elif diagram["smallest"] is None or diagram["smallest"] < MIN_DIAGRAM_TEXT_PX:
+            problems.append(
+                f"at {width} px a mermaid diagram's text is {diagram['smallest'] or 0:.1f} px high "
+                f"(at least {MIN_DIAGRAM_TEXT_PX}): {diagram['text']!r}"
+            )
     return problems
 
 
@@ -257,104 +259,7 @@ def _link_problems(page, host: str, book_dir: Path) -> list[str]:
     return problems
 
 
-# Text a reader sees (folded code included), without scripts, styles, typeset maths or diagrams.
-_VISIBLE_TEXT = """() => {
-  const skip = new Set(["SCRIPT", "STYLE", "NOSCRIPT", "MJX-CONTAINER", "svg", "SVG"]);
-  const parts = [];
-  const walk = (node) => {
-    for (const child of node.childNodes) {
-      if (child.nodeType === Node.TEXT_NODE) { parts.push(child.textContent); }
-      else if (child.nodeType === Node.ELEMENT_NODE && !skip.has(child.tagName)) { walk(child); }
-    }
-  };
-  walk(document.body);
-  return parts.join("");
-}"""
-
-
-@pytest.mark.parametrize("name", PAGES)
-def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
-    assert (book_dir / name).is_file(), f"{name} was not built"
-    problems: list[str] = []
-    page = browser.new_page()
-    host = urllib.parse.urlsplit(server).hostname
-
-    def on_console(message):
-        if message.type == "error":
-            problems.append(f"console error: {message.text}")
-
-    def on_request(request):
-        requested = urllib.parse.urlsplit(request.url)
-        if requested.scheme in ("http", "https", "ws", "wss") and requested.hostname != host:
-            problems.append(f"request to another host: {request.url}")
-
-    def on_response(response):
-        if response.status >= 400:
-            problems.append(f"HTTP {response.status}: {response.url}")
-
-    page.on("console", on_console)
-    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-    page.on("request", on_request)
-    page.on(
-        "requestfailed", lambda request: problems.append(f"request failed: {request.url} ({request.failure})")
-    )
-    page.on("response", on_response)
-    try:
-        page.goto(server + name, wait_until="load")
-        # Maths and diagrams are typeset after load: wait until both have finished.
-        page.wait_for_function("() => document.body.dataset.mermaid !== undefined", timeout=30_000)
-        page.evaluate(
-            "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) ? "
-            "MathJax.startup.promise.then(() => true) : true"
-        )
-        page.wait_for_load_state("networkidle")
-
-        problems += _image_problems(page)
-
-        text = page.evaluate(_VISIBLE_TEXT)
-        html_source = (book_dir / name).read_text(encoding="utf-8")
-        if "tex-svg" in html_source:
-            typeset = page.evaluate("() => document.querySelectorAll('mjx-container').length")
-            if typeset == 0:
-                problems.append("the page loads MathJax but no maths was typeset")
-        if "$$" in text:
-            problems.append("raw $$ left in the text (maths not typeset)")
-        problems += _maths_and_diagram_problems(page, "pre.mermaid")
-        problems += _raw_quarto_problems(text)
-        problems += _link_problems(page, host, book_dir)
-
-        wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
-        if wide > 0:
-            problems.append(f"the page scrolls sideways by {wide} px at 1280 px: {_overflowing(page)}")
-        _full_page_screenshot(page, screenshots / f"{Path(name).stem}.png")
-
-        # On a phone-sized screen the page itself never scrolls sideways: wide tables, code and
-        # equations scroll inside their own boxes.
-        page.set_viewport_size({"width": 390, "height": 844})
-        page.evaluate("() => window.scrollTo(0, 0)")
-        page.wait_for_timeout(200)
-        wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
-        if wide > 0:
-            problems.append(f"the page scrolls sideways by {wide} px on a 390 px screen: {_overflowing(page)}")
-        page.screenshot(path=str(screenshots / f"{Path(name).stem}-narrow.png"))
-        # there the chapter list hides behind the Contents button, which opens it
-        if page.is_visible("#sidebar"):
-            problems.append("on a 390 px screen the chapter list is open before the Contents button is pressed")
-        page.click(".sidebar-toggle")
-        if not page.is_visible("#sidebar a[href='index.html']"):
-            problems.append("the Contents button does not open the chapter list")
-    finally:
-        page.close()
-    assert not problems, f"{name}:\n  " + "\n  ".join(problems)
-
-
-
-# --- the Quarto edition --------------------------------------------------------------------------
-
-CODE_LINE_LIMIT = 80
-
-
-def _quarto_pages() -> list[str]:
+def _pages() -> list[str]:
     """The page Quarto writes for every file _quarto.yml lists (index.html, chapters/*.html)."""
     book = load_book(ROOT)
     return [
@@ -362,9 +267,8 @@ def _quarto_pages() -> list[str]:
     ]
 
 
-QUARTO_PAGES = _quarto_pages()
-# Prose a reader sees on a Quarto page: not code, outputs, typeset maths, diagrams or scripts.
-_QUARTO_PROSE = """() => {
+# Prose a reader sees: not code, outputs, typeset maths, diagrams or scripts.
+_PROSE = """() => {
   const skip = new Set(["SCRIPT", "STYLE", "NOSCRIPT", "MJX-CONTAINER", "svg", "SVG", "CODE", "PRE", "KBD",
                         "SAMP", "NAV", "HEADER", "FOOTER"]);
   const parts = [];
@@ -387,18 +291,7 @@ _LEAKS = (
 )
 
 
-@pytest.fixture(scope="session")
-def quarto_server(quarto_book):
-    handler = functools.partial(_QuietHandler, directory=str(quarto_book.directory))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-    httpd.server_close()
-
-
-def _quarto_screenshot(page, path: Path) -> None:
+def _screenshot(page, path: Path) -> None:
     page.add_style_tag(
         content="#quarto-header, #quarto-sidebar, #quarto-margin-sidebar, .sidebar, .headroom "
         "{ position: static !important; transform: none !important; } html { scroll-behavior: auto !important; }"
@@ -406,15 +299,52 @@ def _quarto_screenshot(page, path: Path) -> None:
     _full_page_screenshot(page, path)
 
 
-@pytest.mark.parametrize("name", QUARTO_PAGES)
-def test_quarto_page_reads_cleanly(name, quarto_book, quarto_server, browser, screenshots):
-    book_dir = quarto_book.directory
+def _long_code_problems(page) -> list[str]:
+    """Code blocks whose lines are at most 80 characters that scroll (folded code and callouts opened)."""
+    page.evaluate(
+        "() => { document.querySelectorAll('details').forEach(d => { d.open = true; });"
+        " document.querySelectorAll('.callout-collapse.collapse').forEach(c => c.classList.add('show')); }"
+    )
+    blocks = page.evaluate(
+        """() => Array.from(document.querySelectorAll('div.sourceCode pre, div.cell-output pre')).map(pre => ({
+             longest: Math.max(0, ...pre.textContent.replace(/\\n$/, '').split('\\n').map(line => line.length)),
+             scrolls: pre.scrollWidth > pre.clientWidth + 1,
+             first: pre.innerText.slice(0, 60)}))"""
+    )
+    return [
+        f"a code block of {block['longest']}-character lines scrolls at 1280 px: {block['first']!r}"
+        for block in blocks
+        if block["longest"] <= CODE_LINE_LIMIT and block["scrolls"]
+    ]
+
+
+def _wait_until_quiet(page, in_flight: set, quiet: float = 0.5, limit: float = 120.0) -> None:
+    """Wait until no request of the page has been in flight for `quiet` seconds.
+
+    Playwright's "networkidle" waits for Chromium's own lifecycle event, which a page whose
+    layout changes after load (the diagrams being sized) does not always send.
+    """
+    deadline, since = time.monotonic() + limit, None
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        since = None if in_flight else (since or now)
+        if since is not None and now - since >= quiet:
+            return
+        page.wait_for_timeout(100)
+    raise AssertionError(f"requests still in flight after {limit:.0f} s: {[r.url for r in in_flight][:5]}")
+
+
+@pytest.mark.parametrize("name", _pages())
+def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
     assert (book_dir / name).is_file(), f"{name} was not rendered"
     problems: list[str] = []
     page = browser.new_page()
-    host = urllib.parse.urlsplit(quarto_server).hostname
+    host = urllib.parse.urlsplit(server).hostname
+
+    in_flight: set = set()
 
     def on_request(request):
+        in_flight.add(request)
         requested = urllib.parse.urlsplit(request.url)
         if requested.scheme in ("http", "https", "ws", "wss") and requested.hostname != host:
             problems.append(f"request to another host: {request.url}")
@@ -423,68 +353,47 @@ def test_quarto_page_reads_cleanly(name, quarto_book, quarto_server, browser, sc
     page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
     page.on("request", on_request)
     page.on("requestfailed", lambda request: problems.append(f"request failed: {request.url} ({request.failure})"))
+    page.on("requestfinished", lambda request: in_flight.discard(request))
+    page.on("requestfailed", lambda request: in_flight.discard(request))
     page.on("response", lambda response: response.status >= 400 and problems.append(f"HTTP {response.status}: {response.url}"))
-    shots = screenshots / "quarto"
-    shots.mkdir(exist_ok=True)
+    stem = name.replace("/", "-").removesuffix(".html")
     try:
         page.set_viewport_size({"width": 1280, "height": 900})
-        page.goto(quarto_server + name, wait_until="load", timeout=120_000)
-        page.wait_for_function(
-            "() => Array.from(document.querySelectorAll('pre.mermaid-js')).every(d => d.querySelector('svg'))",
-            timeout=60_000,
-        )
+        page.goto(server + name, wait_until="load", timeout=120_000)
+        page.wait_for_function("() => document.querySelectorAll('pre.mermaid-js').length === 0", timeout=60_000)
         page.evaluate(
             "() => (window.MathJax && MathJax.startup && MathJax.startup.promise) ? "
             "MathJax.startup.promise.then(() => true) : true"
         )
-        page.wait_for_load_state("networkidle", timeout=120_000)
+        _wait_until_quiet(page, in_flight)
 
-        problems += _image_problems(page, must_fit=True)
-
+        problems += _image_problems(page)
         html_source = (book_dir / name).read_text(encoding="utf-8")
+        diagrams = html_source.count('<pre class="mermaid mermaid-js"')
         if 'class="math' in html_source:
             if page.evaluate("() => document.querySelectorAll('mjx-container').length") == 0:
                 problems.append("the page has maths but none was typeset")
-        problems += _maths_and_diagram_problems(page, "pre.mermaid-js")
-
-        text = page.evaluate(_QUARTO_PROSE)
+        text = page.evaluate(_PROSE)
         problems += _raw_quarto_problems(text)
         for what, pattern in _LEAKS:
             for match in pattern.finditer(text):
                 start = max(0, match.start() - 40)
                 problems.append(f"{what}: ...{text[start : match.end() + 40]!r}")
-
         problems += _link_problems(page, host, book_dir)
 
-        wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
-        if wide > 0:
-            problems.append(f"the page scrolls sideways by {wide} px at 1280 px: {_overflowing(page)}")
-        stem = name.replace("/", "-").removesuffix(".html")
-        _quarto_screenshot(page, shots / f"{stem}.png")
-
-        # Code: a block whose lines are at most 80 characters is shown whole, without scrolling
-        # (folded code and collapsed callouts opened first, as a reader would).
-        page.evaluate(
-            "() => { document.querySelectorAll('details').forEach(d => { d.open = true; });"
-            " document.querySelectorAll('.callout-collapse.collapse').forEach(c => c.classList.add('show')); }"
-        )
-        blocks = page.evaluate(
-            """() => Array.from(document.querySelectorAll('div.sourceCode pre, div.cell-output pre')).map(pre => ({
-                 longest: Math.max(0, ...pre.textContent.replace(/\\n$/, '').split('\\n').map(line => line.length)),
-                 scrolls: pre.scrollWidth > pre.clientWidth + 1,
-                 first: pre.innerText.slice(0, 60)}))"""
-        )
-        for block in blocks:
-            if block["longest"] <= CODE_LINE_LIMIT and block["scrolls"]:
-                problems.append(f"a code block of {block['longest']}-character lines scrolls at 1280 px: {block['first']!r}")
-
-        page.set_viewport_size({"width": 390, "height": 844})
-        page.evaluate("() => window.scrollTo(0, 0)")
-        page.wait_for_timeout(300)
-        wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
-        if wide > 0:
-            problems.append(f"the page scrolls sideways by {wide} px on a 390 px screen: {_overflowing(page)}")
-        page.screenshot(path=str(shots / f"{stem}-narrow.png"))
+        for width, height in WIDTHS:
+            page.set_viewport_size({"width": width, "height": height})
+            page.evaluate("() => window.scrollTo(0, 0)")
+            page.wait_for_timeout(300)
+            problems += _maths_and_diagram_problems(page, width, diagrams)
+            wide = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+            if wide > 0:
+                problems.append(f"the page scrolls sideways by {wide} px at {width} px: {_overflowing(page)}")
+            if width == 1280:
+                _screenshot(page, screenshots / f"{stem}.png")
+                problems += _long_code_problems(page)
+            else:
+                page.screenshot(path=str(screenshots / f"{stem}-narrow.png"))
     finally:
         page.close()
     assert not problems, f"{name}:\n  " + "\n  ".join(problems)

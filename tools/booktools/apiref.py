@@ -1,26 +1,11 @@
 """The API reference appendix, generated from the chapters' modules when the book is built.
 
-For every chapter module that exists (`longctx.ch01`, `longctx.ch02`, ...), every public
-name in its `__all__`: the signature, the first paragraph of the docstring, and a link to
-the section of the chapter whose `# @save` cell defines it. The defining cell is found
-from the `# chapters/FILE.qmd:LINE` comments the tangle step writes before each saved
-block in `code/chNN/_generated.py`; the section is the last heading above that line, and
-the link's fragment is the id Quarto gives that heading (its `sec-` label, else Pandoc's
-slug), which the notebook edition gives it too. `ApiEntry.href` names the page
-(`ch03-long-context.html#sec-ch03-rope`); the Markdown links by fragment alone
-(`#sec-ch03-rope`), the one form every edition resolves to the right page: Quarto's HTML
-book and its post-render step, Pandoc's EPUB (where chapters are `chNNN.xhtml` files) and the
-notebook edition.
-
-Signatures longer than the book's code lines (80 characters) are broken one parameter per
-line, as a formatter would, inside a Python code block, so they fit the page.
-
-The book is read once per call: one `_quarto.yml`, each chapter parsed and walked once.
-
-The appendix's only cell is
-
-    from booktools.apiref import api_reference
-    api_reference()
+For every public name of every chapter module (`longctx.ch01`, ...): its signature (one parameter
+a line past 80 characters, as a formatter breaks it), the first paragraph of its docstring, and a
+link to the section whose `# @save` cell defines it, found from the `# chapters/FILE.qmd:LINE`
+comments of `code/chNN/_generated.py` and linked by fragment alone (`#sec-ch03-rope`), the one form
+both Quarto's HTML and its EPUB resolve. The book is read once per call. The appendix's one cell is
+`from booktools.apiref import api_reference; api_reference()`.
 """
 
 from __future__ import annotations
@@ -34,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .book import find_root, load_book
-from .html import heading_ids
 from .numbering import Numbering, compute_numbering
+from .qmd import CROSS_REFERENCE
 
 __all__ = ["ApiEntry", "api_entries", "api_reference", "api_reference_markdown", "defining_lines", "wrap_signature"]
 
 SOURCE_COMMENT = re.compile(r"^# (?P<file>\S+\.qmd):(?P<line>\d+)\s*$")
-REFERENCE = re.compile(r"\[?@(?P<label>(?:fig|tbl|eq|sec)-[A-Za-z0-9_-]*[A-Za-z0-9])\]?")
+REFERENCE = re.compile(r"\[?" + CROSS_REFERENCE.pattern + r"\]?")  # `[@eq-x]` or `@eq-x`, brackets and all
 
 
 @dataclass
@@ -178,18 +163,13 @@ def _summary(obj, kind: str) -> str:
     return " ".join(line.strip() for line in paragraph.split("\n"))
 
 
-def _section_for(
-    numbering: Numbering, file: str, line: int, ids_cache: dict | None = None
-) -> tuple[str | None, str | None]:
+def _section_for(numbering: Numbering, file: str, line: int) -> tuple[str | None, str | None]:
     info = numbering.chapter(file)
     if info is None or info.document is None:
         return None, None
     page = f"{Path(file).stem}.html"
     chosen = None
-    cache = ids_cache if ids_cache is not None else {}
-    if file not in cache:
-        cache[file] = heading_ids(info.document)  # one walk per chapter, not one per name
-    for heading, ident in cache[file]:
+    for heading, ident in info.document.section_ids:  # computed once per chapter
         if heading.line < line:
             chosen = (heading, ident)
         else:
@@ -206,9 +186,7 @@ def _section_for(
     return text, f"{page}#{ident}"
 
 
-def api_entries(
-    root: Path | str | None = None, numbering: Numbering | None = None, ids_cache: dict | None = None
-) -> list[ApiEntry]:
+def api_entries(root: Path | str | None = None, numbering: Numbering | None = None) -> list[ApiEntry]:
     """Every public name of every chapter module that exists, in book order.
 
     Args:
@@ -219,7 +197,6 @@ def api_entries(
     root = Path(root) if root is not None else find_root()
     book = load_book(root)  # the chapter list only; the chapters are parsed by compute_numbering
     numbering = numbering or compute_numbering(book)
-    ids_cache = {} if ids_cache is None else ids_cache
     entries: list[ApiEntry] = []
     for chapter in book.module_entries:
         module_name = f"longctx.{chapter.module}"
@@ -232,7 +209,7 @@ def api_entries(
             obj = getattr(module, name)
             kind, signature = _signature(name, obj)
             file, line = lines.get(name, (None, None))
-            section, href = _section_for(numbering, file, line, ids_cache) if file else (None, None)
+            section, href = _section_for(numbering, file, line) if file else (None, None)
             entries.append(
                 ApiEntry(module_name, name, kind, signature, _summary(obj, kind), file, line, section, href)
             )
@@ -266,8 +243,7 @@ def api_reference_markdown(root: Path | str | None = None) -> str:
     code block), the first paragraph of its docstring and a link to the section that defines it."""
     root = Path(root) if root is not None else find_root()
     numbering = compute_numbering(load_book(root))  # parses and walks every listed file once
-    _HEADING_IDS.clear()
-    entries = api_entries(root, numbering, _HEADING_IDS)
+    entries = api_entries(root, numbering)
     if not entries:
         return "No chapter module exists yet: run `make tangle`."
     titles = {info.entry.module: info for info in numbering.chapters if info.entry.module}
@@ -300,16 +276,11 @@ def api_reference_markdown(root: Path | str | None = None) -> str:
     return "\n\n".join(out).strip() + "\n"
 
 
-_HEADING_IDS: dict = {}  # per api_reference_markdown call: file -> heading_ids (one walk per chapter)
-
-
 def _chapter_anchor(numbering: Numbering, info) -> str | None:
     """The id of a chapter's title heading (its `sec-` label, else Pandoc's slug)."""
     if info is None or info.document is None:
         return None
-    if info.display not in _HEADING_IDS:
-        _HEADING_IDS[info.display] = heading_ids(info.document)
-    for heading, ident in _HEADING_IDS[info.display]:
+    for heading, ident in info.document.section_ids:
         if heading.level == 1:
             return ident
     return None

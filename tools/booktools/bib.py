@@ -4,16 +4,19 @@ Pandoc reads the `.bib` files (`@string` macros, accents such as `R{\\'e}`, `and
 and citeproc formats the citations in the style `_quarto.yml` names (`csl:`; the book's is
 style/longctx-author-date.csl), as Quarto does; with none, in pandoc's default, Chicago author-date. The only reading done here is the scan for keys, so that
 `check` can name a duplicate or a missing key with its line without running pandoc.
+
+Pandoc comes from the pinned `pypandoc-binary` (requirements.txt), whose wheel carries the same
+pandoc 3.6.1 that the Quarto kit on our machines runs: the reader's notebooks cite as the pages do.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+from functools import cache
 from pathlib import Path
 
-from .pandoc import run_pandoc
-
-__all__ = ["ENTRY", "bibliography_keys", "citeproc_arguments", "render_citations"]
+__all__ = ["ENTRY", "PandocError", "bibliography_keys", "citeproc_arguments", "pandoc_path", "render_citations", "run_pandoc"]
 
 #: The head of a BibTeX entry, `@article{key,` (macros `@string{name = ...}` have no `key,`).
 ENTRY = re.compile(r"@(?P<type>[A-Za-z]+)\s*[{(]\s*(?P<key>[^,\s{}()]+)\s*,")
@@ -73,3 +76,37 @@ def render_citations(
     if len(rendered) != len(citations):
         raise ValueError(f"{what}: citeproc gave {len(rendered)} citations for {len(citations)}")
     return rendered
+
+
+class PandocError(RuntimeError):
+    """Pandoc is missing, or it failed (the message carries its own)."""
+
+
+@cache
+def pandoc_path() -> str:
+    """The pandoc binary of the pinned `pypandoc-binary` wheel."""
+    try:
+        import pypandoc
+    except ModuleNotFoundError:
+        raise PandocError(
+            "pandoc is needed and comes with the pinned `pypandoc-binary` package: "
+            "run `make env` (or `pip install -r requirements.txt`)"
+        ) from None
+    try:
+        return pypandoc.get_pandoc_path()
+    except OSError as exc:
+        raise PandocError(f"pypandoc-binary is installed but its pandoc is not found: {exc}") from None
+
+
+def run_pandoc(arguments: list[str], text: str, *, what: str) -> tuple[str, str]:
+    """Run pandoc on `text` (stdin); returns (stdout, stderr).
+
+    Raises:
+        PandocError: pandoc exited with an error; the message names `what` it was converting.
+    """
+    done = subprocess.run(
+        [pandoc_path(), *arguments], input=text, capture_output=True, text=True, encoding="utf-8", check=False
+    )
+    if done.returncode != 0:
+        raise PandocError(f"{what}: pandoc failed: {done.stderr.strip()}")
+    return done.stdout, done.stderr

@@ -1,7 +1,7 @@
-"""The book project: where its root is and which chapters `_quarto.yml` lists, in order.
+"""The book project: where its root is, which chapters `_quarto.yml` lists, in order, and its repository.
 
-A `Book` is loaded once per command and parses its chapters once: `book.numbering` holds
-every listed file's parsed document and the book's numbering, computed on first use.
+A `Book` is loaded once per command; the numbering (`numbering.compute_numbering`), which
+parses every listed file, is computed once by the command and handed to each step.
 """
 
 from __future__ import annotations
@@ -10,16 +10,11 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 
-if TYPE_CHECKING:
-    from .numbering import Numbering
-
-__all__ = ["Book", "BookError", "ChapterEntry", "find_root", "load_book", "MODULE_FILE"]
+__all__ = ["Book", "BookError", "ChapterEntry", "find_root", "load_book", "repo_url", "MODULE_FILE"]
 
 # Only chapter files named like this produce modules: chapters/ch03-long-context.qmd -> code/ch03/
 MODULE_FILE = re.compile(r"^ch(?P<number>\d{2})-[A-Za-z0-9_.-]+\.qmd$")
@@ -62,21 +57,6 @@ class Book:
         """The citation style `_quarto.yml` names (`csl:`), or None for pandoc's default."""
         value = self.config.get("csl")
         return self.root / str(value) if value else None
-
-    @cached_property
-    def numbering(self) -> Numbering:
-        """Every listed file parsed (once) and numbered as Quarto numbers the book."""
-        from .numbering import compute_numbering
-
-        return compute_numbering(self)
-
-    @property
-    def title(self) -> str:
-        return str((self.config.get("book") or {}).get("title") or "The book")
-
-    @property
-    def subtitle(self) -> str:
-        return str((self.config.get("book") or {}).get("subtitle") or "")
 
     @property
     def module_entries(self) -> list[ChapterEntry]:
@@ -160,6 +140,29 @@ def load_book(root: Path | str | None = None) -> Book:
     entries = _flatten(book.get("chapters"), False, lines, cursor)
     entries += _flatten(book.get("appendices"), True, lines, cursor)
     return Book(root=root, entries=entries, config=config)
+
+
+_REPO_URL = re.compile(r"^(?:https?|ssh|git)://[^\s'\"\\]+$")
+
+
+def repo_url(book: Book) -> str:
+    """`_quarto.yml`'s `book.repo-url`: where the pages' source links point and the notebooks install from.
+
+    Raises:
+        BookError: it is missing, or not an http(s)/ssh/git URL.
+    """
+    value = (book.config.get("book") or {}).get("repo-url")
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise BookError(
+            "_quarto.yml has no book.repo-url: the notebooks' first cell installs longctx from it "
+            "(add `repo-url: https://github.com/OWNER/REPO` under `book:`)"
+        )
+    if not isinstance(value, str) or not _REPO_URL.match(value.strip()):
+        raise BookError(
+            f"_quarto.yml: book.repo-url must be an https://, ssh:// or git:// URL of the book's "
+            f"repository (pip installs `longctx @ git+URL`), not {value!r}"
+        )
+    return value.strip()
 
 
 def write_atomic(path: Path, text: str) -> None:

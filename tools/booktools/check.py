@@ -7,8 +7,10 @@
 - every figure cell (label `fig-…`) has `fig-cap` and `fig-alt`; every table cell `tbl-cap`;
 - `_quarto.yml` lists exactly the chapter files in chapters/, and each listed file exists;
 - no chapter imports a later chapter (in any cell); `# @save` only in chNN-*.qmd files;
+- saved code has no side effects at import, and its docstrings and comments hold no Quarto
+  syntax and only numbers the book has (`saved_code_problems`);
 - the generated modules are current (`tangle --check`) and tangle without errors;
-- what Quarto trips on although the notebook edition does not (`source_problems`): an empty
+- what Quarto trips on (`source_problems`): an empty
   front-matter block, a maths span with a space before its closing `$`, an inline value that
   is a str carrying Markdown, an unlabelled mermaid diagram, a code line over 80 characters.
 """
@@ -16,16 +18,31 @@
 from __future__ import annotations
 
 import ast
+import io
+import itertools
 import re
-import sys
+import tokenize
 from pathlib import Path
 
 from .bib import bibliography_keys
-from .book import MODULE_FILE, Book, load_book
-from .numbering import LABEL_KINDS
-from .qmd import CODE_SPAN, EQUATION_LABEL, IMAGE_LABEL, PIPE_CAPTION, REFERENCE, CellItem, Line, walk
+from .book import MODULE_FILE, Book
+from .numbering import LABEL_KINDS, Numbering, compute_numbering
+from .qmd import (
+    BRACKET,
+    CODE_SPAN,
+    CROSS_REFERENCE,
+    DISPLAY_MATH,
+    EQUATION_LABEL,
+    IMAGE_LABEL,
+    INLINE_EXPRESSION,
+    PIPE_CAPTION,
+    REFERENCE,
+    CellItem,
+    Line,
+    walk,
+)
 
-__all__ = ["CODE_LINE_LIMIT", "check_book", "main_check", "source_problems"]
+__all__ = ["CODE_LINE_LIMIT", "check_book", "saved_code_problems", "source_problems"]
 
 
 def _label_scope(path: str) -> str | None:
@@ -45,7 +62,7 @@ def _strip_code(text: str) -> str:
     return CODE_SPAN.sub(lambda match: " " * len(match.group(0)), text)
 
 
-def check_book(book: Book) -> list[str]:
+def check_book(book: Book, numbering: Numbering | None = None) -> list[str]:
     """Every integrity problem of the book, as `FILE:LINE: message` lines (sorted)."""
     problems: list[tuple[str, int, str]] = []
 
@@ -75,7 +92,7 @@ def check_book(book: Book) -> list[str]:
         path, line, message = text.split(":", 2)
         add(path, int(line or 0), message.strip())
 
-    numbering = book.numbering
+    numbering = numbering or compute_numbering(book)
     for error in numbering.problems:
         add(error.path, error.line, error.message)
     for repeat, first in numbering.duplicates:
@@ -95,6 +112,9 @@ def check_book(book: Book) -> list[str]:
             add(error.path, error.line, error.message)
         for line, message in source_problems(doc):
             add(display, line, message)
+        if module is not None:
+            for line, message in saved_code_problems(doc, module, order, numbering):
+                add(display, line, message)
 
         def check_label(label: str, line: int, allowed: tuple[str, ...], display=display, scope=scope) -> None:
             prefix = label.split("-", 1)[0]
@@ -135,8 +155,6 @@ def check_book(book: Book) -> list[str]:
                     value = cell.options.get(option)
                     if isinstance(value, str):
                         check_references(value, cell.line)
-                if cell.is_python and module is not None:
-                    _check_cell_imports(cell, module, order, lambda line, message, display=display: add(display, line, message))
                 continue
             line: Line = item
             if line.kind == "heading":
@@ -178,45 +196,14 @@ def _bib_names(book: Book) -> str:
     return ", ".join(path.name for path in book.bibliography) or "no bibliography in _quarto.yml"
 
 
-def _check_cell_imports(cell, module: str, order: list[str], add) -> None:
-    """A chapter may import only earlier chapters, in any cell (saved or not)."""
-    try:
-        tree = ast.parse("\n".join(cell.code_lines))
-    except SyntaxError:
-        return  # tangle reports saved cells; execution reports the rest
-    from .tangle import _chapter_imports
-
-    position = order.index(module) if module in order else len(order)
-    earlier = order[:position]
-    for line, other, how in _chapter_imports(tree):
-        if other not in earlier:
-            add(cell.code_line + line - 1, f"`{how}` imports {other}; a chapter may import only earlier chapters")
-
-
-def main_check(root: Path, args) -> int:
-    book = load_book(root)
-    problems = check_book(book)
-    for problem in problems:
-        print(problem, file=sys.stderr)
-    if problems:
-        print(f"check: {len(problems)} problem(s)", file=sys.stderr)
-        return 1
-    print("check: the book is consistent")
-    return 0
-
-
 # ---------------------------------------------------------------------------
-# Source problems that Quarto and Pandoc trip on, though the notebook edition hides them.
-# Each check is one self-contained function of a parsed document that returns
-# (line, message) pairs; `source_problems` runs them all. Their patterns are their own.
+# Source problems that Quarto and Pandoc trip on. Each check is one function of a parsed
+# document that returns (line, message) pairs; `source_problems` runs them all.
 
 CODE_LINE_LIMIT = 80
 """The longest line a chapter's code may have: 80 characters fit the text column of both
 editions at 1280 px without scrolling (tests/test_quarto_edition.py measures it)."""
 
-_SRC_CODE_SPAN = re.compile(r"(`+)(?:[^`]|(?!\1)`)*?\1(?!`)", re.DOTALL)
-_SRC_DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.DOTALL)
-_SRC_INLINE = re.compile(r"`\{python\}[ \t]+(?P<expr>[^`]+?)[ \t]*`")
 # Markdown a plain str value would carry to the reader as raw characters.
 _SRC_MARKDOWN_IN_TEXT = (
     ("backticks", re.compile(r"`")),
@@ -261,7 +248,7 @@ def maths_with_space_before_closing_dollar(doc) -> list[tuple[int, str]]:
     found = []
     for block in doc.markdown:
         text = block.text.replace("\\$", "  ")
-        text = _blank_out(_SRC_DISPLAY_MATH, _blank_out(_SRC_CODE_SPAN, text))
+        text = _blank_out(DISPLAY_MATH, _blank_out(CODE_SPAN, text))
         offset = 0
         for paragraph in re.split(r"(\n[ \t]*\n)", text):
             dollars = [m.start() for m in re.finditer(r"\$", paragraph)]
@@ -269,13 +256,8 @@ def maths_with_space_before_closing_dollar(doc) -> list[tuple[int, str]]:
                 if paragraph[closing - 1].isspace() and not paragraph[opening + 1].isspace():
                     line = block.line + text.count("\n", 0, offset + closing)
                     span = " ".join(paragraph[opening : closing + 1].split())
-                    found.append(
-                        (
-                            line,
-                            f"maths span {span} has a space before its closing `$`, so Pandoc prints it "
-                            "as text; end the span on a non-space character (`$x$ = …`)",
-                        )
-                    )
+                    found.append((line, f"maths span {span} has a space before its closing `$`, so Pandoc prints it "
+                        "as text; end the span on a non-space character (`$x$ = …`)"))
             offset += len(paragraph)
     return found
 
@@ -332,7 +314,7 @@ def markdown_in_inline_values(doc) -> list[tuple[int, str]]:
     for block in doc.markdown:
         for offset, text in enumerate(block.lines):
             line = block.line + offset
-            for match in _SRC_INLINE.finditer(text):
+            for match in INLINE_EXPRESSION.finditer(text):
                 expression = match.group("expr")
                 try:
                     node = ast.parse(expression, mode="eval").body
@@ -353,15 +335,10 @@ def markdown_in_inline_values(doc) -> list[tuple[int, str]]:
                         if any(pattern.search(template) for template in _string_templates(value))
                     ]
                     if kinds:
-                        found.append(
-                            (
-                                line,
-                                f"inline value `{{python}} {expression}` is a str carrying Markdown "
-                                f"({', '.join(kinds)}); Quarto prints a str as plain text, so the reader "
-                                "sees the marks: make the value plain text, or wrap it in "
-                                "IPython.display.Markdown",
-                            )
-                        )
+                        found.append((line, f"inline value `{{python}} {expression}` is a str carrying Markdown "
+                            f"({', '.join(kinds)}); Quarto prints a str as plain text, so the reader "
+                            "sees the marks: make the value plain text, or wrap it in "
+                            "IPython.display.Markdown"))
     return found
 
 
@@ -370,14 +347,9 @@ def unlabelled_mermaid(doc) -> list[tuple[int, str]]:
     found = []
     for cell in doc.cells:
         if cell.executable and cell.lang == "mermaid" and not str(cell.label or "").startswith("fig-"):
-            found.append(
-                (
-                    cell.line,
-                    "mermaid diagram without `%%| label: fig-…`: Quarto 1.7's EPUB wraps an unlabelled "
-                    "diagram in markup that is not valid XHTML; label it as a figure and give it "
-                    "`%%| fig-cap:` and `%%| fig-alt:`",
-                )
-            )
+            found.append((cell.line, "mermaid diagram without `%%| label: fig-…`: Quarto 1.7's EPUB wraps an unlabelled "
+                "diagram in markup that is not valid XHTML; label it as a figure and give it "
+                "`%%| fig-cap:` and `%%| fig-alt:`"))
     return found
 
 
@@ -393,11 +365,230 @@ def long_code_lines(doc, limit: int = CODE_LINE_LIMIT) -> list[tuple[int, str]]:
             if text.startswith(cell.indent):
                 text = text[len(cell.indent) :]
             if len(text) > limit:
-                found.append(
-                    (
-                        first + offset,
-                        f"code line is {len(text)} characters; the book's code lines are at most {limit} "
-                        "so that they fit the page",
+                found.append((first + offset, f"code line is {len(text)} characters; the book's code lines are at most {limit} "
+                    "so that they fit the page"))
+    return found
+
+
+# ---------------------------------------------------------------------------
+# The book's rules for saved code (the tangle only tangles; ruff checks the modules' style):
+# importing a module has no side effects, a chapter imports only earlier chapters, and what
+# `help()` shows (docstrings, comments) holds no Quarto syntax and only numbers the book has.
+
+_CHAPTER_MODULE = re.compile(r"^ch\d{2}$")
+_TYPED_REFERENCE = re.compile(
+    r"\b(?P<kind>Equation|Figure|Table|Section)\s+(?P<number>\d+(?:\.\d+)+)\b"
+    r"|\b(?P<chapter>Chapter|Appendix)\s+(?P<which>\d+|[A-Z])\b"
+)
+# Calls that do something when the module is imported (outside any function body).
+_SIDE_EFFECT_CALLS = {"print", "open", "input", "exec", "eval", "display", "breakpoint", "exit", "quit"}
+_SIDE_EFFECT_METHODS = {
+    "show", "savefig", "manual_seed", "seed", "backward", "write", "write_text", "write_bytes",
+    "mkdir", "unlink", "rmdir", "remove", "system", "makedirs", "download", "urlretrieve",
+}
+_SIDE_EFFECT_ROOTS = {"plt", "pyplot", "matplotlib", "subprocess", "shutil"}
+
+
+def _describe(node: ast.AST) -> str:
+    try:
+        text = ast.unparse(node)
+    except Exception:  # pragma: no cover - unparse handles every node we see
+        text = type(node).__name__
+    text = text.splitlines()[0] if text else type(node).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _call_root(func: ast.AST) -> str | None:
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    if isinstance(func, ast.Call):
+        return _call_root(func.func)
+    return func.id if isinstance(func, ast.Name) else None
+
+
+def _side_effect_call(node: ast.AST) -> ast.Call | None:
+    """A call with an effect, evaluated at import time (lambda bodies excluded)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, ast.Lambda):
+            stack.extend(current.args.defaults + [d for d in current.args.kw_defaults if d is not None])
+            continue
+        if isinstance(current, ast.Call):
+            func = current.func
+            if isinstance(func, ast.Name) and func.id in _SIDE_EFFECT_CALLS:
+                return current
+            if isinstance(func, ast.Attribute) and (
+                func.attr in _SIDE_EFFECT_METHODS or _call_root(func) in _SIDE_EFFECT_ROOTS
+            ):
+                return current
+        stack.extend(ast.iter_child_nodes(current))
+    return None
+
+
+def _import_time_parts(stmt: ast.stmt) -> list[ast.AST]:
+    """The expressions of a definition that run at import: decorators, defaults, bases."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        args = stmt.args
+        parts = list(stmt.decorator_list) + list(args.defaults) + [d for d in args.kw_defaults if d is not None]
+        return parts
+    if isinstance(stmt, ast.ClassDef):
+        return list(stmt.decorator_list) + list(stmt.bases) + [k.value for k in stmt.keywords]
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        return [stmt.value] if stmt.value is not None else []
+    return []
+
+
+def _side_effects(statements: list[ast.stmt], in_class: bool = False) -> list[tuple[int, str]]:
+    """(line, message) for each statement that does something when the module is imported."""
+    found = []
+    for stmt in statements:
+        if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass)):
+            continue
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+            continue  # a docstring or `...`
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)):
+            for part in _import_time_parts(stmt):
+                call = _side_effect_call(part)
+                if call is not None:
+                    found.append(
+                        (stmt.lineno, f"`{_describe(call)}` runs when the module is imported; saved cells must not have side effects")
                     )
-                )
+                    break
+            if isinstance(stmt, ast.ClassDef):
+                found.extend(_side_effects(stmt.body, in_class=True))
+            continue
+        if type(stmt).__name__ == "TypeAlias":
+            continue
+        if isinstance(stmt, ast.If):
+            found.extend(_side_effects(stmt.body + stmt.orelse, in_class))
+            continue
+        if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+            inner = stmt.body + stmt.orelse + stmt.finalbody
+            for handler in stmt.handlers:
+                inner = inner + handler.body
+            found.extend(_side_effects(inner, in_class))
+            continue
+        what = "this statement" if not isinstance(stmt, ast.Expr) else f"`{_describe(stmt)}`"
+        if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+            what = "this loop"
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            what = "this `with` block"
+        elif isinstance(stmt, ast.Assert):
+            what = "this assert"
+        elif isinstance(stmt, ast.AugAssign):
+            what = f"`{_describe(stmt)}`"
+        found.append((stmt.lineno, f"{what} runs when the module is imported; saved cells hold only imports, "
+            "functions, classes and constants (move it to a cell without `# @save`)"))
+    return found
+
+
+def _chapter_imports(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """(line, module "chNN", how) for every import of a book chapter module."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            parts = node.module.split(".")
+            if parts[0] != "longctx":
+                continue
+            if len(parts) == 1:
+                for alias in node.names:
+                    if _CHAPTER_MODULE.match(alias.name):
+                        found.append((node.lineno, alias.name, f"from longctx import {alias.name}"))
+            elif _CHAPTER_MODULE.match(parts[1]):
+                found.append((node.lineno, parts[1], f"from {node.module} import ..."))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "longctx" and len(parts) > 1 and _CHAPTER_MODULE.match(parts[1]):
+                    found.append((node.lineno, parts[1], f"import {alias.name}"))
+    return found
+
+
+def _book_references(numbering: Numbering) -> set[str]:
+    """Every reference the book's numbering makes true: "Equation 3.1", "Section 3.2", "Chapter 3"."""
+    texts = {target.text for target in numbering.targets.values() if target.number}
+    texts |= {f"Section {number}" for number in numbering.heading_numbers.values() if "." in number}
+    for info in numbering.chapters:
+        if info.number is not None:
+            texts.add(f"Appendix {info.number}" if info.entry.appendix else f"Chapter {info.number}")
+    return texts
+
+
+def _reading_problems(text: str, where: str, numbering: Numbering, references: set[str]) -> list[tuple[int, str]]:
+    """(offset in text, message) for Quarto syntax, and references to nothing, in what `help()` shows."""
+    found = []
+    for match in CROSS_REFERENCE.finditer(text):
+        target = numbering.targets.get(match.group("label"))
+        advice = f'write "{target.text}"' if target is not None else "write the reference in words"
+        found.append((match.start(), f"{where} holds the Quarto cross-reference `{match.group(0)}`, which "
+                      f"`help()` shows as it is; {advice}"))
+    for match in BRACKET.finditer(text):
+        if not CROSS_REFERENCE.search(match.group(0)):
+            found.append((match.start(), f"{where} holds the Quarto citation `{match.group(0)}`, which "
+                          "`help()` shows as it is; name the work in words (authors, year)"))
+    for match in INLINE_EXPRESSION.finditer(text):
+        found.append((match.start(), f"{where} holds a Quarto inline value `{{python}}`, which never runs "
+                      "there; state the value in words"))
+    for match in _TYPED_REFERENCE.finditer(text):
+        kind, number = (match.group("kind"), match.group("number")) if match.group("kind") else match.group("chapter", "which")
+        if f"{kind} {number}" not in references:
+            found.append((match.start(), f"{where} names {kind} {number}, which the book does not have "
+                          "(its numbering has changed, or the number is a typo)"))
+    return found
+
+
+def _is_string(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+def _documented(tree: ast.Module):
+    """(what, string statement) for every docstring: functions', classes' and attributes'."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and _is_string(node.body[0]):
+            yield f"the docstring of `{node.name}`", node.body[0]
+        if isinstance(node, (ast.Module, ast.ClassDef)):
+            for before, stmt in itertools.pairwise(node.body):
+                if isinstance(before, (ast.Assign, ast.AnnAssign)) and _is_string(stmt):
+                    yield "an attribute's docstring", stmt
+
+
+def saved_code_problems(doc, module: str, order: list[str], numbering: Numbering) -> list[tuple[int, str]]:
+    """The book's rules for one chapter's code, as (line, message).
+
+    Every Python cell imports only earlier chapters; each `# @save` cell has no side effects
+    at import, and its docstrings and comments hold no Quarto syntax and name only numbers the
+    book has ("Equation 3.1").
+    """
+    earlier = order[: order.index(module)] if module in order else order
+    references = _book_references(numbering)
+    found = []
+    for cell in doc.python_cells:
+        saved = cell.saved
+        lines = cell.saved_code_lines if saved else cell.code_lines
+        first = cell.saved_code_line if saved else cell.code_line
+        source = "\n".join(text[len(cell.indent) :] if text.startswith(cell.indent) else text for text in lines)
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue  # the tangle reports saved cells; execution reports the rest
+        for line, other, how in _chapter_imports(tree):
+            if other not in earlier:
+                allowed = ", ".join(earlier) or "none: this is the first chapter"
+                what = "this chapter's own module" if other == module else other
+                found.append((first + line - 1, f"`{how}` imports {what}; a chapter may import only earlier chapters ({allowed})"))
+        if not saved:
+            continue
+        found += [(first + line - 1, message) for line, message in _side_effects(tree.body)]
+        for where, node in _documented(tree):
+            text = node.value.value
+            for offset, message in _reading_problems(text, where, numbering, references):
+                found.append((first + node.lineno - 1 + text.count("\n", 0, offset), message))
+        try:
+            comments = [t for t in tokenize.generate_tokens(io.StringIO(source + "\n").readline) if t.type == tokenize.COMMENT]
+        except (tokenize.TokenError, SyntaxError):  # pragma: no cover - the source compiled
+            comments = []
+        for token in comments:
+            for _, message in _reading_problems(token.string, "a comment", numbering, references):
+                found.append((first + token.start[0] - 1, message))
     return found

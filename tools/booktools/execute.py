@@ -1,37 +1,29 @@
 """Execute the exported notebooks in fresh kernels and substitute inline expressions.
 
-Each notebook runs cell by cell in its own `python3` kernel (cwd = the book's root,
-matplotlib's inline backend, so figures become PNG outputs). A markdown cell's inline
-expressions `` `{python} expr` `` are evaluated when the cell is reached, that is after
-the code cells above it and before the next one runs, as Quarto does, and replaced by
-their value formatted as Quarto formats them: a `str` as its text (no quotes), an
-object with `_repr_markdown_` (e.g. `IPython.display.Markdown`) as that markdown,
-anything else as its `repr` (the `text/plain` form). Each markdown cell keeps its
-expressions' raw results as Jupyter's `user_expressions` metadata (expression, mime bundle),
-in the order they were evaluated: it is the one record of inline values. Quarto renders the
-chapter from it (`booktools quarto`), and the notebook edition formats it with
-`inline_text`, the same function that fills in the executed notebook's markdown.
-
-A failing cell is reported as `chapters/FILE.qmd:LINE: ...` with the traceback's last
-lines; that chapter's executed notebook is not written (a stale one is removed).
+Each notebook runs cell by cell in its own `python3` kernel (cwd = the book's root, matplotlib's
+inline backend). A markdown cell's `` `{python} expr` `` values are evaluated when the cell is
+reached, after the code above it, as Quarto does, and replaced by `qmd.inline_text` of their
+result; the raw results stay in the cell's `user_expressions` metadata, the one record of inline
+values, from which Quarto renders the chapter (`booktools quarto`) and the reader's notebooks
+take their text. A failing cell is reported as `chapters/FILE.qmd:LINE: ...` with the
+traceback's last lines; that chapter's executed notebook is not written (a stale one is removed).
 """
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import subprocess
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .book import Book, load_book
-from .qmd import INLINE_EXPRESSION
+from .book import Book
+from .notebooks import export_book
+from .qmd import INLINE_EXPRESSION, inline_text
 
-__all__ = ["ChapterRun", "inline_text", "execute_notebook", "execute_book", "main_execute"]
+__all__ = ["ChapterRun", "inline_text", "execute_notebook", "execute_book"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -76,23 +68,6 @@ def _qmd_line_of(root: Path, source: str, needle: str) -> int:
     except OSError:
         pass
     return 0
-
-
-def inline_text(result: dict) -> str:
-    """An inline expression's value as Quarto prints it, from its `user_expressions` result.
-
-    A `str` is its text (no quotes), an object with `_repr_markdown_` its markdown, anything
-    else its `text/plain` form (its `repr`).
-    """
-    data = result.get("data", {})
-    if "text/markdown" in data:
-        return str(data["text/markdown"])
-    plain = str(data.get("text/plain", ""))
-    try:
-        value = ast.literal_eval(plain)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return plain
-    return value if isinstance(value, str) else plain
 
 
 def _evaluate_inline(client, expressions: list[str]) -> list[dict]:
@@ -228,8 +203,6 @@ def execute_book(
     Returns:
         (runs, problems): one run per notebook in book order, and export problems.
     """
-    from .notebooks import export_book
-
     # the unexecuted export is a step of execution; notebooks/ holds what `make notebooks` gives readers
     notebooks_dir = notebooks_dir or book.root / "_build" / "export"
     paths, problems = export_book(book, notebooks_dir, files)
@@ -253,27 +226,3 @@ def execute_book(
                 report(run)
             runs.append(run)
     return runs, []
-
-
-def main_execute(root: Path, args) -> int:
-    book = load_book(root)
-    out = Path(args.out).resolve() if args.out else book.root / "_build" / "executed"
-    started = time.perf_counter()
-
-    def report(run: ChapterRun) -> None:
-        status = "ok" if run.error is None else "FAILED"
-        if not args.quiet or run.error:
-            print(f"{run.source}: {status} in {run.seconds:.1f} s", flush=True)
-        if run.error:
-            print(run.error, file=sys.stderr, flush=True)
-
-    runs, problems = execute_book(book, out, args.files or None, jobs=args.jobs, timeout=args.timeout, report=report)
-    for problem in problems:
-        print(problem, file=sys.stderr)
-    failed = [run for run in runs if run.error]
-    if not args.quiet:
-        print(
-            f"execute: {len(runs) - len(failed)} of {len(runs)} notebook(s) ok in "
-            f"{time.perf_counter() - started:.1f} s -> {book.display(out)}"
-        )
-    return 1 if problems or failed else 0

@@ -1,34 +1,16 @@
-"""Export chapters as Jupyter notebooks that read cleanly without Quarto.
+"""The chapters as Jupyter notebooks that read cleanly without Quarto: what `execute` runs, and
+(finished with the executed outputs) the reader's `notebooks/`.
 
-The notebooks are what a reader runs in Jupyter and what `execute` runs to make the
-outputs the notebook edition shows (it renders the prose from the source, not from here).
-What the export does:
-
-- one notebook per file in `_quarto.yml`: `notebooks/<stem>.ipynb` (nbformat 4,
-  kernelspec python3); notebook metadata `longctx`: source, number, title, kind;
-- each ```` ```{python} ```` cell becomes a code cell with its `#|` lines kept at the top
-  (as Quarto keeps them); cell metadata `longctx`: `line` (the qmd line of the opening
-  fence), `source` (the qmd path); for figure/table cells also `label`, `number` ("3.2"),
-  `caption`, `alt` and `kind` ("figure"/"table");
-- after a figure cell (before a table cell) a markdown cell "**Figure 3.2:** caption"
-  with metadata `longctx.role == "caption"` (and `label`);
-- mermaid and other non-Python blocks stay in the markdown as fenced code;
-- markdown is split into cells at headings (levels 1-3), code cells and callouts;
-- headings get their numbers ("## 3.2 Grouped heads"; the chapter heading "# 3 Title",
-  appendices "# Appendix A: Title"); `{#sec-…}`/`{.unnumbered}` attributes are removed;
-- `@fig-x`, `[@fig-x]`, `@tbl-`, `@eq-`, `@sec-` become "Figure 3.2", "Table 3.1",
-  "Equation 3.1", "Section 3.4" (a chapter label: "Chapter 3"/"Appendix A");
-- `$$ … $$ {#eq-x}` becomes `$$ … \\tag{3.1}$$`; pipe-table captions `: Cap {#tbl-x}`
-  become "**Table 3.1:** Cap";
-- citations `[@key]`, `[@a; @b]`, narrative `@key` become the text pandoc's citeproc
-  gives them in the Quarto edition's style: "(Vaswani et al. 2017)", "Su and Lu (2021)"
-  (all of a book's citations are formatted in one pandoc run);
-- callouts become `<div class="callout callout-note"><p class="callout-title">X</p>`
-  … `</div>` (blank lines keep the markdown inside rendering); a callout holding code
-  cells is split: its first markdown part has the title, later parts have the class
-  `callout-continued`; every cell inside carries metadata
-  `longctx.callout = {type, title, collapse, id, part}`;
-- inline `` `{python} expr` `` is left as written (`execute` substitutes values).
+One notebook per listed file, markdown split at headings (levels 1-3), code cells and callouts.
+Headings carry their numbers ("## 3.2 Grouped heads", "# Appendix A: Title"); cross-references
+become "Figure 3.2", "Section 3.4"; a labelled equation gets `\\tag{3.1}`; captions become
+"**Figure 3.2:** caption" cells; citations read as citeproc formats them in the book's style,
+"(Vaswani et al. 2017)" (one pandoc run for the book); callouts become titled `<div>` blocks
+(split around code cells, `callout-continued`); diagrams stay fenced, with caption and alt text.
+Each code cell keeps its `#|` lines and carries metadata `longctx` (`source`, `line`; a figure's
+or table's `label`, `number`, `caption`, `alt`, `kind`); inline `{python}` values are left for
+`execute`. The reader's notebooks drop the `#|` lines, fill in the values and open with a cell
+that installs `longctx` outside the repository.
 """
 
 from __future__ import annotations
@@ -41,14 +23,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .bib import bibliography_keys, render_citations
-from .book import Book, load_book, write_atomic
-from .numbering import ChapterInfo, Numbering, Target
+from .book import Book, repo_url, write_atomic
+from .numbering import ChapterInfo, Numbering, Target, compute_numbering
 from .qmd import (
     BRACKET,
     BRACKET_ITEM,
     CODE_SPAN,
     CROSSREF_PREFIXES,
     IMAGE_LABEL,
+    INLINE_EXPRESSION,
     LABELLED_EQUATION,
     PIPE_CAPTION,
     REFERENCE,
@@ -56,23 +39,17 @@ from .qmd import (
     CellItem,
     Div,
     Line,
-    QmdError,
+    inline_text,
+    parse_attributes,
+    parse_options,
     walk,
 )
 
 __all__ = [
-    "export_book",
-    "export_chapter",
-    "export_notebooks",
-    "finish_book",
-    "finish_notebook",
-    "main_notebooks",
-    "repo_url",
-    "setup_cell_source",
-    "translate_inline",
+    "export_book", "export_chapter", "export_notebooks", "finish_book", "finish_notebook",
+    "setup_cell_source", "translate_inline",
 ]
 
-_FIG_ALT = re.compile(r"""fig-alt=(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)')""")
 NOTEBOOK_KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 
 #: cite(citation as written, its keys) -> its text, or None to leave it as written.
@@ -273,8 +250,7 @@ class _Builder:
         if not match.group("label").startswith("fig-"):
             return match.group(0)
         target = self.targets.get(match.group("label"))
-        alt_match = _FIG_ALT.search(match.group("attrs"))
-        alt = (alt_match.group("dq") or alt_match.group("sq") or "") if alt_match else match.group("caption")
+        alt = parse_attributes(match.group("attrs"))[2].get("fig-alt", match.group("caption"))
         name = target.text if target is not None else "Figure"
         return f"![{alt}]({match.group('path')}{match.group('title') or ''})\n\n**{name}:** {match.group('caption')}"
 
@@ -400,14 +376,16 @@ def _write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
-def export_notebooks(book: Book, files: list[str | Path] | None = None) -> tuple[list, list[str]]:
+def export_notebooks(
+    book: Book, files: list[str | Path] | None = None, numbering: Numbering | None = None
+) -> tuple[list, list[str]]:
     """The unexecuted notebook of every listed (or named) file that exists, in book order.
 
     Returns:
         (exported, problems): `(ChapterInfo, notebook)` pairs, and the problems
         ("FILE:LINE: message") that stopped a chapter from being exported.
     """
-    numbering = book.numbering
+    numbering = numbering or compute_numbering(book)
     problems = [str(exc) for exc in numbering.problems]
     keys = bibliography_keys(book.bibliography)
     wanted = None
@@ -502,31 +480,6 @@ if command is not None:
 import longctx\
 """
 
-_REPO_URL = re.compile(r"^(?:https?|ssh|git)://[^\s'\"\\]+$")
-
-
-def repo_url(book: Book) -> str:
-    """`_quarto.yml`'s `book.repo-url`, which the notebooks' first cell installs longctx from.
-
-    Raises:
-        BookError: it is missing, or not an http(s)/ssh/git URL.
-    """
-    from .book import BookError
-
-    value = (book.config.get("book") or {}).get("repo-url")
-    if value is None or (isinstance(value, str) and not value.strip()):
-        raise BookError(
-            "_quarto.yml has no book.repo-url: the notebooks' first cell installs longctx from it "
-            "(add `repo-url: https://github.com/OWNER/REPO` under `book:`)"
-        )
-    if not isinstance(value, str) or not _REPO_URL.match(value.strip()):
-        raise BookError(
-            f"_quarto.yml: book.repo-url must be an https://, ssh:// or git:// URL of the book's "
-            f"repository (pip installs `longctx @ git+URL`), not {value!r}"
-        )
-    return value.strip()
-
-
 def setup_cell_source(url: str) -> str:
     """The code of a reader's first cell, installing longctx from `url` outside the repository."""
     return SETUP_CELL.format(repo_url=json.dumps(url))
@@ -562,9 +515,6 @@ def finish_notebook(notebook, executed, url: str, display: str):
         StaleNotebook: `executed` ran different code or other inline expressions
             (message `FILE:LINE: ...`).
     """
-    from .execute import inline_text
-    from .qmd import INLINE_EXPRESSION, parse_options
-
     ran_code = [cell for cell in (executed.cells if executed is not None else []) if cell.cell_type == "code"]
     values = [
         entry
@@ -613,8 +563,6 @@ def finish_notebook(notebook, executed, url: str, display: str):
 
 
 def _needs_execution(notebook) -> bool:
-    from .qmd import INLINE_EXPRESSION
-
     return any(
         cell.cell_type == "code" or (cell.cell_type == "markdown" and INLINE_EXPRESSION.search(cell.source))
         for cell in notebook.cells
@@ -664,21 +612,3 @@ def finish_book(
         _write_if_changed(path, nbformat.writes(notebook) + "\n")
         paths.append(path)
     return paths, problems
-
-
-def main_notebooks(root: Path, args) -> int:
-    """`booktools notebooks`: the reader's notebooks from the executed ones (`execute` runs first)."""
-    book = load_book(root)
-    out = Path(args.out).resolve() if args.out else book.root / "notebooks"
-    executed = Path(args.executed).resolve() if args.executed else book.root / "_build" / "executed"
-    try:
-        paths, problems = finish_book(book, executed, out, args.files or None)
-    except QmdError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    for problem in problems:
-        print(problem, file=sys.stderr)
-    if not args.quiet:
-        for path in paths:
-            print(f"wrote {book.display(path)}")
-    return 1 if problems else 0

@@ -8,9 +8,9 @@
 - Figures, tables and equations are numbered per chapter in order of appearance:
   Figure 3.2, Table 3.1, Equation 3.1.
 
-`book.numbering` (a `Book`'s cached property) parses every listed file once and numbers
-the book; the notebook export, `check`, the notebook edition and its API reference all
-read it. `book_numbering(root)` gives every label's number, kind, file and title.
+`compute_numbering(book)` parses every listed file once and numbers the book; a command
+computes it once and hands it to the notebook export, `check` and the API appendix.
+`book_numbering(root)` gives every label's number, kind, file and title.
 """
 
 from __future__ import annotations
@@ -31,21 +31,10 @@ from .qmd import (
     walk,
 )
 
-__all__ = ["ChapterInfo", "Numbering", "Target", "book_numbering", "compute_numbering", "page_name", "KIND_NAMES"]
+__all__ = ["ChapterInfo", "Numbering", "Target", "book_numbering", "compute_numbering", "KIND_NAMES"]
 
-KIND_NAMES = {
-    "figure": "Figure",
-    "table": "Table",
-    "equation": "Equation",
-    "section": "Section",
-}
+KIND_NAMES = {"figure": "Figure", "table": "Table", "equation": "Equation", "section": "Section"}
 LABEL_KINDS = {"fig": "figure", "tbl": "table", "eq": "equation", "sec": "section"}
-
-
-
-def page_name(path: str) -> str:
-    """The web page a listed file becomes in both editions' flat naming: `ch03-long-context.html`."""
-    return f"{Path(path).stem}.html"
 
 
 @dataclass(frozen=True)
@@ -70,12 +59,6 @@ class Target:
             return self.title or self.label
         return f"{KIND_NAMES[self.kind]} {self.number}"
 
-    @property
-    def href(self) -> str:
-        """Where a link to it goes: the chapter's page, or the page and the label's id."""
-        page = page_name(self.file)
-        return page if self.kind == "chapter" else f"{page}#{self.label}"
-
 
 @dataclass
 class ChapterInfo:
@@ -86,7 +69,6 @@ class ChapterInfo:
     title: str = ""
     label: str | None = None
     document: Document | None = None
-    title_line: int = 0  # the line of the level-1 heading that titles it (0: none)
 
     @property
     def display(self) -> str:
@@ -168,7 +150,7 @@ def compute_numbering(book: Book, documents: dict[str, Document] | None = None) 
         if doc is not None:
             front_title = doc.front_matter.get("title")
             title = h1.text if h1 is not None else (str(front_title) if front_title else "")
-        info = ChapterInfo(entry, number, title, h1.label if h1 is not None else None, doc, h1.line if h1 else 0)
+        info = ChapterInfo(entry, number, title, h1.label if h1 is not None else None, doc)
         numbering.chapters.append(info)
         if doc is not None:
             _number_document(numbering, info, doc)
@@ -254,4 +236,4 @@ def book_numbering(root: Path | str | None = None) -> dict[str, Target]:
 
     Example: `book_numbering()["sec-ch03-rope"].text == "Section 3.4"`.
     """
-    return load_book(root).numbering.targets
+    return compute_numbering(load_book(root)).targets

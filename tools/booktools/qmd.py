@@ -13,6 +13,7 @@ as ``chapters/FILE.qmd:LINE: what is wrong``.
 
 from __future__ import annotations
 
+import ast
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -22,33 +23,11 @@ from pathlib import Path
 import yaml
 
 __all__ = [
-    "BRACKET",
-    "BRACKET_ITEM",
-    "CITATION_KEY",
-    "CODE_SPAN",
-    "CROSSREF_PREFIXES",
-    "CROSS_REFERENCE",
-    "EQUATION_LABEL",
-    "IMAGE_LABEL",
-    "INLINE_EXPRESSION",
-    "LABELLED_EQUATION",
-    "PIPE_CAPTION",
-    "REFERENCE",
-    "Cell",
-    "CellItem",
-    "Div",
-    "Line",
-    "Document",
-    "Heading",
-    "Markdown",
-    "QmdError",
-    "parse",
-    "parse_file",
-    "parse_options",
-    "parse_attributes",
-    "parse_heading",
-    "pandoc_slug",
-    "walk",
+    "BRACKET", "BRACKET_ITEM", "CITATION_KEY", "CODE_SPAN", "CROSSREF_PREFIXES", "CROSS_REFERENCE",
+    "DISPLAY_MATH", "EQUATION_LABEL", "IMAGE_LABEL", "INLINE_EXPRESSION", "LABELLED_EQUATION",
+    "PIPE_CAPTION", "REFERENCE", "Cell", "CellItem", "Div", "Line", "Document", "Heading", "Markdown",
+    "QmdError", "parse", "parse_file", "parse_options", "parse_attributes", "parse_heading", "pandoc_slug",
+    "inline_text", "walk",
 ]
 
 # An opening fence: backticks or tildes (3 or more), then an info string.
@@ -61,7 +40,7 @@ _HEADING = re.compile(r"^(?P<hashes>#{1,6})[ \t]+(?P<text>.*?)[ \t]*$")
 _ATTRS = re.compile(r"[ \t]*\{(?P<attrs>[^{}]*)\}[ \t]*$")
 
 # Quarto's syntax inside markdown. Each pattern is defined here once; numbering, check, the
-# notebook export, execution and the notebook edition import them.
+# tangle, the notebook export, execution, the Quarto staging and the API appendix import them.
 #: A citation key or label after `@`, as Pandoc reads it (inner punctuation must precede a word character).
 CITATION_KEY = r"[A-Za-z0-9_](?:[\w-]|[:.#$%&+?<>~/](?=\w))*"
 #: An inline code span (`` `x` ``, ``` ``x`` ```): its text is never a reference.
@@ -91,6 +70,25 @@ IMAGE_LABEL = re.compile(
 PIPE_CAPTION = re.compile(r"^:[ \t]+(?P<caption>.*?)[ \t]*\{#(?P<label>tbl-[^\s}]+)[^}]*\}[ \t]*$")
 #: An inline expression, `` `{python} expr` ``: its value replaces it when the book is built.
 INLINE_EXPRESSION = re.compile(r"`\{python\}[ \t]+(?P<expr>[^`]+?)[ \t]*`")
+#: A display equation, `$$ ... $$`, across lines.
+DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.DOTALL)
+
+
+def inline_text(result: dict) -> str:
+    """An inline expression's value as Quarto prints it, from its `user_expressions` result.
+
+    A `str` is its text (no quotes), an object with `_repr_markdown_` its markdown, anything
+    else its `text/plain` form (its `repr`).
+    """
+    data = result.get("data", {})
+    if "text/markdown" in data:
+        return str(data["text/markdown"])
+    plain = str(data.get("text/plain", ""))
+    try:
+        value = ast.literal_eval(plain)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return plain
+    return value if isinstance(value, str) else plain
 
 
 class QmdError(Exception):

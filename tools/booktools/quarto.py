@@ -1,28 +1,18 @@
-"""The Quarto edition: Quarto renders the chapters that the notebook executor has already run.
+"""The book, rendered by Quarto from the chapters `execute` has already run (`booktools quarto`).
 
-`python -m booktools quarto` (what `make book` runs where Quarto exists):
-
-1. **Stage.** Every file `_quarto.yml` lists becomes a Quarto notebook in `_build/quarto/`:
-   its markdown exactly as written (Quarto's cross-references, callouts, diagrams, inline
-   expressions), its Python cells with their `#|` options, and the outputs and inline values
-   of the executed notebook in `_build/executed/` (`user_expressions`, which Quarto reads as
-   it reads its own execution). A copy of `_quarto.yml` lists the notebooks instead of the
-   `.qmd` files and turns execution off. So each chapter runs once for both editions, and
-   Quarto writes nothing into the source tree (no `index.html`, `.quarto/`, `*_files/`).
-2. **Render.** `quarto render` in that folder, whose `_quarto.yml` lists html and epub (and
-   pdf where a TeX installation exists; otherwise it says PDF was skipped). Quarto's EPUB draws each
-   mermaid diagram with Chrome: Debian's `/usr/bin/chromium` is handed to it through
-   `QUARTO_CHROMIUM`, since Quarto looks only for `google-chrome` and `chromium-browser`.
-3. **Finish.** MathJax and the Source Sans Pro font are copied into the book from
-   `web/node_modules/` (the npm registry, pinned in `web/package-lock.json`) and every page
-   loads them from there: no page asks another host for anything. Source links name the
-   chapter's `.qmd`, not the staged notebook.
-4. **Publish.** The new `_book/` replaces the old one only when the render succeeded.
+1. Stage: each listed file becomes a Quarto notebook in `_build/quarto/`, its markdown exactly as
+   written, its cells with their `#|` options and the executed notebook's outputs and inline values
+   (`user_expressions`, which Quarto reads as its own); a copy of `_quarto.yml` lists them and turns
+   execution off. Each chapter runs once, and Quarto writes nothing into the source tree.
+2. Render: `quarto render` there (html, epub, and pdf where TeX exists). Quarto's EPUB draws the
+   diagrams with Chrome; Debian's `/usr/bin/chromium` is handed to it as `QUARTO_CHROMIUM`.
+3. Finish: MathJax and Source Sans Pro are copied in from `web/node_modules/` (pinned in
+   `web/package-lock.json`), so no page asks another host for anything; source links name the `.qmd`.
+4. Publish: the new `_book/` replaces the old one only when the render succeeded.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import glob
 import json
@@ -36,22 +26,14 @@ from pathlib import Path
 
 import yaml
 
-from .book import Book, BookError, find_root, load_book, write_atomic
-from .qmd import Document, QmdError, parse_file
+from .book import Book, BookError, load_book, repo_url, write_atomic
+from .qmd import INLINE_EXPRESSION, Document, QmdError, parse_file
 
 __all__ = [
-    "QuartoError",
-    "build_quarto_book",
-    "find_chromium",
-    "find_quarto",
-    "find_tex",
-    "finish_html",
-    "quarto_notebook",
-    "stage_project",
-    "main",
+    "QuartoError", "build_quarto_book", "find_chromium", "find_quarto", "find_tex", "finish_html",
+    "quarto_notebook", "stage_project",
 ]
 
-INLINE = re.compile(r"(^|[^`])`\{python\}[ \t]([^`]+)`")
 STAGE_DIR = Path("_build") / "quarto"
 # What Quarto's HTML pages load from CDNs, and what the book serves instead (from web/node_modules).
 _POLYFILL = re.compile(r'[ \t]*<script src="https://cdnjs\.cloudflare\.com/polyfill/[^"]*"></script>\n?')
@@ -167,7 +149,7 @@ def quarto_notebook(doc: Document, executed: dict | None) -> dict:
         if not text.strip():
             return
         cell = _markdown_cell(text)
-        found = [match.group(2).strip() for match in INLINE.finditer(text)]
+        found = [match.group("expr").strip() for match in INLINE_EXPRESSION.finditer(text)]
         if found:
             given: dict[str, dict] = {}
             for expression in found:
@@ -236,8 +218,6 @@ def stage_project(book: Book, executed: Path, stage: Path, *, formats: list[str]
     Returns:
         The staged files, as `_quarto.yml` lists them.
     """
-    import json
-
     import nbformat
 
     if stage.exists():
@@ -253,7 +233,6 @@ def stage_project(book: Book, executed: Path, stage: Path, *, formats: list[str]
         except QmdError as exc:
             raise QuartoError(str(exc)) from None
         notebook_path = executed / f"{Path(entry.path).stem}.ipynb"
-        ran = None
         if not doc.python_cells:
             # Nothing to execute: Quarto renders the file itself (as a notebook, a preface's
             # `{.unnumbered}` heading would become the title of a numbered chapter).
@@ -262,13 +241,11 @@ def stage_project(book: Book, executed: Path, stage: Path, *, formats: list[str]
             shutil.copyfile(source, target)
             renamed[entry.path] = entry.path
             continue
-        if doc.python_cells:
-            if not notebook_path.is_file():
-                raise QuartoError(
-                    f"{entry.path} has not been executed ({book.display(notebook_path)} is missing): "
-                    "run `make execute` first"
-                )
-            ran = json.loads(notebook_path.read_text(encoding="utf-8"))
+        if not notebook_path.is_file():
+            raise QuartoError(
+                f"{entry.path} has not been executed ({book.display(notebook_path)} is missing): run `make execute` first"
+            )
+        ran = json.loads(notebook_path.read_text(encoding="utf-8"))
         staged = str(Path(entry.path).with_suffix(".ipynb"))
         target = stage / staged
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -402,11 +379,6 @@ def finish_html(out: Path, node_modules: Path, *, repo_url: str | None = None) -
 # the whole edition
 
 
-def _repo_url(book: Book) -> str | None:
-    value = (book.config.get("book") or {}).get("repo-url")
-    return str(value) if value else None
-
-
 def build_quarto_book(
     root: Path,
     executed: Path,
@@ -433,8 +405,6 @@ def build_quarto_book(
     Raises:
         QuartoError: Quarto, MathJax or an executed chapter is missing, or the render failed.
     """
-    from .html import ensure_node_modules
-
     started = time.perf_counter()
     book = load_book(root)
     quarto = quarto or find_quarto()
@@ -447,7 +417,7 @@ def build_quarto_book(
             formats.append("pdf")
         else:
             skipped["pdf"] = "no TeX installation (install one with `quarto install tinytex`)"
-    node_modules = node_modules or ensure_node_modules(root)
+    node_modules = node_modules or root / "web" / "node_modules"
     for item in ("mathjax/" + MATHJAX_FILES[0], f"{FONT_PACKAGE}/400.css"):
         if not (node_modules / item).exists():
             raise QuartoError(f"{node_modules / item} is missing: run `npm ci --prefix web`")
@@ -473,38 +443,13 @@ def build_quarto_book(
             + (f", no {', '.join(missing)} output" if missing else "")
             + f"); _book/ was left as it was\n{tail}"
         )
-    finish_html(rendered, node_modules, repo_url=_repo_url(book))
+    try:
+        url = repo_url(book)
+    except BookError:
+        url = None  # no source links to name
+    finish_html(rendered, node_modules, repo_url=url)
     if out.exists():
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(rendered), str(out))
     return {"formats": formats, "skipped": skipped, "seconds": time.perf_counter() - started}
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m booktools quarto",
-        description="Render the Quarto edition from the executed chapters (run `execute` first).",
-    )
-    parser.add_argument("--root", default=None, help="the book's root (default: found from the cwd)")
-    parser.add_argument("--executed", default=None, help="executed notebooks (default: _build/executed)")
-    parser.add_argument("--out", default=None, help="output folder (default: _book)")
-    parser.add_argument("--to", default=None, help="formats, comma-separated (default: html,epub and pdf with TeX)")
-    args = parser.parse_args(argv)
-    try:
-        root = Path(args.root).resolve() if args.root else find_root()
-        executed = Path(args.executed).resolve() if args.executed else root / "_build" / "executed"
-        out = Path(args.out).resolve() if args.out else root / "_book"
-        formats = [name.strip() for name in args.to.split(",") if name.strip()] if args.to else None
-        result = build_quarto_book(root, executed, out, formats=formats)
-    except (QuartoError, BookError) as exc:
-        print(f"quarto: {exc}", file=sys.stderr)
-        return 1
-    for name, reason in result["skipped"].items():
-        print(f"quarto: {name.upper()} skipped: {reason}")
-    print(f"quarto: rendered {', '.join(result['formats'])} in {result['seconds']:.0f} s -> {out}")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
