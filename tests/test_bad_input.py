@@ -201,13 +201,21 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         "ch04.sharpness_comparison": Valid(lambda: dict(query_scale=2.0, seed=0, tokens=6, width=4),
                                            accepts={"seed": {"zero"}}),
     },
-    # ---------------------------------------------------------------- ch05: the benchmark timer and the ring launcher
+    # ---------------------------------------------------------------- ch05: the timer, the cache builders, the launchers
     "ch05": {
         "ch05.median_seconds": Valid(lambda: dict(function=lambda: None, threads=1, min_run_time=0.01)),
+        "ch05.KiviCache.from_keys_values": Valid(
+            lambda: dict(key=_randn(1, 2, 6, 4), value=_randn(1, 2, 6, 4, seed=1), bits=4, group=2, residual=2),
+            accepts={"residual": {"zero"}},  # no full-precision tail: every token quantised
+        ),
         "ch05.ring_attention": Valid(
             lambda: dict(query=_randn(4, 8), key=_randn(4, 8, seed=1), value=_randn(4, 8, seed=2), parts=1,
                          timeout_s=60.0),
             accepts={"query": {"more-dims"}, "key": {"more-dims"}, "value": {"more-dims"}},
+        ),
+        "ch05.sharded_decode": Valid(
+            lambda: dict(query=_randn(1, 2, 1, 8), key=_randn(1, 2, 6, 8, seed=1), value=_randn(1, 2, 6, 8, seed=2),
+                         parts=1, timeout_s=60.0),
         ),
     },
     # ---------------------------------------------------------------- ch06: the experiment's settings, the model, its recipe switch, the drivers and the results reader
@@ -319,11 +327,14 @@ SILENT: list[Silent] = [
            "bits"),
     Silent("ch05", "a zero tile", lambda: _ch("ch05").tile_ranges([(0, 4)], 0), "tile"),
     Silent("ch05", "a zero window in the visible ranges", lambda: _ch("ch05").visible_ranges(10, 0), "window"),
-    Silent("ch05", "a zero window while flash-decoding",
-           lambda: _ch("ch05").flash_decode(*_decode_step(), tile=2, window=0), "window"),
-    Silent("ch05", "sinks past the window while flash-decoding",
-           lambda: _ch("ch05").flash_decode(*_decode_step(), tile=2, window=2, sinks=3), "sinks",
-           pending="ch05.flash_decode accepts sinks > window"),
+    Silent("ch05", "a zero window in split-KV decoding",
+           lambda: _ch("ch05").split_kv_decode(*_decode_step(), chunk=2, window=0), "window"),
+    Silent("ch05", "a zero tile in the tiled walk", lambda: _ch("ch05").tiled_decode(*_decode_step(), tile=0), "tile"),
+    Silent("ch05", "a zero key group in the KIVI cache",
+           lambda: _ch("ch05").KiviCache.from_keys_values(_randn(1, 2, 6, 4), _randn(1, 2, 6, 4), group=0), "group"),
+    Silent("ch05", "3 bits for the KIVI cache's packer",
+           lambda: _ch("ch05").KiviCache.from_keys_values(_randn(1, 2, 6, 4), _randn(1, 2, 6, 4), bits=3), "bits"),
+    Silent("ch05", "zero shards", lambda: _ch("ch05").sharded_decode(*_decode_step(), 0), "parts"),
     Silent("ch05", "zero parts", lambda: _ch("ch05").partition_bounds(8, 0), "parts"),
     Silent("ch05", "more parts than tokens (an empty rank)", lambda: _ch("ch05").partition_bounds(3, 5), "seq_len"),
     Silent("ch05", "zero ring parts", lambda: _ch("ch05").ring_attention(*_qkv(), 0), "parts"),

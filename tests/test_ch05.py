@@ -568,7 +568,7 @@ def test_parts_below_one_or_not_an_integer_raise(parts, error):
 def test_tokens_below_one_raise(tokens):
     with pytest.raises(ValueError, match="seq_len"):
         ch05.partition_bounds(tokens, 1)
-    with pytest.raises(ValueError, match="T >= 1"):
+    with pytest.raises(ValueError, match="query must not be empty"):
         ch05.ring_attention(torch.zeros(1, 1, 0, 4), torch.zeros(1, 1, 0, 4), torch.zeros(1, 1, 0, 4), 1)
 
 
@@ -580,7 +580,7 @@ def test_fewer_tokens_than_ranks_raises():
 
 def test_mismatched_shapes_raise():
     query, key, value = _qkv(6)
-    with pytest.raises(ValueError, match="same"):
+    with pytest.raises(ValueError, match=r"query and key must be \(\.\.\., T, d\) alike"):
         ch05.ring_attention(query, key[..., :5, :], value, 2)
     with pytest.raises(TypeError, match="query"):
         ch05.ring_attention(query.long(), key, value, 2)

@@ -18,6 +18,7 @@ from torch.utils import benchmark as torch_benchmark
 
 from longctx import ch02, ch03, ch04
 from longctx.support import (
+    check_attention_inputs,
     check_choice,
     check_int,
     check_number,
@@ -702,31 +703,6 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
 
 
 # chapters/ch05-measured.qmd:2218
-def check_query_key_value(query: Tensor, key: Tensor, value: Tensor) -> None:
-    """Raise unless query and key are (..., T, d) and value (..., T, d_v).
-
-    All three are float tensors with the same leading shape (..., T), and
-    T, d and d_v are at least 1: the sequence that blockwise and ring
-    attention split into blocks.
-
-    Raises:
-        TypeError: if an argument is not a floating-point tensor.
-        ValueError: if a tensor has fewer than 2 dimensions, T, d or d_v
-            is 0, or the shapes disagree.
-    """
-    for name, tensor in (("query", query), ("key", key), ("value", value)):
-        check_tensor(name, tensor, min_dims=2, floating=True)
-    if query.shape[-2] < 1 or query.shape[-1] < 1:
-        raise ValueError(f"query must be (..., T, d) with T >= 1 and d >= 1 "
-                         f"(got shape {tuple(query.shape)})")
-    if (key.shape != query.shape or value.shape[:-1] != query.shape[:-1]
-            or value.shape[-1] < 1):
-        raise ValueError("query and key must be (..., T, d) and value "
-                         "(..., T, d_v >= 1) with the same (..., T) (got "
-                         f"{tuple(query.shape)}, {tuple(key.shape)}, "
-                         f"{tuple(value.shape)})")
-
-
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -757,7 +733,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
         ValueError: for P < 1, T < P, an unknown order or shapes that
             disagree.
     """
-    check_query_key_value(query, key, value)
+    check_attention_inputs(query, key, value, same_tokens=True)
     check_choice("order", order, ("ring", "reverse"))
     bounds = partition_bounds(query.shape[-2], parts)
     scale = 1.0 / math.sqrt(query.shape[-1])
@@ -778,7 +754,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2340
+# chapters/ch05-measured.qmd:2315
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -839,7 +815,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2421
+# chapters/ch05-measured.qmd:2396
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -913,7 +889,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
     """
     parts = check_int("parts", parts, minimum=1)
     timeout_s = check_number("timeout_s", timeout_s, above=0)
-    check_query_key_value(query, key, value)
+    check_attention_inputs(query, key, value, same_tokens=True)
     bounds = partition_bounds(query.shape[-2], parts)
     shared = [t.detach().to("cpu").contiguous().share_memory_()
               for t in (query, key, value)]
@@ -931,7 +907,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2628
+# chapters/ch05-measured.qmd:2603
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -972,7 +948,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2738
+# chapters/ch05-measured.qmd:2713
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:
@@ -1030,7 +1006,7 @@ def sharded_decode(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                  sizes={2: 1})
     check_tensor("key", key, dims=4, dtype=query.dtype, nonempty=True,
                  sizes={0: query.shape[0], 3: query.shape[-1]})
-    check_tensor("value", value, dims=4, dtype=query.dtype,
+    check_tensor("value", value, dims=4, dtype=query.dtype, nonempty=True,
                  sizes={0: key.shape[0], 1: key.shape[1], 2: key.shape[2]})
     if query.shape[1] % key.shape[1]:
         raise ValueError(f"H_kv must divide H_q (got {query.shape[1]} query "
