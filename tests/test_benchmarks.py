@@ -397,6 +397,7 @@ def test_best_floors_keeps_the_faster_of_each_measurement():
     assert best["read_by"] == "sum" and best["measured"] == [first, second]
 
 
+@pytest.mark.slow  # runs the whole quick benchmark suite at tiny sizes (about 30 s)
 def test_command_line_quick_run_writes_a_complete_results_file(tmp_path, monkeypatch, capsys):
     import benchmarks.__main__ as cli
 
