@@ -232,6 +232,15 @@ def test_check_int_sequence_min_length_refuses_a_text_too_short_for_a_window():
         support.check_int_sequence("token_ids", [1, 2, 3], min_length=4)
 
 
+def test_check_int_optional_passes_none_through_and_checks_everything_else():
+    assert support.check_int("window", None, minimum=1, optional=True) is None
+    assert support.check_int("window", np.int32(4), minimum=1, optional=True) == 4
+    with pytest.raises(ValueError, match=r"^window must be a positive integer \(got 0\)$"):
+        support.check_int("window", 0, minimum=1, optional=True)
+    with pytest.raises(TypeError, match=r"^window must be an int \(got NoneType\)$"):
+        support.check_int("window", None, minimum=1)
+
+
 def test_check_fields_reads_each_field_as_its_kind_and_fills_defaults():
     fields = {"layers": support.Field(minimum=1), "share": support.Field("number", above=0, maximum=1, default=1.0),
               "dtype": support.Field("choice", choices=("float16", "bfloat16"), default=None),

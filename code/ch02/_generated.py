@@ -340,10 +340,9 @@ def train(
     learning_rate = check_number("learning_rate", learning_rate, above=0)
     seed = check_int("seed", seed, minimum=0)
     progress = check_bool("progress", progress)
-    length = config.context_length
-    if sequence_length is not None:
-        length = check_int("sequence_length", sequence_length, minimum=1,
-                           maximum=config.context_length)
+    sequence_length = check_int("sequence_length", sequence_length, minimum=1,
+                                maximum=config.context_length, optional=True)
+    length = sequence_length or config.context_length
     data = check_int_sequence("token_ids", token_ids, minimum=0,
                               maximum=config.vocab_size - 1,
                               min_length=length + 1)
@@ -412,7 +411,7 @@ def evaluate_loss(
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:791
+# chapters/ch02-tinygpt.qmd:790
 def next_token(
     logits: Tensor,
     temperature: float = 0.0,
@@ -470,10 +469,8 @@ def generate(
                                 maximum=vocab - 1, nonempty=True).tolist()
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     temperature = check_number("temperature", temperature, minimum=0)
-    if top_k is not None:
-        top_k = check_int("top_k", top_k, minimum=1, maximum=vocab)
-    if seed is not None:
-        seed = check_int("seed", seed, minimum=0)
+    top_k = check_int("top_k", top_k, minimum=1, maximum=vocab, optional=True)
+    seed = check_int("seed", seed, minimum=0, optional=True)
     use_cache = check_bool("use_cache", use_cache)
     if temperature > 0 and seed is None:
         raise ValueError(
@@ -505,7 +502,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:996
+# chapters/ch02-tinygpt.qmd:993
 class KVCache:
     """The keys and values a TinyGPT has computed: (B, H, T, d_h) per layer.
 
@@ -591,7 +588,7 @@ def attend_with_cache(
     return attention.output(ch01.merge_heads(mixed))  # (B, T_new, d)
 
 
-# chapters/ch02-tinygpt.qmd:1181
+# chapters/ch02-tinygpt.qmd:1178
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -617,7 +614,7 @@ def kv_cache_bytes(
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1527
+# chapters/ch02-tinygpt.qmd:1524
 # The bit widths quantize's codes can hold: int8 up to 8 bits, int16 up to 16.
 QUANTIZE_BITS = range(2, 17)
 

@@ -420,8 +420,7 @@ class KVConfig:
         for field in ("layers", "query_heads", "head_dim", "bytes_per_scalar"):
             check_int(field, getattr(self, field), minimum=1)
         for field in ("kv_heads", "latent_rank", "window"):  # None or >= 1
-            if getattr(self, field) is not None:
-                check_int(field, getattr(self, field), minimum=1)
+            check_int(field, getattr(self, field), minimum=1, optional=True)
         if (self.kv_heads is None) == (self.latent_rank is None):
             raise ValueError("give exactly one of kv_heads (standard cache) "
                              "and latent_rank (latent cache)")
@@ -497,7 +496,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1440
+# chapters/ch03-long-context.qmd:1439
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "int8": 1}
@@ -522,9 +521,8 @@ def read_head_fields(mapping: Mapping[str, Any],
         ValueError: If a field is missing or unusable.
     """
     fields = check_fields(mapping, HEAD_FIELDS)
-    if bytes_per_scalar is not None:
-        bytes_per_scalar = check_int("bytes_per_scalar", bytes_per_scalar,
-                                     minimum=1)
+    bytes_per_scalar = check_int("bytes_per_scalar", bytes_per_scalar,
+                                 minimum=1, optional=True)
     query_heads = fields["num_attention_heads"]
     head_dim = fields["head_dim"]
     if head_dim is None:
@@ -540,7 +538,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1559
+# chapters/ch03-long-context.qmd:1557
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -579,7 +577,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1626
+# chapters/ch03-long-context.qmd:1624
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -658,7 +656,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:1871
+# chapters/ch03-long-context.qmd:1869
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -679,7 +677,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
             "rope_key_dim": fields["qk_rope_head_dim"]}
 
 
-# chapters/ch03-long-context.qmd:1925
+# chapters/ch03-long-context.qmd:1923
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -795,7 +793,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2274
+# chapters/ch03-long-context.qmd:2272
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -807,15 +805,10 @@ def visibility_mask(seq_len: int,               # T
     the query at position i, the keys j with i - W < j <= i; ``sinks``
     keeps the first ``sinks`` positions visible as well (StreamingLLM).
     With ``query_len`` only the rows of the last ``query_len`` positions
-    are built, (query_len, seq_len): what a decode step needs.
-
-    Raises:
-        TypeError: If ``window`` or ``sinks`` is not an int.
-        ValueError: If ``window`` is below 1 (a mask with empty rows) or
-            ``sinks`` is negative.
+    are built, (query_len, seq_len): what a decode step needs. A window
+    below 1 (rows with no key) and negative sinks are refused.
     """
-    if window is not None:
-        window = check_int("window", window, minimum=1)
+    window = check_int("window", window, minimum=1, optional=True)
     sinks = check_int("sinks", sinks, minimum=0)
     rows = seq_len if query_len is None else query_len
     visible = causal_rows(rows, seq_len, device=device)           # (T_q, T)
@@ -826,7 +819,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2364
+# chapters/ch03-long-context.qmd:2357
 #: The fields ``read_window_fields`` takes from config.json.
 WINDOW_FIELDS = {"sliding_window": MAYBE_COUNT,
                  "sliding_window_pattern": MAYBE_COUNT,

@@ -834,10 +834,9 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     With ``attention_layers == config.layers`` this is Chapter 3's
     ``kv_bytes(config, tokens)``.
 
-    A negative ``tokens``, ``attention_layers`` outside 0..layers and a
-    config with windowed layers are refused.
+    ``attention_layers`` outside 0..layers and a config with windowed
+    layers are refused; ``kv_bytes`` refuses a negative ``tokens``.
     """
-    tokens = check_int("tokens", tokens, minimum=0)
     config = RUNNING_EXAMPLE if config is None else config
     attention_layers = check_int("attention_layers", attention_layers,
                                  minimum=0, maximum=config.layers)
@@ -852,7 +851,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3013
+# chapters/ch04-efficient-architectures.qmd:3012
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:
@@ -862,10 +861,9 @@ def cache_bytes_by_design(
     window. Latent: DeepSeek-V2's 512 + 64 numbers per layer on this stack;
     window: 4,096 tokens in every layer; hybrid: one attention layer in
     eight (at least one); SSM: 4,096 channels x 16 state numbers per layer.
-    The labels name the config's own head count and depth. A negative
-    ``tokens`` and a latent or windowed config are refused.
+    The labels name the config's own head count and depth. A latent or
+    windowed config is refused; ``kv_bytes`` refuses a negative ``tokens``.
     """
-    tokens = check_int("tokens", tokens, minimum=0)
     config = RUNNING_EXAMPLE if config is None else config
     if config.latent_rank is not None or config.windowed_layers:
         raise ValueError("config must be a standard cache without a window "

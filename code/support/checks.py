@@ -71,12 +71,17 @@ def check_type(name: str, value: object, expected: type | tuple[type, ...]) -> o
     return value
 
 
-def check_int(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
+def check_int(
+    name: str, value: object, *, minimum: int | None = None, maximum: int | None = None, optional: bool = False
+) -> int | None:
     """Return ``value`` as a Python int in ``[minimum, maximum]`` (either bound may be None).
 
     Any integer type will do (``int``, a NumPy integer, a one-element integer
-    tensor); ``bool`` and floats are refused, even ``2.0``.
+    tensor); ``bool`` and floats are refused, even ``2.0``. With ``optional``,
+    None (an argument left unset: no window, no seed) is returned as it is.
     """
+    if optional and value is None:
+        return None
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int (got bool {value!r})")
     try:
