@@ -646,7 +646,7 @@ def test_rope_from_config_spellings_and_sources_of_t0():
     ({"rope_type": "linear", "factor": 0.5}, ValueError, "factor must be >= 1"),
     ({"rope_type": "linear", "factor": "2"}, TypeError, "factor must be a real number"),
     ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048, "beta_fast": 0.5},
-     ValueError, "beta_fast"),
+     ValueError, "beta_fast must exceed beta_slow"),
     ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
       "low_freq_factor": 4.0, "high_freq_factor": 2.0}, ValueError, "high_freq_factor must exceed"),
     ({"type": "longrope", "factor": 2.0}, ValueError, "'llama3'"),

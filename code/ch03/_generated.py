@@ -186,6 +186,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
 # chapters/ch03-long-context.qmd:708
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
+#: A positive number a config may leave out.
 NUMBER = Field("number", above=0, default=None)
 #: The top-level fields ``rope_from_config`` reads, and those of the scaling.
 ROPE_FIELDS = {
@@ -205,7 +206,7 @@ SCALING_FIELDS = {
     "original_max_position_embeddings": MAYBE_COUNT,
     "low_freq_factor": Field("number", above=0, default=1.0),
     "high_freq_factor": Field("number", above=0, default=4.0),
-    "beta_fast": Field("number", above=1, default=32.0),
+    "beta_fast": Field("number", above=0, default=32.0),
     "beta_slow": Field("number", above=0, default=1.0),
     "mscale": NUMBER, "mscale_all_dim": NUMBER, "attention_factor": NUMBER,
     "truncate": Field("bool", default=True),
@@ -229,7 +230,8 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     base (``rope_local_base_freq``) is not read.
 
     Raises:
-        TypeError: If ``mapping`` or its scaling is not a mapping.
+        TypeError: If ``mapping`` or its scaling is not a mapping, or a
+            field is of the wrong type.
         ValueError: If the scaling type is unknown, or a field needed is
             missing or out of range.
     """
@@ -277,10 +279,13 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
             high_freq_factor=high)
     if not scaling["truncate"]:
         raise ValueError("rope_scaling 'truncate: false' is not supported")
+    fast, slow = scaling["beta_fast"], scaling["beta_slow"]
+    if fast <= slow:                 # Equation 3.4's ramp would run backwards
+        raise ValueError(f"beta_fast must exceed beta_slow "
+                         f"(got {fast} and {slow})")
     bands, magnitude = inverse_frequencies(
         dim, method="yarn", base=base, factor=factor,
-        original_context=original, beta_fast=scaling["beta_fast"],
-        beta_slow=scaling["beta_slow"])
+        original_context=original, beta_fast=fast, beta_slow=slow)
     mscale, mscale_all = scaling["mscale"], scaling["mscale_all_dim"]
     if scaling["attention_factor"] is not None:
         magnitude = scaling["attention_factor"]
@@ -290,7 +295,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:996
+# chapters/ch03-long-context.qmd:1001
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth
@@ -374,7 +379,7 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
             for depth, p, weight in rows]
 
 
-# chapters/ch03-long-context.qmd:1262
+# chapters/ch03-long-context.qmd:1267
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.6).
@@ -496,7 +501,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1439
+# chapters/ch03-long-context.qmd:1444
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "int8": 1}
@@ -538,7 +543,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1557
+# chapters/ch03-long-context.qmd:1562
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -577,7 +582,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1624
+# chapters/ch03-long-context.qmd:1629
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -656,7 +661,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:1869
+# chapters/ch03-long-context.qmd:1874
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -677,7 +682,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
             "rope_key_dim": fields["qk_rope_head_dim"]}
 
 
-# chapters/ch03-long-context.qmd:1923
+# chapters/ch03-long-context.qmd:1928
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -793,7 +798,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2272
+# chapters/ch03-long-context.qmd:2277
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -819,7 +824,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2357
+# chapters/ch03-long-context.qmd:2362
 #: The fields ``read_window_fields`` takes from config.json.
 WINDOW_FIELDS = {"sliding_window": MAYBE_COUNT,
                  "sliding_window_pattern": MAYBE_COUNT,
