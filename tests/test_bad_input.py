@@ -132,7 +132,6 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         "ch02.FeedForward": Valid(lambda: dict(d_model=8, dropout=0.1), accepts={"dropout": {"zero"}}),
         "ch02.Block": Valid(lambda: dict(config=_tiny_config())),
         "ch02.TinyGPT": Valid(lambda: dict(config=_tiny_config())),
-        "ch02.KVCache": Valid(lambda: dict(layers=2, batch=1, heads=2, head_dim=4, dtype=torch.float32, device="cpu")),
         "ch02.train": Valid(
             lambda: dict(model=_tiny_model(), token_ids=list(range(16)) * 2, steps=1, batch_size=1,
                          learning_rate=1e-3, seed=0, progress=False, sequence_length=4),
@@ -141,10 +140,6 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         "ch02.evaluate_loss": Valid(
             lambda: dict(model=_tiny_model(), token_ids=list(range(16)) * 2, batches=1, batch_size=1, seed=0),
             accepts={"seed": {"zero"}},
-        ),
-        "ch02.kv_cache_bytes": Valid(
-            lambda: dict(config=_tiny_config(), tokens=5, batch=2, bytes_per_scalar=2),
-            accepts={name: {"zero"} for name in ("tokens", "batch", "bytes_per_scalar")},
         ),
         "ch02.generate": Valid(
             lambda: dict(model=_tiny_model(), prompt_ids=[1, 2], max_new_tokens=2, temperature=0.5, top_k=2,
@@ -200,6 +195,8 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         ),
         "ch04.sharpness_comparison": Valid(lambda: dict(query_scale=2.0, seed=0, tokens=6, width=4),
                                            accepts={"seed": {"zero"}}),
+        # The state count a reader calls with sizes, as Chapter 1's kv_cache_scalars.
+        "ch04.ssm_state_bytes": Valid(lambda: dict(channels=8, state_size=4, bytes_per_scalar=2)),
     },
     # ---------------------------------------------------------------- ch05: the timer, the cache builders, the launchers
     "ch05": {

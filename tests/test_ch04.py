@@ -124,8 +124,6 @@ def test_context_cost_rejects_bad_input():
         ch04.context_cost(2.5)
     with pytest.raises(TypeError, match="tokens must be an int"):
         ch04.context_cost(True)
-    with pytest.raises(TypeError, match="config must be a KVConfig"):
-        ch04.context_cost(10, {"layers": 32})
 
 
 # --------------------------------------------------------------------------- sliding windows
@@ -325,7 +323,7 @@ def test_block_sparse_worked_numbers_count_causal_tiles_throughout():
 def test_block_sparse_refuses_what_would_silently_drop_pairs():
     q = randn(8, 4, seed=0)
     good = ch04.sliding_window_block_mask(8, 2, 2)
-    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+    with pytest.raises(ZeroDivisionError):  # a kernel: a zero block fails loudly, in Python's words
         ch04.block_sparse_attention(q, q, q, good, 0)
     with pytest.raises(AssertionError, match="tile grid"):
         ch04.block_sparse_attention(q, q, q, torch.ones(3, 3, dtype=torch.bool), 2)
@@ -737,11 +735,6 @@ def test_copying_models_and_a_short_training_run():
 
 
 def test_copying_rejects_bad_input():
-    generator = torch.Generator().manual_seed(0)
-    with pytest.raises(ValueError, match="copies must be an integer <= 3"):
-        ch04.selective_copying_batch(2, 3, 4, 8, generator)
-    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
-        ch04.selective_copying_batch(2, 8, 2, 8, 0)
     with pytest.raises(TypeError, match=r"mixer must be a torch\.nn\.Module"):
         ch04.CopyingModel(10, 8, lambda x: x, 4)
     with pytest.raises(ValueError, match="steps must be a positive integer"):
@@ -859,9 +852,9 @@ def test_merged_weights_are_the_per_head_products():
         assert torch.allclose(to_output[h], w_uv.T @ w_o.T, atol=1e-12)  # W_UV_h^T W_O_h^T
 
 
-def test_absorbed_latent_attention_refuses_a_cache_of_the_wrong_width():
+def test_absorbed_latent_attention_fails_loudly_on_a_cache_of_the_wrong_width():
     layer = ch04.AbsorbedLatentAttention(8, 2, 3)
-    with pytest.raises(ValueError, match=r"cache must have shape \(B, T_past, 3\)"):
+    with pytest.raises(RuntimeError, match="Sizes of tensors must match"):  # PyTorch's own error
         layer.forward_absorbed(torch.randn(2, 3, 8), cache=torch.randn(2, 4, 5))
 
 
@@ -918,16 +911,14 @@ def test_quantization_rejects_bad_input():
     x = randn(4, 8, seed=0, dtype=torch.float32)
     with pytest.raises(ValueError, match="per must be one of 'token', 'channel'"):
         ch04.quantize_kv(x, 4, per="head")
-    with pytest.raises(ValueError, match="bits must be an integer >= 2"):
+    with pytest.raises(ValueError, match="bits must be an integer from 2 to 16"):
         ch04.quantize_kv(x, 1)
-    with pytest.raises(ValueError, match="bits must be an integer <= 16"):
+    with pytest.raises(ValueError, match="bits must be an integer from 2 to 16"):
         ch04.quantize_kv(x, 17)
     with pytest.raises(TypeError, match="bits must be an int"):
         ch04.quantize_kv(x, 4.0)
-    with pytest.raises(ValueError, match="bits must be a positive integer"):
+    with pytest.raises(ValueError, match="bits must be an integer from 1 to 16"):
         ch04.quantized_kv_bytes_per_token(ch04.RUNNING_EXAMPLE, 0)
-    with pytest.raises(TypeError, match="config must be a KVConfig"):
-        ch04.quantized_kv_bytes_per_token("llama", 4)
     with pytest.raises(ValueError, match="outlier_channels must be an integer <= 64"):
         ch04.quantized_cache_error(4, outlier_channels=100)
     with pytest.raises(ValueError, match="keys_per must be one of"):
@@ -972,8 +963,6 @@ def test_cache_bytes_by_design_rejects_bad_input():
     lite = ch03.KVConfig.from_hf_config(ch03.load_model_config("deepseek-v2-lite"))
     with pytest.raises(ValueError, match="standard cache without a window"):
         ch04.cache_bytes_by_design(10, lite)
-    with pytest.raises(TypeError, match="config must be a KVConfig"):
-        ch04.cache_bytes_by_design(10, "llama")
 
 
 # --------------------------------------------------------------------------- the chapter's text

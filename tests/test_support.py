@@ -232,6 +232,55 @@ def test_check_int_sequence_min_length_refuses_a_text_too_short_for_a_window():
         support.check_int_sequence("token_ids", [1, 2, 3], min_length=4)
 
 
+def test_check_int_optional_passes_none_through_and_checks_everything_else():
+    assert support.check_int("window", None, minimum=1, optional=True) is None
+    assert support.check_int("window", np.int32(4), minimum=1, optional=True) == 4
+    with pytest.raises(ValueError, match=r"^window must be a positive integer \(got 0\)$"):
+        support.check_int("window", 0, minimum=1, optional=True)
+    with pytest.raises(TypeError, match=r"^window must be an int \(got NoneType\)$"):
+        support.check_int("window", None, minimum=1)
+
+
+def test_check_fields_reads_each_field_as_its_kind_and_fills_defaults():
+    fields = {"layers": support.Field(minimum=1), "share": support.Field("number", above=0, maximum=1, default=1.0),
+              "dtype": support.Field("choice", choices=("float16", "bfloat16"), default=None),
+              "tie": support.Field("bool", default=False), "scaling": support.Field("mapping", default={})}
+    config = {"layers": np.int64(32), "share": 0.5, "dtype": "bfloat16", "tie": True, "scaling": {"factor": 8}}
+    assert support.check_fields(config, fields) == {"layers": 32, "share": 0.5, "dtype": "bfloat16",
+                                                    "tie": True, "scaling": {"factor": 8}}
+    assert type(support.check_fields(config, fields)["layers"]) is int
+    # absent and null both take the default
+    assert support.check_fields({"layers": 2, "share": None}, fields) == {
+        "layers": 2, "share": 1.0, "dtype": None, "tie": False, "scaling": {}}
+
+
+@pytest.mark.parametrize(
+    ("config", "error", "message"),
+    [
+        ([("layers", 2)], TypeError, r"^config must be a Mapping \(got list\)$"),
+        ({}, ValueError, r"^config is missing required field 'layers'$"),
+        ({"layers": None}, ValueError, r"^config is missing required field 'layers'$"),
+        ({"layers": 0}, ValueError, r"^layers must be a positive integer \(got 0\)$"),
+        ({"layers": 2.0}, TypeError, r"^layers must be an int \(got float 2.0\)$"),
+        ({"layers": 2, "share": 0}, ValueError, r"^share must be > 0 \(got 0\)$"),
+        ({"layers": 2, "dtype": "int3"}, ValueError, r"^dtype must be one of 'float16', 'bfloat16' \(got 'int3'\)$"),
+        ({"layers": 2, "tie": 1}, TypeError, r"^tie must be True or False \(got int 1\)$"),
+        ({"layers": 2, "scaling": 8}, TypeError, r"^scaling must be a Mapping \(got int 8\)$"),
+    ],
+)
+def test_check_fields_names_the_field_that_is_missing_or_wrong(config, error, message):
+    fields = {"layers": support.Field(minimum=1), "share": support.Field("number", above=0, default=1.0),
+              "dtype": support.Field("choice", choices=("float16", "bfloat16"), default=None),
+              "tie": support.Field("bool", default=False), "scaling": support.Field("mapping", default={})}
+    with pytest.raises(error, match=message):
+        support.check_fields(config, fields, name="config")
+
+
+def test_check_fields_names_the_mapping_it_reads_in_a_missing_field():
+    with pytest.raises(ValueError, match=r"^rope_scaling is missing required field 'factor'$"):
+        support.check_fields({}, {"factor": support.Field("number", above=0)}, source="rope_scaling")
+
+
 def test_the_checks_module_has_one_helper_per_kind_and_no_self_checks():
     """The checks trust their own options (the book's code writes them); each is a few lines."""
     import ast

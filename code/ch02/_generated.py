@@ -15,16 +15,14 @@ from longctx import ch01, support
 from longctx.support import (
     check_bits,
     check_bool,
-    check_device,
     check_divides,
-    check_dtype,
     check_int,
     check_int_sequence,
     check_number,
     check_type,
 )
 
-# chapters/ch02-tinygpt.qmd:77
+# chapters/ch02-tinygpt.qmd:75
 CORPUS_FILE = "pride-and-prejudice-ch01-30.txt"
 
 
@@ -61,7 +59,7 @@ def load_corpus() -> str:
     return support.data_path(CORPUS_FILE).read_text(encoding="utf-8")
 
 
-# chapters/ch02-tinygpt.qmd:191
+# chapters/ch02-tinygpt.qmd:189
 @dataclass(frozen=True)
 class GPTConfig:
     """The sizes that fix a TinyGPT, checked when the config is created.
@@ -103,7 +101,7 @@ class GPTConfig:
         return self.d_model // self.heads
 
 
-# chapters/ch02-tinygpt.qmd:240
+# chapters/ch02-tinygpt.qmd:238
 class CausalSelfAttention(ch01.MultiHeadAttention):
     """Chapter 1's causal multi-head attention, able to continue a KV cache."""
 
@@ -169,7 +167,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# chapters/ch02-tinygpt.qmd:311
+# chapters/ch02-tinygpt.qmd:309
 class TinyGPT(nn.Module):
     """A decoder-only transformer small enough to train on a CPU in seconds.
 
@@ -237,7 +235,7 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, d) -> (B, T, V)
 
 
-# chapters/ch02-tinygpt.qmd:502
+# chapters/ch02-tinygpt.qmd:500
 def unigram_entropy(
     token_ids: Iterable[int] | Tensor, vocab_size: int
 ) -> float:
@@ -337,18 +335,17 @@ def train(
     """
     check_type("model", model, TinyGPT)
     config = model.config
-    data = check_int_sequence("token_ids", token_ids, minimum=0,
-                              maximum=config.vocab_size - 1)
     steps = check_int("steps", steps, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     learning_rate = check_number("learning_rate", learning_rate, above=0)
     seed = check_int("seed", seed, minimum=0)
     progress = check_bool("progress", progress)
-    length = config.context_length
-    if sequence_length is not None:
-        length = check_int("sequence_length", sequence_length, minimum=1,
-                           maximum=config.context_length)
-    data = check_int_sequence("token_ids", data, min_length=length + 1)
+    sequence_length = check_int("sequence_length", sequence_length, minimum=1,
+                                maximum=config.context_length, optional=True)
+    length = sequence_length or config.context_length
+    data = check_int_sequence("token_ids", token_ids, minimum=0,
+                              maximum=config.vocab_size - 1,
+                              min_length=length + 1)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate,
                                   weight_decay=0.01)
@@ -395,13 +392,13 @@ def evaluate_loss(
     """
     check_type("model", model, TinyGPT)
     config = model.config
-    data = check_int_sequence("token_ids", token_ids, minimum=0,
-                              maximum=config.vocab_size - 1)
     batches = check_int("batches", batches, minimum=1)
     batch_size = check_int("batch_size", batch_size, minimum=1)
     seed = check_int("seed", seed, minimum=0)
     length = config.context_length
-    data = check_int_sequence("token_ids", data, min_length=length + 1)
+    data = check_int_sequence("token_ids", token_ids, minimum=0,
+                              maximum=config.vocab_size - 1,
+                              min_length=length + 1)
     generator = torch.Generator().manual_seed(seed)
     was_training = model.training
     model.eval()
@@ -414,7 +411,7 @@ def evaluate_loss(
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:793
+# chapters/ch02-tinygpt.qmd:790
 def next_token(
     logits: Tensor,
     temperature: float = 0.0,
@@ -472,10 +469,8 @@ def generate(
                                 maximum=vocab - 1, nonempty=True).tolist()
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
     temperature = check_number("temperature", temperature, minimum=0)
-    if top_k is not None:
-        top_k = check_int("top_k", top_k, minimum=1, maximum=vocab)
-    if seed is not None:
-        seed = check_int("seed", seed, minimum=0)
+    top_k = check_int("top_k", top_k, minimum=1, maximum=vocab, optional=True)
+    seed = check_int("seed", seed, minimum=0, optional=True)
     use_cache = check_bool("use_cache", use_cache)
     if temperature > 0 and seed is None:
         raise ValueError(
@@ -507,7 +502,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:998
+# chapters/ch02-tinygpt.qmd:993
 class KVCache:
     """The keys and values a TinyGPT has computed: (B, H, T, d_h) per layer.
 
@@ -515,15 +510,9 @@ class KVCache:
     token read. Each append concatenates, so the tensors always hold exactly
     the cached tokens (a serving system preallocates instead).
 
-    Args:
-        layers, batch, heads, head_dim: The cache's shape, ``L``, ``B``,
-            ``H`` and ``d_h``.
-        dtype, device: How and where the tensors are stored.
-
-    Raises:
-        TypeError: If a size is not an int, ``dtype`` is not a floating-point
-            ``torch.dtype`` or ``device`` is not a device.
-        ValueError: If a size is not positive or ``device`` names no device.
+    ``TinyGPT.new_cache`` builds one from the model's checked config:
+    ``layers``, ``batch``, ``heads`` and ``head_dim`` are its shape, ``L``,
+    ``B``, ``H`` and ``d_h``; ``dtype`` and ``device`` those of the weights.
     """
 
     def __init__(
@@ -536,14 +525,8 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        layers = check_int("layers", layers, minimum=1)
-        self.batch = check_int("batch", batch, minimum=1)
-        heads = check_int("heads", heads, minimum=1)
-        head_dim = check_int("head_dim", head_dim, minimum=1)
-        dtype = check_dtype("dtype", dtype, floating=True)
-        if device is not None:
-            device = check_device("device", device)
-        empty = (self.batch, heads, 0, head_dim)  # T = 0 tokens so far
+        self.batch = batch
+        empty = (batch, heads, 0, head_dim)  # T = 0 tokens so far
         self.keys = [torch.empty(empty, dtype=dtype, device=device)
                      for _ in range(layers)]
         self.values = [torch.empty(empty, dtype=dtype, device=device)
@@ -605,7 +588,7 @@ def attend_with_cache(
     return attention.output(ch01.merge_heads(mixed))  # (B, T_new, d)
 
 
-# chapters/ch02-tinygpt.qmd:1195
+# chapters/ch02-tinygpt.qmd:1178
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -623,7 +606,6 @@ def kv_cache_bytes(
     Negative counts, which would give a byte count that looks right, are
     refused.
     """
-    check_type("config", config, GPTConfig)
     tokens = check_int("tokens", tokens, minimum=0)
     batch = check_int("batch", batch, minimum=0)
     scalar_bytes = check_int("bytes_per_scalar", bytes_per_scalar, minimum=0)
@@ -632,7 +614,7 @@ def kv_cache_bytes(
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1542
+# chapters/ch02-tinygpt.qmd:1524
 # The bit widths quantize's codes can hold: int8 up to 8 bits, int16 up to 16.
 QUANTIZE_BITS = range(2, 17)
 

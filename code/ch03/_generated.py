@@ -13,7 +13,10 @@ from torch import Tensor, nn
 
 from longctx import ch01, support
 from longctx.support import (
+    Field,
     check_choice,
+    check_divides,
+    check_fields,
     check_int,
     check_number,
     check_tensor,
@@ -87,14 +90,13 @@ def load_model_config(name: str) -> dict[str, Any]:
         return json.load(handle)
 
 
-def _config_int(mapping: Mapping[str, Any], key: str) -> int:
-    """Return the positive int ``mapping[key]``; ValueError if it is absent."""
-    if mapping.get(key) is None:
-        raise ValueError(f"config is missing required field {key!r}")
-    return check_int(key, mapping[key], minimum=1)
+#: How the readers below take a count from config.json: required, or
+#: optional (absent or null reads as None). ``check_fields`` applies them.
+COUNT = Field(minimum=1)
+MAYBE_COUNT = Field(minimum=1, default=None)
 
 
-# chapters/ch03-long-context.qmd:531
+# chapters/ch03-long-context.qmd:530
 #: The RoPE constructions ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
 
@@ -137,24 +139,13 @@ def inverse_frequencies(dim: int,                      # d_R, even
     divided by ``factor``. ``ntk``: the bands of ``ntk_base`` (Equation
     3.3). ``yarn``: the ramp of Equation 3.4, with magnitude
     0.1 ln(factor) + 1. ``llama3``: the wavelength bands of Equation 3.5.
-    Every method but YaRN returns magnitude 1.
-
-    Raises:
-        TypeError: If an argument is of the wrong type.
-        ValueError: If an argument is out of range or the method unknown.
+    Every method but YaRN returns magnitude 1. An odd ``dim`` or an
+    unknown ``method`` is refused: either would give bands without an error.
     """
-    dim = check_int("dim", dim, minimum=2)
     if dim % 2:                      # an odd width leaves a coordinate unturned
         raise ValueError(f"dim must be even (got {dim})")
     check_choice("method", method, ROPE_METHODS)
-    base = check_number("base", base, above=1)
-    factor = check_number("factor", factor, minimum=1)
-    original_context = check_int("original_context", original_context,
-                                 minimum=1)
-    beta_slow = check_number("beta_slow", beta_slow, above=0)
-    beta_fast = check_number("beta_fast", beta_fast, above=beta_slow)
-    low = check_number("low_freq_factor", low_freq_factor, above=0)
-    high = check_number("high_freq_factor", high_freq_factor, above=low)
+    low, high = low_freq_factor, high_freq_factor                  # l, h
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2j/d_R
     plain = base ** -exponents                                       # omega_j
     if method == "rope":
@@ -192,9 +183,34 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:720
+# chapters/ch03-long-context.qmd:708
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
+#: A positive number a config may leave out.
+NUMBER = Field("number", above=0, default=None)
+#: The top-level fields ``rope_from_config`` reads, and those of the scaling.
+ROPE_FIELDS = {
+    "rope_theta": Field("number", above=1, default=None),
+    "qk_rope_head_dim": MAYBE_COUNT, "head_dim": MAYBE_COUNT,
+    "partial_rotary_factor": Field("number", above=0, maximum=1, default=1.0),
+    "max_position_embeddings": MAYBE_COUNT,
+    "original_max_position_embeddings": MAYBE_COUNT,
+    "rope_scaling": Field("mapping", default=None),
+    "rope_parameters": Field("mapping", default=None),
+}
+SCALING_FIELDS = {
+    "rope_type": Field("choice", choices=ROPE_SCALING_TYPES, default=None),
+    "type": Field("choice", choices=ROPE_SCALING_TYPES, default=None),
+    "rope_theta": Field("number", above=1, default=None),
+    "factor": Field("number", minimum=1, default=None),
+    "original_max_position_embeddings": MAYBE_COUNT,
+    "low_freq_factor": Field("number", above=0, default=1.0),
+    "high_freq_factor": Field("number", above=0, default=4.0),
+    "beta_fast": Field("number", above=0, default=32.0),
+    "beta_slow": Field("number", above=0, default=1.0),
+    "mscale": NUMBER, "mscale_all_dim": NUMBER, "attention_factor": NUMBER,
+    "truncate": Field("bool", default=True),
+}
 
 
 def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
@@ -214,37 +230,37 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     base (``rope_local_base_freq``) is not read.
 
     Raises:
-        TypeError: If ``mapping`` or its scaling is not a mapping.
+        TypeError: If ``mapping`` or its scaling is not a mapping, or a
+            field is of the wrong type.
         ValueError: If the scaling type is unknown, or a field needed is
             missing or out of range.
     """
     check_type("mapping", mapping, Mapping)
     if isinstance(mapping.get("text_config"), Mapping):
         mapping = {**mapping, **mapping["text_config"]}
-    scaling = mapping.get("rope_scaling") or mapping.get("rope_parameters")
-    scaling = {} if scaling is None else scaling
-    check_type("rope_scaling", scaling, Mapping)
-    base = mapping.get("rope_theta") or scaling.get("rope_theta") or 10_000.0
-    if mapping.get("qk_rope_head_dim"):
-        dim = _config_int(mapping, "qk_rope_head_dim")
-    else:
-        heads = _config_int(mapping, "num_attention_heads")
-        dim = (_config_int(mapping, "head_dim") if mapping.get("head_dim")
-               else _config_int(mapping, "hidden_size") // heads)
-        share = check_number("partial_rotary_factor",
-                             mapping.get("partial_rotary_factor", 1.0),
-                             above=0, maximum=1)
-        dim = int(dim * share)
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    check_choice("rope_scaling type", kind, ROPE_SCALING_TYPES)
+    fields = check_fields(mapping, ROPE_FIELDS)
+    scaling = check_fields(fields["rope_scaling"] or fields["rope_parameters"]
+                           or {}, SCALING_FIELDS, name="rope_scaling",
+                           source="rope_scaling")
+    base = fields["rope_theta"] or scaling["rope_theta"] or 10_000.0
+    dim = fields["qk_rope_head_dim"]
+    if dim is None:
+        dim = fields["head_dim"]
+        if dim is None:
+            sizes = check_fields(mapping, {"hidden_size": COUNT,
+                                           "num_attention_heads": COUNT})
+            dim = sizes["hidden_size"] // sizes["num_attention_heads"]
+        dim = int(dim * fields["partial_rotary_factor"])
+    kind = scaling["rope_type"] or scaling["type"] or "default"
     if kind == "default":
         return inverse_frequencies(dim, base=base)
-    original = (mapping.get("original_max_position_embeddings")
-                or scaling.get("original_max_position_embeddings")
-                or mapping.get("max_position_embeddings"))
-    factor = scaling.get("factor")
-    if factor is None and kind == "yarn" and original:   # a = T_1 / T_0
-        factor = _config_int(mapping, "max_position_embeddings") / original
+    original = (fields["original_max_position_embeddings"]
+                or scaling["original_max_position_embeddings"]
+                or fields["max_position_embeddings"])
+    factor = scaling["factor"]
+    longest = fields["max_position_embeddings"]
+    if factor is None and kind == "yarn" and original and longest:
+        factor = longest / original                       # a = T_1 / T_0
     if factor is None:
         raise ValueError(f"rope_scaling of type {kind!r} needs a 'factor'")
     if kind == "linear":
@@ -253,29 +269,33 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
         raise ValueError("config is missing required field "
                          "'original_max_position_embeddings'")
     if kind == "llama3":
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        if high <= low:              # Equation 3.5's blend would run backwards
+            raise ValueError(f"high_freq_factor must exceed low_freq_factor "
+                             f"(got {high} and {low})")
         return inverse_frequencies(
             dim, method="llama3", base=base, factor=factor,
-            original_context=original,
-            low_freq_factor=scaling.get("low_freq_factor", 1.0),
-            high_freq_factor=scaling.get("high_freq_factor", 4.0))
-    if scaling.get("truncate", True) is not True:
+            original_context=original, low_freq_factor=low,
+            high_freq_factor=high)
+    if not scaling["truncate"]:
         raise ValueError("rope_scaling 'truncate: false' is not supported")
+    fast, slow = scaling["beta_fast"], scaling["beta_slow"]
+    if fast <= slow:                 # Equation 3.4's ramp would run backwards
+        raise ValueError(f"beta_fast must exceed beta_slow "
+                         f"(got {fast} and {slow})")
     bands, magnitude = inverse_frequencies(
         dim, method="yarn", base=base, factor=factor,
-        original_context=original,
-        beta_fast=scaling.get("beta_fast") or 32.0,
-        beta_slow=scaling.get("beta_slow") or 1.0)
-    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
-    if scaling.get("attention_factor") is not None:
-        magnitude = check_number("attention_factor",
-                                 scaling["attention_factor"], above=0)
+        original_context=original, beta_fast=fast, beta_slow=slow)
+    mscale, mscale_all = scaling["mscale"], scaling["mscale_all_dim"]
+    if scaling["attention_factor"] is not None:
+        magnitude = scaling["attention_factor"]
     elif mscale and mscale_all:                     # DeepSeek's two fields
         magnitude = (_yarn_magnitude(factor, mscale)
                      / _yarn_magnitude(factor, mscale_all))
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:984
+# chapters/ch03-long-context.qmd:1001
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth
@@ -319,9 +339,7 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
     context = check_int("context", context, minimum=2)
     original_context = check_int("original_context", original_context,
                                  minimum=1, maximum=context)
-    dim = check_int("dim", dim, minimum=2)
-    if dim % 2:
-        raise ValueError(f"dim must be even (got {dim})")
+    dim = check_int("dim", dim, minimum=2)     # an odd one: inverse_frequencies
     check_type("method", method, (str, tuple, list))
     if isinstance(method, str):
         frequencies, magnitude = inverse_frequencies(
@@ -361,7 +379,7 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
             for depth, p, weight in rows]
 
 
-# chapters/ch03-long-context.qmd:1252
+# chapters/ch03-long-context.qmd:1267
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.6).
@@ -407,8 +425,7 @@ class KVConfig:
         for field in ("layers", "query_heads", "head_dim", "bytes_per_scalar"):
             check_int(field, getattr(self, field), minimum=1)
         for field in ("kv_heads", "latent_rank", "window"):  # None or >= 1
-            if getattr(self, field) is not None:
-                check_int(field, getattr(self, field), minimum=1)
+            check_int(field, getattr(self, field), minimum=1, optional=True)
         if (self.kv_heads is None) == (self.latent_rank is None):
             raise ValueError("give exactly one of kv_heads (standard cache) "
                              "and latent_rank (latent cache)")
@@ -448,8 +465,7 @@ class KVConfig:
             ValueError: If a required field is missing or unusable.
         """
         check_type("mapping", mapping, Mapping)
-        if name is not None:
-            check_type("name", name, str)
+        check_type("name", name, (str, type(None)))
         if isinstance(mapping.get("text_config"), Mapping):
             mapping = {**mapping, **mapping["text_config"]}
         fields = read_head_fields(mapping, bytes_per_scalar)
@@ -471,14 +487,10 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
 
     Args:
         config: The cache architecture.
-        tokens: Tokens kept per sequence, T (>= 0).
+        tokens: Tokens kept per sequence, T (>= 0; a negative count, which
+            would give a negative size, is refused).
         batch: Sequences cached at once, B (>= 1).
-
-    Raises:
-        TypeError: If ``config`` is not a KVConfig or a count not an int.
-        ValueError: If ``tokens`` is negative or ``batch`` below 1.
     """
-    check_type("config", config, KVConfig)
     tokens = check_int("tokens", tokens, minimum=0)
     batch = check_int("batch", batch, minimum=1)
     global_layers = config.layers - config.windowed_layers
@@ -489,10 +501,15 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1435
+# chapters/ch03-long-context.qmd:1444
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "int8": 1}
+DTYPE = Field("choice", choices=tuple(DTYPE_BYTES), default=None)
+#: The fields ``read_head_fields`` takes from config.json.
+HEAD_FIELDS = {"num_hidden_layers": COUNT, "num_attention_heads": COUNT,
+               "num_key_value_heads": MAYBE_COUNT, "head_dim": MAYBE_COUNT,
+               "torch_dtype": DTYPE, "dtype": DTYPE}
 
 def read_head_fields(mapping: Mapping[str, Any],
                      bytes_per_scalar: int | None = None) -> dict[str, Any]:
@@ -504,37 +521,29 @@ def read_head_fields(mapping: Mapping[str, Any],
     and ``torch_dtype`` (or ``dtype``), unless ``bytes_per_scalar`` is given.
 
     Raises:
-        TypeError: If ``mapping`` is not a mapping or ``bytes_per_scalar``
-            not an int.
+        TypeError: If ``mapping`` is not a mapping, a field or
+            ``bytes_per_scalar`` of the wrong type.
         ValueError: If a field is missing or unusable.
     """
-    check_type("mapping", mapping, Mapping)
-    if bytes_per_scalar is not None:
-        bytes_per_scalar = check_int("bytes_per_scalar", bytes_per_scalar,
-                                     minimum=1)
-    layers = _config_int(mapping, "num_hidden_layers")
-    query_heads = _config_int(mapping, "num_attention_heads")
-    if mapping.get("head_dim") is not None:
-        head_dim = _config_int(mapping, "head_dim")
-    else:
-        head_dim = _config_int(mapping, "hidden_size") // query_heads
-    kv_heads = query_heads
-    if mapping.get("num_key_value_heads") is not None:
-        kv_heads = _config_int(mapping, "num_key_value_heads")
-    if bytes_per_scalar is None:
-        dtype = mapping.get("torch_dtype", mapping.get("dtype"))
-        if dtype is None:
-            raise ValueError("config is missing required field 'torch_dtype' "
-                             "(or pass bytes_per_scalar)")
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"unknown torch_dtype {dtype!r}; "
-                             f"known: {sorted(DTYPE_BYTES)}")
-        bytes_per_scalar = DTYPE_BYTES[dtype]
-    return dict(layers=layers, query_heads=query_heads, kv_heads=kv_heads,
-                head_dim=head_dim, bytes_per_scalar=bytes_per_scalar)
+    fields = check_fields(mapping, HEAD_FIELDS)
+    bytes_per_scalar = check_int("bytes_per_scalar", bytes_per_scalar,
+                                 minimum=1, optional=True)
+    query_heads = fields["num_attention_heads"]
+    head_dim = fields["head_dim"]
+    if head_dim is None:
+        head_dim = check_fields(mapping, {"hidden_size": COUNT}
+                                )["hidden_size"] // query_heads
+    dtype = fields["torch_dtype"] or fields["dtype"]
+    if bytes_per_scalar is None and dtype is None:
+        raise ValueError("config is missing required field 'torch_dtype' "
+                         "(or pass bytes_per_scalar)")
+    return dict(layers=fields["num_hidden_layers"], query_heads=query_heads,
+                kv_heads=fields["num_key_value_heads"] or query_heads,
+                head_dim=head_dim,
+                bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1556
+# chapters/ch03-long-context.qmd:1562
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -573,7 +582,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1623
+# chapters/ch03-long-context.qmd:1629
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -598,13 +607,7 @@ def decode_token_by_token(layer: nn.Module, x: Tensor) -> Tensor:
     ``layer(x, cache) -> (output, cache)`` is the protocol of this chapter's
     attention layers; comparing the result with ``layer(x)[0]`` checks that
     cached decoding computes the same function as one full pass.
-
-    Raises:
-        TypeError: If ``layer`` is not a module or ``x`` not a float tensor.
-        ValueError: If ``x`` is not a non-empty (B, T, d).
     """
-    check_type("layer", layer, nn.Module)
-    check_tensor("x", x, dims=3, floating=True, nonempty=True)
     outputs, state = [], None
     for position in range(x.size(1)):
         out, state = layer(x[:, position:position + 1], state)
@@ -626,14 +629,10 @@ class GroupedQueryAttention(nn.Module):
 
     def __init__(self, d_model: int, query_heads: int, kv_heads: int):
         d_model = check_int("d_model", d_model, minimum=1)
-        query_heads = check_int("query_heads", query_heads, minimum=1)
-        kv_heads = check_int("kv_heads", kv_heads, minimum=1)
-        if d_model % query_heads:
-            raise ValueError(f"query_heads must divide d_model "
-                             f"(got {d_model} and {query_heads})")
-        if query_heads % kv_heads:
-            raise ValueError(f"kv_heads must divide query_heads "
-                             f"(got {query_heads} and {kv_heads})")
+        query_heads = check_divides("query_heads", check_int(
+            "query_heads", query_heads, minimum=1), "d_model", d_model)
+        kv_heads = check_divides("kv_heads", check_int(
+            "kv_heads", kv_heads, minimum=1), "query_heads", query_heads)
         super().__init__()
         self.d_model, self.query_heads = d_model, query_heads
         self.kv_heads, self.head_dim = kv_heads, d_model // query_heads
@@ -662,7 +661,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:1878
+# chapters/ch03-long-context.qmd:1874
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -674,16 +673,16 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
         TypeError: If ``mapping`` is not a mapping.
         ValueError: If a field is present but not a usable integer.
     """
-    check_type("mapping", mapping, Mapping)
-    if mapping.get("kv_lora_rank") is None:
+    fields = check_fields(mapping, {
+        "kv_lora_rank": MAYBE_COUNT,                                   # r
+        "qk_rope_head_dim": Field(minimum=0, default=0)})              # d_R
+    if fields["kv_lora_rank"] is None:
         return {}
-    rank = check_int("kv_lora_rank", mapping["kv_lora_rank"], minimum=1)
-    rope = check_int("qk_rope_head_dim", mapping.get("qk_rope_head_dim") or 0,
-                     minimum=0)
-    return {"latent_rank": rank, "rope_key_dim": rope}
+    return {"latent_rank": fields["kv_lora_rank"],
+            "rope_key_dim": fields["qk_rope_head_dim"]}
 
 
-# chapters/ch03-long-context.qmd:1932
+# chapters/ch03-long-context.qmd:1928
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -713,12 +712,10 @@ class ToyLatentKVAttention(nn.Module):
                  rope_key_dim: int = 0,           # d_R; 0 = no rotary key
                  rope_base: float = 10_000.0):    # b of the rotary bands
         d_model = check_int("d_model", d_model, minimum=1)
-        query_heads = check_int("query_heads", query_heads, minimum=1)
+        query_heads = check_divides("query_heads", check_int(
+            "query_heads", query_heads, minimum=1), "d_model", d_model)
         latent_rank = check_int("latent_rank", latent_rank, minimum=1)
         rope_key_dim = check_int("rope_key_dim", rope_key_dim, minimum=0)
-        if d_model % query_heads:
-            raise ValueError(f"query_heads must divide d_model "
-                             f"(got {d_model} and {query_heads})")
         if rope_key_dim % 2:
             raise ValueError(f"rope_key_dim must be 0 or even "
                              f"(got {rope_key_dim})")
@@ -801,7 +798,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2283
+# chapters/ch03-long-context.qmd:2277
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -813,15 +810,10 @@ def visibility_mask(seq_len: int,               # T
     the query at position i, the keys j with i - W < j <= i; ``sinks``
     keeps the first ``sinks`` positions visible as well (StreamingLLM).
     With ``query_len`` only the rows of the last ``query_len`` positions
-    are built, (query_len, seq_len): what a decode step needs.
-
-    Raises:
-        TypeError: If ``window`` or ``sinks`` is not an int.
-        ValueError: If ``window`` is below 1 (a mask with empty rows) or
-            ``sinks`` is negative.
+    are built, (query_len, seq_len): what a decode step needs. A window
+    below 1 (rows with no key) and negative sinks are refused.
     """
-    if window is not None:
-        window = check_int("window", window, minimum=1)
+    window = check_int("window", window, minimum=1, optional=True)
     sinks = check_int("sinks", sinks, minimum=0)
     rows = seq_len if query_len is None else query_len
     visible = causal_rows(rows, seq_len, device=device)           # (T_q, T)
@@ -832,7 +824,13 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2373
+# chapters/ch03-long-context.qmd:2362
+#: The fields ``read_window_fields`` takes from config.json.
+WINDOW_FIELDS = {"sliding_window": MAYBE_COUNT,
+                 "sliding_window_pattern": MAYBE_COUNT,
+                 "use_sliding_window": Field("bool", default=True)}
+
+
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -847,23 +845,21 @@ def read_window_fields(mapping: Mapping[str, Any],
         TypeError: If ``mapping`` is not a mapping or ``layers`` not an int.
         ValueError: If a field is present but not a usable integer.
     """
-    check_type("mapping", mapping, Mapping)
+    fields = check_fields(mapping, WINDOW_FIELDS)
     layers = check_int("layers", layers, minimum=1)
-    window = mapping.get("sliding_window")
-    if window is None or mapping.get("use_sliding_window") is False:
+    window = fields["sliding_window"]                                  # W
+    if window is None or not fields["use_sliding_window"]:
         return {}
-    window = check_int("sliding_window", window, minimum=1)
+    pattern = fields["sliding_window_pattern"]                         # p
     if isinstance(mapping.get("layer_types"), list):
         kinds = mapping["layer_types"]
         windowed = sum(kind == "sliding_attention" for kind in kinds)
     else:
-        pattern = mapping.get("sliding_window_pattern")
         if pattern is None and mapping.get("model_type") == "gemma2":
             pattern = 2
         if pattern is None:
             windowed = layers                          # every layer
         else:
-            pattern = check_int("sliding_window_pattern", pattern, minimum=1)
             windowed = layers - layers // pattern      # every p-th is global
     if windowed == 0:
         return {}

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from longctx import ch01, ch02, ch03
 from longctx.support import (
+    check_bits,
     check_bool,
     check_choice,
     check_int,
@@ -18,7 +19,7 @@ from longctx.support import (
     check_type,
 )
 
-# chapters/ch04-efficient-architectures.qmd:71
+# chapters/ch04-efficient-architectures.qmd:72
 RUNNING_EXAMPLE = ch03.KVConfig(
     name="Llama-3-8B shape", layers=32, query_heads=32, kv_heads=8,
     head_dim=128, bytes_per_scalar=2,
@@ -26,21 +27,16 @@ RUNNING_EXAMPLE = ch03.KVConfig(
 """The chapter's running example: 32 layers, 8 KV heads of 128, 2 bytes."""
 
 
-# chapters/ch04-efficient-architectures.qmd:124
+# chapters/ch04-efficient-architectures.qmd:125
 def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     """Return what a T-token context costs attention (Equation 4.1).
 
     A dict with ``tokens``; ``pairs_per_head_per_layer``, T^2;
     ``causal_pairs_per_head_per_layer``, T(T+1)/2; and ``kv_bytes``,
-    Chapter 3's ``kv_bytes`` for ``config`` (default RUNNING_EXAMPLE).
-
-    Raises:
-        TypeError: tokens is not an int, or config is not a KVConfig.
-        ValueError: tokens is negative.
+    Chapter 3's ``kv_bytes`` for ``config`` (default RUNNING_EXAMPLE),
+    which refuses a negative ``tokens``.
     """
-    tokens = check_int("tokens", tokens, minimum=0)
     config = RUNNING_EXAMPLE if config is None else config
-    check_type("config", config, ch03.KVConfig)
     return {
         "tokens": tokens,
         "pairs_per_head_per_layer": tokens * tokens,
@@ -49,7 +45,7 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     }
 
 
-# chapters/ch04-efficient-architectures.qmd:362
+# chapters/ch04-efficient-architectures.qmd:358
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -113,17 +109,16 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch04-efficient-architectures.qmd:557
+# chapters/ch04-efficient-architectures.qmd:553
 def quantize_kv(x: Tensor, bits: int, *,
                 per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d).
 
     ``per="token"``: one scale per cached vector, the usual choice;
     ``per="channel"``: one scale per channel across the tokens, KIVI's
-    choice for keys. The rounding is Chapter 2's ``quantize``; bits outside
-    2..16 or another ``per`` would round wrongly, and are refused.
+    choice for keys. The rounding is Chapter 2's ``quantize``, which
+    refuses bits outside 2..16; another ``per`` is refused here.
     """
-    bits = check_int("bits", bits, minimum=2, maximum=16)
     per = check_choice("per", per, ("token", "channel"))
     return ch02.quantize(x, bits, dim=-1 if per == "token" else -2)
 
@@ -134,14 +129,10 @@ def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
 
     Every stored vector costs its packed codes, rounded up to whole bytes,
     plus one scale: a standard cache stores 2 L H_kv vectors of d_h numbers
-    per token, a latent cache L vectors of r + d_R numbers.
-
-    Raises:
-        TypeError: config is not a KVConfig, or a count is not an int.
-        ValueError: bits outside 1..16, or scale_bytes < 0.
+    per token, a latent cache L vectors of r + d_R numbers. ``bits``
+    outside 1..16 and a negative ``scale_bytes`` are refused.
     """
-    check_type("config", config, ch03.KVConfig)
-    bits = check_int("bits", bits, minimum=1, maximum=16)
+    bits = check_bits("bits", bits, range(1, 17))
     scale_bytes = check_int("scale_bytes", scale_bytes, minimum=0)
     if config.latent_rank is None:  # a key and a value per KV head and layer
         vectors, width = 2 * config.layers * config.kv_heads, config.head_dim
@@ -168,7 +159,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
         TypeError: an argument has the wrong type.
         ValueError: an argument is out of range.
     """
-    bits = check_int("bits", bits, minimum=2, maximum=16)
+    bits = check_bits("bits", bits, ch02.QUANTIZE_BITS)
     keys_per = check_choice("keys_per", keys_per, ("token", "channel"))
     tokens = check_int("tokens", tokens, minimum=1)
     dim = check_int("dim", dim, minimum=1)
@@ -191,7 +182,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:813
+# chapters/ch04-efficient-architectures.qmd:804
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     return int(mask.sum())
@@ -222,7 +213,7 @@ def hops_needed(distance: int, window: int) -> int:
     return -(-distance // (window - 1))  # ceil(distance / (w - 1)), exactly
 
 
-# chapters/ch04-efficient-architectures.qmd:946
+# chapters/ch04-efficient-architectures.qmd:937
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -260,7 +251,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch04-efficient-architectures.qmd:1076
+# chapters/ch04-efficient-architectures.qmd:1067
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -292,7 +283,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:1280
+# chapters/ch04-efficient-architectures.qmd:1271
 def sliding_window_block_mask(seq_len: int, window: int,
                               block_size: int) -> Tensor:
     """Return the bool (n, n) tile mask of a causal window, n = ceil(T / b).
@@ -332,7 +323,6 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     bool (T, T) ``token_mask`` inside the marked tiles, dense attention with
     ``token_mask``. A query that sees no key gets a zero output.
     """
-    block_size = check_int("block_size", block_size, minimum=1)
     tokens = query.shape[-2]
     assert block_mask.shape == (-(-tokens // block_size),) * 2, "tile grid"
     if token_mask is not None:  # pairs outside the tiles would be dropped
@@ -357,7 +347,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1456
+# chapters/ch04-efficient-architectures.qmd:1446
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -440,7 +430,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1648
+# chapters/ch04-efficient-architectures.qmd:1638
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -475,7 +465,7 @@ def sharpness_comparison(query_scale: float, seed: int = 11,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1766
+# chapters/ch04-efficient-architectures.qmd:1756
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -511,7 +501,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1927
+# chapters/ch04-efficient-architectures.qmd:1917
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
@@ -554,7 +544,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2135
+# chapters/ch04-efficient-architectures.qmd:2125
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -587,7 +577,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2381
+# chapters/ch04-efficient-architectures.qmd:2371
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.10).
@@ -608,7 +598,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2519
+# chapters/ch04-efficient-architectures.qmd:2509
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -680,7 +670,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2608
+# chapters/ch04-efficient-architectures.qmd:2598
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -692,16 +682,7 @@ def selective_copying_batch(
     among ``length`` filler tokens (id 0); then come ``copies`` recall
     tokens (ids 1 .. copies), and at the k-th of them the model must name
     the k-th symbol. Targets are symbol indices, 0 .. symbols - 1.
-
-    Raises:
-        TypeError: a count is not an int, or generator is not a Generator.
-        ValueError: a count is below 1, or copies > length.
     """
-    batch_size = check_int("batch_size", batch_size, minimum=1)
-    length = check_int("length", length, minimum=1)
-    copies = check_int("copies", copies, minimum=1, maximum=length)
-    symbols = check_int("symbols", symbols, minimum=1)
-    check_type("generator", generator, torch.Generator)
     targets = torch.randint(symbols, (batch_size, copies), generator=generator)
     order = torch.rand(batch_size, length, generator=generator).argsort(dim=1)
     places = order[:, :copies].sort(dim=1).values  # (B, copies), increasing
@@ -811,16 +792,10 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     """Build one of ``COPYING_MIXERS``, train it on ``COPYING_TASK``, test it.
 
     The seed fixes the initial weights, the training batches and the test
-    set. Returns ``train_copying``'s dict plus ``parameters``.
-
-    Raises:
-        TypeError: mixer is not a str, or a count is not an int.
-        ValueError: mixer is not one of COPYING_MIXERS, or a count < 1.
+    set. Returns ``train_copying``'s dict plus ``parameters``. The layers'
+    constructors and ``train_copying`` check the counts.
     """
-    mixer = check_choice("mixer", mixer, COPYING_MIXERS)
-    seed = check_int("seed", seed, minimum=0)
-    steps = check_int("steps", steps, minimum=1)
-    width = check_int("width", width, minimum=1)
+    mixer = check_choice("mixer", mixer, COPYING_MIXERS)  # else: an SSM
     task = COPYING_TASK
     torch.manual_seed(seed)
     if mixer == "attention":
@@ -836,7 +811,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:2938
+# chapters/ch04-efficient-architectures.qmd:2913
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -859,14 +834,10 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     With ``attention_layers == config.layers`` this is Chapter 3's
     ``kv_bytes(config, tokens)``.
 
-    Raises:
-        TypeError: a count is not an int, or config is not a KVConfig.
-        ValueError: tokens < 0, attention_layers outside 0..layers, or a
-            config with windowed layers.
+    ``attention_layers`` outside 0..layers and a config with windowed
+    layers are refused; ``kv_bytes`` refuses a negative ``tokens``.
     """
-    tokens = check_int("tokens", tokens, minimum=0)
     config = RUNNING_EXAMPLE if config is None else config
-    check_type("config", config, ch03.KVConfig)
     attention_layers = check_int("attention_layers", attention_layers,
                                  minimum=0, maximum=config.layers)
     if config.windowed_layers:
@@ -880,7 +851,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3041
+# chapters/ch04-efficient-architectures.qmd:3012
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:
@@ -890,15 +861,10 @@ def cache_bytes_by_design(
     window. Latent: DeepSeek-V2's 512 + 64 numbers per layer on this stack;
     window: 4,096 tokens in every layer; hybrid: one attention layer in
     eight (at least one); SSM: 4,096 channels x 16 state numbers per layer.
-    The labels name the config's own head count and depth.
-
-    Raises:
-        TypeError: tokens is not an int, or config is not a KVConfig.
-        ValueError: tokens < 0, or config is latent or windowed.
+    The labels name the config's own head count and depth. A latent or
+    windowed config is refused; ``kv_bytes`` refuses a negative ``tokens``.
     """
-    tokens = check_int("tokens", tokens, minimum=0)
     config = RUNNING_EXAMPLE if config is None else config
-    check_type("config", config, ch03.KVConfig)
     if config.latent_rank is not None or config.windowed_layers:
         raise ValueError("config must be a standard cache without a window "
                          f"(got {config.name!r})")

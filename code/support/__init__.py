@@ -8,6 +8,8 @@ shows what was given, before any work is done. One helper per kind of check.
 """
 
 from .checks import (
+    REQUIRED,
+    Field,
     check_attention_inputs,
     check_bits,
     check_bool,
@@ -15,6 +17,7 @@ from .checks import (
     check_device,
     check_divides,
     check_dtype,
+    check_fields,
     check_int,
     check_int_sequence,
     check_number,
@@ -26,6 +29,8 @@ from .data import data_path
 from .style import PALETTE, apply_book_style
 
 __all__ = [
+    "REQUIRED",
+    "Field",
     "PALETTE",
     "apply_book_style",
     "check_attention_inputs",
@@ -35,6 +40,7 @@ __all__ = [
     "check_device",
     "check_divides",
     "check_dtype",
+    "check_fields",
     "check_int",
     "check_int_sequence",
     "check_number",

@@ -19,6 +19,7 @@ import numbers
 import operator
 import sys
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -70,12 +71,17 @@ def check_type(name: str, value: object, expected: type | tuple[type, ...]) -> o
     return value
 
 
-def check_int(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
+def check_int(
+    name: str, value: object, *, minimum: int | None = None, maximum: int | None = None, optional: bool = False
+) -> int | None:
     """Return ``value`` as a Python int in ``[minimum, maximum]`` (either bound may be None).
 
     Any integer type will do (``int``, a NumPy integer, a one-element integer
-    tensor); ``bool`` and floats are refused, even ``2.0``.
+    tensor); ``bool`` and floats are refused, even ``2.0``. With ``optional``,
+    None (an argument left unset: no window, no seed) is returned as it is.
     """
+    if optional and value is None:
+        return None
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int (got bool {value!r})")
     try:
@@ -291,3 +297,63 @@ def check_int_sequence(
     if ids.numel() and maximum is not None and int(ids.max()) > maximum:
         raise ValueError(f"{name} must hold integers <= {maximum} (got {int(ids.max())})")
     return ids.long()
+
+
+#: The default of a ``Field`` that must be present.
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a config mapping as ``check_fields`` reads it.
+
+    ``kind`` is ``"int"`` (read by ``check_int``), ``"number"`` (``check_number``),
+    ``"choice"`` (``check_choice``, among ``choices``), ``"bool"`` or ``"mapping"``;
+    ``minimum``, ``above`` and ``maximum`` are the bounds of a count or a number.
+    ``default`` is returned when the field is absent or null; without one, an
+    absent field is a ValueError.
+    """
+
+    kind: str = "int"
+    minimum: float | None = None
+    above: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    default: object = REQUIRED
+
+
+def _read_field(name: str, value: object, field: Field) -> object:
+    bounds = {"minimum": field.minimum, "maximum": field.maximum}
+    if field.kind == "int":
+        return check_int(name, value, **bounds)
+    if field.kind == "number":
+        return check_number(name, value, above=field.above, **bounds)
+    if field.kind == "choice":
+        return check_choice(name, value, field.choices)
+    if field.kind == "bool":
+        return check_bool(name, value)
+    return check_type(name, value, Mapping)
+
+
+def check_fields(
+    mapping: object, fields: Mapping[str, Field], *, name: str = "mapping", source: str = "config"
+) -> dict[str, object]:
+    """Return the fields of a config mapping named in ``fields``, each read as its ``Field`` says.
+
+    ``mapping`` must be a mapping (a TypeError names it by ``name``). A field that is
+    absent or null takes its ``Field``'s default; without one it is a ValueError
+    (``"config is missing required field 'head_dim'"``, ``source`` naming the
+    mapping). A present field of the wrong type is a TypeError, out of range a
+    ValueError, each naming the field.
+    """
+    check_type(name, mapping, Mapping)
+    values = {}
+    for key, field in fields.items():
+        value = mapping.get(key)
+        if value is not None:
+            values[key] = _read_field(key, value, field)
+        elif field.default is REQUIRED:
+            raise ValueError(f"{source} is missing required field {key!r}")
+        else:
+            values[key] = field.default
+    return values
