@@ -67,12 +67,12 @@ class ExtensionSettings:
     layers: int = 3
     heads: int = 2
     bases: tuple[float, ...] = (27.0, 10_000.0)
-    steps: int = 800
+    steps: int = 700
     batch_size: int = 32
     learning_rate: float = 3e-3
     key_share: float = 0.5
     max_keys: int = 4
-    finetune_steps: int = 100
+    finetune_steps: int = 80
     finetune_batch: int = 4
     finetune_rates: tuple[float, ...] = (1e-4, 3e-4, 1e-3)
     windows: int = 32
@@ -223,24 +223,44 @@ def run_job(settings: ExtensionSettings, seed: int, base: float, controls: bool)
             job["evaluations"] += evaluate(tuned, held_out, s, method="rope",
                                            factor_at=dict.fromkeys(s.lengths, 1.0),
                                            label={"model": "control-short", "rate": rate})
-        # trained at the longest length from the start: the steps of training and
-        # fine-tuning together, with the bytes per step of training
-        long_model = fresh(dataclasses.replace(config, context_length=longest))
-        losses, seconds = train(long_model, steps=s.steps + s.finetune_steps,
-                                batch=max(1, s.batch_size * t0 // longest), length=longest,
-                                rate=s.learning_rate, data_seed=seed)
-        job["finetunes"].append({"model": "control-long", "method": "rope",
-                                 "rate": s.learning_rate, "losses": losses, "seconds": seconds})
-        job["evaluations"] += evaluate(long_model, held_out, s, method="rope",
-                                       factor_at=dict.fromkeys(s.lengths, 1.0),
-                                       label={"model": "control-long", "rate": s.learning_rate})
     return job
 
 
-def _run_one(settings: ExtensionSettings, seed: int, base: float, controls: bool) -> dict:
+def run_long_control(settings: ExtensionSettings, seed: int, base: float) -> dict:
+    """Train a model of the same size at the longest length from the start and measure it.
+
+    It trains for the steps of training and fine-tuning together, with the bytes per step
+    of training, under plain RoPE (the factor is 1: it has seen every position).
+    """
+    s = settings
+    train_text, held_out = texts()
+    longest, t0 = max(s.lengths), s.trained_length
+    config = ch02.GPTConfig(vocab_size=256, context_length=longest, d_model=s.d_model,
+                            layers=s.layers, heads=s.heads)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = ch06.RotaryGPT(config, base=base, fused=s.fused)
+    clock = time.perf_counter()
+    losses = ch06.train_with_keys(model, train_text, steps=s.steps + s.finetune_steps,
+                                  batch_size=max(2, s.batch_size * t0 // longest), length=longest,
+                                  key_share=s.key_share, learning_rate=s.learning_rate, seed=seed,
+                                  max_keys=s.max_keys)
+    finetune = {"model": "control-long", "method": "rope", "rate": s.learning_rate,
+                "losses": _rounded(losses), "seconds": time.perf_counter() - clock}
+    evaluations = evaluate(model, held_out, s, method="rope",
+                           factor_at=dict.fromkeys(s.lengths, 1.0),
+                           label={"model": "control-long", "rate": s.learning_rate})
+    return {"seed": seed, "base": base, "finetunes": [finetune], "evaluations": evaluations}
+
+
+def _run_one(settings: ExtensionSettings, kind: str, seed: int, base: float,
+             controls: bool) -> dict:
     torch.set_num_threads(1)
     clock = time.perf_counter()
-    job = run_job(settings, seed, base, controls)
+    if kind == "long":
+        job = run_long_control(settings, seed, base)
+    else:
+        job = run_job(settings, seed, base, controls)
     job["seconds"] = time.perf_counter() - clock
     return job
 
@@ -257,17 +277,26 @@ def run_experiment(settings: ExtensionSettings, *, jobs: int = 2, progress: bool
     support.check_type("settings", settings, ExtensionSettings)
     jobs = support.check_int("jobs", jobs, minimum=1)
     support.check_bool("progress", progress)
-    work = [(seed, base, index == 0) for index, base in enumerate(settings.bases)
+    main_base = settings.bases[0]
+    work = [("main", seed, base, index == 0) for index, base in enumerate(settings.bases)
             for seed in settings.seeds]
+    work += [("long", seed, main_base, True) for seed in settings.seeds]
     context = multiprocessing.get_context("spawn")  # fresh interpreters: no inherited threads
     with ProcessPoolExecutor(max_workers=min(jobs, len(work)), mp_context=context) as pool:
         futures = [pool.submit(_run_one, settings, *item) for item in work]
-        runs = []
-        for (seed, base, _), future in zip(work, futures, strict=True):
-            runs.append(future.result())
+        done = []
+        for (kind, seed, base, _), future in zip(work, futures, strict=True):
+            done.append((kind, future.result()))
             if progress:
-                print(f"  job seed {seed}, base {base:g}: {runs[-1]['seconds']:.0f} s",
+                print(f"  {kind} job, seed {seed}, base {base:g}: {done[-1][1]['seconds']:.0f} s",
                       file=sys.stderr, flush=True)
+    runs = [job for kind, job in done if kind == "main"]
+    for kind, job in done:  # the long controls join their seed's run on the first base
+        if kind == "long":
+            run = next(r for r in runs if (r["seed"], r["base"]) == (job["seed"], job["base"]))
+            run["finetunes"] += job["finetunes"]
+            run["evaluations"] += job["evaluations"]
+            run["long_control_seconds"] = job["seconds"]
     return {"settings": dataclasses.asdict(settings), "lengths": settings.lengths,
             "evaluation_seed": EVALUATION_SEED, "runs": runs}
 
@@ -278,7 +307,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--size", choices=sorted(SIZES), default="full",
                         help="full: the run Chapter 6 reads (about 10 minutes on 2 idle cores); "
                              "tiny: seconds")
-    parser.add_argument("--jobs", type=int, default=2, help="jobs run at once, one process each")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="jobs run at once, one process of one thread each (default 2)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
                         help="training seeds (default: the size's own, 0 1 2)")
     parser.add_argument("--out", type=pathlib.Path, default=None,
@@ -300,7 +330,7 @@ def main(argv=None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     machine = machine_record(torch.device("cpu"), 1, args.size)
-    machine["processes"] = min(args.jobs, len(settings.seeds) * len(settings.bases))
+    machine["processes"] = min(args.jobs, len(settings.seeds) * (len(settings.bases) + 1))
     machine["host"] = platform.node()
     # The machine may be shared: the load before and after (1, 5 and 15 minutes) and the
     # CPU time of every process say how far the wall time is from an idle machine's.
