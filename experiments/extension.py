@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import math
 import multiprocessing
 import os
 import pathlib

@@ -2,6 +2,7 @@
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
 """Code saved from chapters/ch06-extension.qmd ("Stretching a trained model's context, measured")."""
 
+import functools
 import json
 import math
 import pathlib
@@ -15,7 +16,7 @@ from tqdm import tqdm
 from longctx import ch01, ch02, ch03, support
 
 
-# chapters/ch06-extension.qmd:88
+# chapters/ch06-extension.qmd:89
 class RotarySelfAttention(ch02.CausalSelfAttention):
     """Chapter 2's causal attention with RoPE on queries and keys.
 
@@ -46,9 +47,10 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
             ValueError: If there are not d_h / 2 frequencies (one would
                 broadcast silently), or the magnitude is not positive.
         """
-        if frequencies.shape != (self.head_dim // 2,):
-            raise ValueError(f"frequencies must have shape ({self.head_dim // 2},)"
-                             f" (got {tuple(frequencies.shape)})")
+        bands = self.head_dim // 2
+        if frequencies.shape != (bands,):
+            raise ValueError(f"frequencies must have shape ({bands},) "
+                             f"(got {tuple(frequencies.shape)})")
         self.magnitude = support.check_number("magnitude", magnitude, above=0)
         self.frequencies = frequencies.to(torch.float64)
 
@@ -85,7 +87,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
         return self.output(ch01.merge_heads(mixed))  # (B, T, d)
 
 
-# chapters/ch06-extension.qmd:172
+# chapters/ch06-extension.qmd:174
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's thresholds
 #: (the rope_scaling entry of its released config.json).
@@ -178,7 +180,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:356
+# chapters/ch06-extension.qmd:358
 #: The byte that opens a record and, at the end of a window, asks for one.
 KEY_MARK = "#"
 #: The bytes names and values are drawn from; the filler text has none.
@@ -261,7 +263,7 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
     return KeyBatch(window[:, :-1], window[:, 1:], answers[:, 1:], starts)
 
 
-# chapters/ch06-extension.qmd:494
+# chapters/ch06-extension.qmd:496
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
@@ -324,7 +326,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
         if keyed > single:
             parts.append(records(keyed - single, max_keys)[:3])
         inputs, targets, answers = (torch.cat(column)  # (B, T) each
-                                    for column in zip(*parts))
+                                    for column in zip(*parts, strict=True))
         per_target = F.cross_entropy(model(inputs).transpose(1, 2), targets,
                                      reduction="none")  # (B, T)
         loss = per_target[~answers].mean()  # the text term of Eq. 6.1
@@ -342,7 +344,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:598
+# chapters/ch06-extension.qmd:600
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -380,7 +382,8 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:664
+# chapters/ch06-extension.qmd:666
+@functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
 
@@ -395,7 +398,8 @@ def student_t_quantile(probability: float, dof: int) -> float:
                             * math.log1p((i * h) ** 2 / dof))
                    for i in range(steps + 1)]
         weights = [1] + [4 if i % 2 else 2 for i in range(1, steps)] + [1]
-        return 0.5 + h / 3 * sum(w * f for w, f in zip(weights, density))
+        return 0.5 + h / 3 * sum(w * f for w, f in zip(weights, density,
+                                                          strict=True))
 
     low, high = 0.0, 1_000.0
     for _ in range(50):
@@ -437,7 +441,7 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
     return only_first, only_second, min(1.0, 2 * tail)
 
 
-# chapters/ch06-extension.qmd:761
+# chapters/ch06-extension.qmd:765
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 
@@ -459,7 +463,7 @@ def matched_base(length: int, *, reference_base: float,
     return reference_base**share
 
 
-# chapters/ch06-extension.qmd:1002
+# chapters/ch06-extension.qmd:927
 def load_extension_results(folder: pathlib.Path | None = None
                            ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``make experiment`` and its path.
