@@ -463,7 +463,7 @@ def matched_base(length: int, *, reference_base: float,
     return reference_base**share
 
 
-# chapters/ch06-extension.qmd:927
+# chapters/ch06-extension.qmd:929
 def load_extension_results(folder: pathlib.Path | None = None
                            ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``make experiment`` and its path.
