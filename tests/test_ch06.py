@@ -4,7 +4,7 @@ measurements, the experiment and its command line, and every refusal of bad inpu
 from __future__ import annotations
 
 import copy
-import inspect
+import dataclasses
 import json
 import math
 import subprocess
@@ -142,42 +142,104 @@ def test_rotary_model_trains_on_chapter_2_machinery():
     assert losses[-1] < losses[0] - 1.0
 
 
-# --- the planted key -----------------------------------------------------------------------------
+# --- the planted keys ----------------------------------------------------------------------------
+
+KEY_BYTES = {ord(c) for c in ch06.KEY_MARK + ch06.KEY_SYMBOLS}
+SPLIT = int(0.9 * TOKENS.numel())
+TRAIN_TEXT = ch06.key_free_text(TOKENS[:SPLIT])
+HELD_OUT_TEXT = ch06.key_free_text(TOKENS[SPLIT:])
+
+
+def record_positions(batch: ch06.KeyBatch, row: int, questions: int) -> set[int]:
+    """The input positions a planted record or a question occupies in one row."""
+    length = batch.inputs.shape[1]
+    planted = {int(s) + k for s in batch.starts[row] for k in range(3)}
+    asked = {length + 1 - 3 * q + k for q in range(1, questions + 1) for k in range(3)}
+    return planted | {p for p in asked if p < length}
+
+
+def test_key_free_text_removes_every_key_symbol_and_keeps_the_rest_in_order():
+    kept = [t for t in TOKENS.tolist() if t not in KEY_BYTES]
+    assert ch06.key_free_text(TOKENS).tolist() == kept
+    assert any(t in KEY_BYTES for t in TOKENS.tolist())  # the novel does have digits
+    assert not KEY_BYTES & set(HELD_OUT_TEXT.tolist()) and not KEY_BYTES & set(TRAIN_TEXT.tolist())
+
+
+def test_no_key_symbol_appears_in_the_evaluation_text_outside_the_planted_records():
+    """Every evaluation window of the saved run's design, both tasks, every length: a key symbol
+    occurs only where a record or the question was planted; the loss windows hold none."""
+    import experiments.extension as runner
+
+    settings = runner.ExtensionSettings()
+    held_out = runner.texts()[1]
+    for length in settings.lengths:
+        for keys in (1, settings.max_keys):
+            where = torch.tensor(settings.depths, dtype=torch.float64).repeat_interleave(settings.trials)
+            batch = ch06.key_batch(held_out, where, length,
+                                   torch.Generator().manual_seed(runner.EVALUATION_SEED), keys=keys)
+            for row in range(len(where)):
+                found = {i for i, t in enumerate(batch.inputs[row].tolist()) if t in KEY_BYTES}
+                assert found == record_positions(batch, row, 1)
+                assert int(batch.targets[row, -1]) in KEY_BYTES  # the answer is a planted value
+        ends = torch.linspace(max(settings.lengths), held_out.numel() - 2, settings.windows).round().long()
+        windows = held_out[ends[:, None] + torch.arange(-length, 1)]  # inputs and the last target
+        assert not KEY_BYTES & set(windows.flatten().tolist())
 
 
 @FAST
-@given(length=st.integers(4, 100), batch=st.integers(1, 6), seed=st.integers(0, 1_000))
-def test_passkey_batch_plants_one_key_at_its_depth_and_asks_for_it(length, batch, seed):
-    generator = torch.Generator().manual_seed(seed)
-    depths = torch.rand(batch, generator=generator, dtype=torch.float64)
-    inputs, targets = ch06.passkey_batch(TOKENS, depths, length, torch.Generator().manual_seed(seed))
-    assert inputs.shape == targets.shape == (batch, length)
-    assert torch.equal(inputs[:, 1:], targets[:, :-1])  # targets are the inputs shifted by one
-    mark = ord(ch06.KEY_MARK)
+@given(length=st.integers(30, 120), keys=st.integers(1, 4), questions=st.integers(1, 4), batch=st.integers(1, 5),
+       seed=st.integers(0, 1_000))
+def test_key_batch_plants_distinct_records_and_asks_for_them(length, keys, questions, batch, seed):
+    questions = min(questions, keys)
+    depths = torch.rand(batch, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    made = ch06.key_batch(HELD_OUT_TEXT, depths, length, torch.Generator().manual_seed(seed), keys=keys,
+                          questions=questions)
+    assert made.inputs.shape == made.targets.shape == made.answers.shape == (batch, length)
+    assert torch.equal(made.inputs[:, 1:], made.targets[:, :-1])
+    assert made.starts.shape == (batch, keys)
+    last = length - 3 * questions - 2
     for row in range(batch):
-        where = round(float(depths[row]) * (length - 3))
-        marks = (inputs[row] == mark).nonzero().flatten().tolist()
-        assert marks == [where, length - 1]
-        digit = int(targets[row, -1])
-        assert chr(digit).isdigit() and int(inputs[row, where + 1]) == digit
+        starts = sorted(made.starts[row].tolist())
+        assert all(b - a >= 3 for a, b in zip(starts, starts[1:], strict=False))  # no two records overlap
+        assert int(made.starts[row, 0]) == round(float(depths[row]) * last)
+        sequence = made.inputs[row].tolist() + [int(made.targets[row, -1])]
+        names = [sequence[s + 1] for s in made.starts[row].tolist()]
+        assert len(set(names)) == keys and all(chr(n) in ch06.KEY_SYMBOLS for n in names)
+        value_of = {sequence[s + 1]: sequence[s + 2] for s in made.starts[row].tolist()}
+        answered = made.answers[row].nonzero().flatten().tolist()
+        assert len(answered) == questions and answered[-1] == length - 1
+        for target in answered:  # each answer is the value planted under the name just asked
+            assert sequence[target - 1] == ord(ch06.KEY_MARK)
+            assert made.targets[row, target].item() == value_of[sequence[target]]
+        assert sequence[-2] == names[0]  # the last question asks record 0
+        found = {i for i, t in enumerate(made.inputs[row].tolist()) if t in KEY_BYTES}
+        assert found == record_positions(made, row, questions)
 
 
-def test_passkey_batch_depth_zero_and_one_sit_at_the_ends():
-    inputs, _ = ch06.passkey_batch(TOKENS, torch.tensor([0.0, 1.0]), 10, torch.Generator().manual_seed(0))
+def test_key_batch_depth_zero_and_one_sit_at_the_ends_of_the_window():
+    made = ch06.key_batch(HELD_OUT_TEXT, torch.tensor([0.0, 1.0]), 20, torch.Generator().manual_seed(0))
+    assert made.starts[:, 0].tolist() == [0, 15]
     mark = ord(ch06.KEY_MARK)
-    assert int(inputs[0, 0]) == mark and int(inputs[1, 7]) == mark and int(inputs[1, 9]) == mark
+    assert int(made.inputs[0, 0]) == mark and int(made.inputs[1, 15]) == mark
+    assert int(made.inputs[1, 18]) == mark  # the question follows the record at depth 1
 
 
-def test_the_corpus_never_uses_the_key_mark():
-    assert ord(ch06.KEY_MARK) not in set(TOKENS.tolist())
+def test_key_batch_refuses_records_that_do_not_fit():
+    generator = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="do not fit"):
+        ch06.key_batch(HELD_OUT_TEXT, torch.tensor([0.5]), 20, generator, keys=4, questions=4)
+    with pytest.raises(ValueError, match="keys"):
+        ch06.key_batch(HELD_OUT_TEXT, torch.tensor([0.5]), 64, generator, keys=11)
+    with pytest.raises(ValueError, match="questions"):
+        ch06.key_batch(HELD_OUT_TEXT, torch.tensor([0.5]), 64, generator, keys=2, questions=3)
 
 
 def test_train_with_keys_is_reproducible_and_learns():
     losses = []
     for _ in range(2):
-        model = rotary(context=16, d_model=16, heads=2)
-        losses.append(ch06.train_with_keys(model, TOKENS[:20_000], steps=25, batch_size=8, length=16,
-                                           key_share=0.5, learning_rate=3e-3, seed=1))
+        model = rotary(context=32, d_model=16, heads=2)
+        losses.append(ch06.train_with_keys(model, TRAIN_TEXT[:20_000], steps=25, batch_size=8, length=32,
+                                           key_share=0.5, learning_rate=3e-3, seed=1, max_keys=3))
     assert losses[0] == losses[1]
     assert losses[0][-1] < losses[0][0] - 1.0
     assert not model.training
@@ -185,26 +247,28 @@ def test_train_with_keys_is_reproducible_and_learns():
 
 def test_train_with_keys_loss_is_text_mean_plus_answer_mean():
     """Equation 6.1, recomputed from the first batch the loop draws."""
-    model = rotary(context=12, d_model=16, heads=2)
+    model = rotary(context=32, d_model=16, heads=2)
     reference = copy.deepcopy(model).train()
-    data = TOKENS[:10_000]
-    first = ch06.train_with_keys(model, data, steps=1, batch_size=6, length=12, key_share=0.5,
-                                 learning_rate=1e-9, seed=7)[0]
+    data = TRAIN_TEXT[:10_000]
+    first = ch06.train_with_keys(model, data, steps=1, batch_size=8, length=32, key_share=0.5,
+                                 learning_rate=1e-9, seed=7, max_keys=3)[0]
     generator = torch.Generator().manual_seed(7)
-    text_in, text_out = ch02.sample_batch(data, 3, 12, generator)
-    depths = torch.rand(3, generator=generator, dtype=torch.float64)
-    key_in, key_out = ch06.passkey_batch(data, depths, 12, generator)
+    text_in, text_out = ch02.sample_batch(data, 4, 32, generator)
+    parts = [(text_in, text_out, torch.zeros_like(text_in, dtype=torch.bool))]
+    for keys in (1, 3):
+        depths = torch.rand(2, generator=generator, dtype=torch.float64)
+        parts.append(ch06.key_batch(data, depths, 32, generator, keys=keys, questions=keys)[:3])
+    inputs, targets, answers = (torch.cat(column) for column in zip(*parts, strict=True))
+    assert int(answers.sum()) == 2 * 1 + 2 * 3
     with torch.no_grad():
-        text_loss = torch.nn.functional.cross_entropy(reference(torch.cat([text_in, key_in[:, :]])).transpose(1, 2),
-                                                      torch.cat([text_out, key_out]), reduction="none")
-    answers = text_loss[3:, -1]
-    text = torch.cat([text_loss[:3].flatten(), text_loss[3:, :-1].flatten()])
-    assert math.isclose(first, (text.mean() + answers.mean()).item(), rel_tol=1e-5)
+        per_target = torch.nn.functional.cross_entropy(reference(inputs).transpose(1, 2), targets, reduction="none")
+    expected = per_target[~answers].mean() + per_target[answers].mean()
+    assert math.isclose(first, expected.item(), rel_tol=1e-5)
 
 
 def test_train_with_keys_without_keys_is_plain_next_byte_loss():
     model = rotary(context=12, d_model=16, heads=2)
-    losses = ch06.train_with_keys(model, TOKENS[:10_000], steps=2, batch_size=4, length=12, key_share=0.0,
+    losses = ch06.train_with_keys(model, TRAIN_TEXT[:10_000], steps=2, batch_size=4, length=12, key_share=0.0,
                                   learning_rate=1e-3, seed=0)
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
 
@@ -212,139 +276,189 @@ def test_train_with_keys_without_keys_is_plain_next_byte_loss():
 # --- the measurements ----------------------------------------------------------------------------
 
 
-def test_position_losses_match_cross_entropy_and_share_windows_across_lengths():
+def test_position_losses_end_every_length_on_the_same_bytes():
     model = rotary(context=8)
-    data = TOKENS[:3_000]
+    data = HELD_OUT_TEXT[:3_000]
     long = ch06.position_losses(model, data, length=40, windows=5, span=40)
     short = ch06.position_losses(model, data, length=10, windows=5, span=40)
     assert long.shape == (5, 40) and short.shape == (5, 10)
-    assert torch.allclose(long[:, :10], short, atol=1e-5)  # prefixes of the same windows, causal model
-    start = round((3_000 - 40 - 1) * 2 / 4)
+    end = round(40 + 2 * (3_000 - 40 - 2) / 4)  # window 2 ends at byte e_2 for both lengths
     with torch.no_grad():
-        logits = model(data[start:start + 40][None])
-    expected = torch.nn.functional.cross_entropy(logits[0], data[start + 1:start + 41], reduction="none")
-    assert torch.allclose(long[2], expected, atol=1e-5)
+        for losses, length in ((long, 40), (short, 10)):
+            logits = model(data[end - length:end][None])
+            expected = torch.nn.functional.cross_entropy(logits[0], data[end - length + 1:end + 1],
+                                                         reduction="none")
+            assert torch.allclose(losses[2], expected, atol=1e-5)
+    assert not torch.allclose(long[:, -10:], short)  # same bytes, more context: another loss
 
 
-def test_passkey_hits_counts_argmax_answers():
-    model = rotary(context=8)
-    hits = ch06.passkey_hits(model, TOKENS, length=16, depths=(0.0, 0.5, 1.0), trials=5, seed=3, chunk=4)
+def test_key_hits_counts_argmax_answers_on_shared_windows():
+    model = rotary(context=32)
+    hits = ch06.key_hits(model, HELD_OUT_TEXT, length=40, depths=(0.0, 0.5, 1.0), trials=5, seed=3, keys=3,
+                         chunk=4)
     assert hits.shape == (3, 5) and hits.dtype == torch.bool
-    inputs, targets = ch06.passkey_batch(TOKENS, torch.tensor([0.0, 0.5, 1.0]).repeat_interleave(5), 16,
-                                         torch.Generator().manual_seed(3))
+    made = ch06.key_batch(HELD_OUT_TEXT, torch.tensor([0.0, 0.5, 1.0]).repeat_interleave(5), 40,
+                          torch.Generator().manual_seed(3), keys=3)
     with torch.no_grad():
-        guesses = model(inputs)[:, -1].argmax(-1)
-    assert torch.equal(hits.flatten(), guesses == targets[:, -1])
+        guesses = model(made.inputs)[:, -1].argmax(-1)
+    assert torch.equal(hits.flatten(), guesses == made.targets[:, -1])
 
 
 class _Oracle(ch06.RotaryGPT):
-    """Answers every key correctly: the logit of the digit after the first mark is the largest."""
+    """Answers every question: the byte after the earlier mark-and-name that the question repeats."""
 
     def forward(self, tokens, cache=None):
         logits = torch.zeros(*tokens.shape, 256)
-        first = (tokens == ord(ch06.KEY_MARK)).int().argmax(-1)
-        digit = tokens[torch.arange(len(tokens)), first + 1]
-        logits[torch.arange(len(tokens)), -1, digit] = 1.0
+        for row, sequence in enumerate(tokens.tolist()):
+            name = sequence[-1]
+            where = next(i for i in range(len(sequence) - 2) if sequence[i:i + 2] == [ord(ch06.KEY_MARK), name])
+            logits[row, -1, sequence[where + 2]] = 1.0
         return logits
 
 
-def test_a_perfect_model_hits_every_key():
+class _Nearest(ch06.RotaryGPT):
+    """Answers with the value of the record nearest the question, whatever its name."""
+
+    def forward(self, tokens, cache=None):
+        logits = torch.zeros(*tokens.shape, 256)
+        for row, sequence in enumerate(tokens.tolist()):
+            where = max(i for i in range(len(sequence) - 3) if sequence[i] == ord(ch06.KEY_MARK))
+            logits[row, -1, sequence[where + 2]] = 1.0
+        return logits
+
+
+def test_a_model_that_matches_names_finds_every_key_and_one_that_copies_the_nearest_does_not():
     config = ch02.GPTConfig(vocab_size=256, context_length=8, d_model=8, layers=1, heads=2)
-    hits = ch06.passkey_hits(_Oracle(config), TOKENS, length=30, depths=(0.0, 0.3, 1.0), trials=7, seed=0)
-    assert bool(hits.all())
+    depths = (0.0, 0.3, 1.0)
+    for keys in (1, 4):
+        assert bool(ch06.key_hits(_Oracle(config), HELD_OUT_TEXT, length=60, depths=depths, trials=7, seed=0,
+                                  keys=keys).all())
+    nearest = ch06.key_hits(_Nearest(config), HELD_OUT_TEXT, length=60, depths=depths, trials=20, seed=0, keys=4)
+    assert bool(nearest[-1].all()) and nearest[0].float().mean() < 0.5  # distractors fool it far back
 
 
-@pytest.mark.parametrize(("hits", "trials", "low", "high"), [
-    (0, 48, 0.0, 0.07410), (48, 48, 0.92590, 1.0), (24, 48, 0.36389, 0.63611), (1, 10, 0.01788, 0.40416)])
-def test_wilson_interval_golden_values(hits, trials, low, high):
-    got = ch06.wilson_interval(hits, trials)
-    assert got[0] == pytest.approx(low, abs=1e-5) and got[1] == pytest.approx(high, abs=1e-5)
+# --- the statistics ------------------------------------------------------------------------------
 
 
-@FAST
-@given(trials=st.integers(1, 500), data=st.data())
-def test_wilson_interval_holds_the_estimate_inside_zero_one(trials, data):
-    hits = data.draw(st.integers(0, trials))
-    low, high = ch06.wilson_interval(hits, trials)
-    assert 0.0 <= low <= hits / trials <= high <= 1.0
-    assert (low == 0.0) == (hits == 0) and (high == 1.0) == (hits == trials)
+@pytest.mark.parametrize(("dof", "expected"), [(1, 12.7062), (2, 4.3027), (10, 2.2281), (30, 2.0423)])
+def test_student_t_quantile_golden_values(dof, expected):
+    assert ch06.student_t_quantile(0.975, dof) == pytest.approx(expected, abs=2e-4)
+
+
+def test_mcnemar_counts_discordant_pairs_and_gives_the_exact_binomial_p():
+    first = torch.tensor([True] * 10 + [False] * 2 + [True] * 30 + [False] * 5)
+    second = torch.tensor([False] * 10 + [True] * 2 + [True] * 30 + [False] * 5)
+    only_first, only_second, p = ch06.mcnemar(first, second)
+    assert (only_first, only_second) == (10, 2)
+    assert p == pytest.approx(2 * (1 + 12 + 66) / 2**12)
+    assert ch06.mcnemar(first, first) == (0, 0, 1.0)
+    assert ch06.mcnemar(second, first)[:2] == (2, 10)
+
+
+def test_seed_window_interval_adds_the_spread_between_seeds():
+    generator = torch.Generator().manual_seed(0)
+    windows = torch.randn(1, 40, generator=generator, dtype=torch.float64)
+    mean, low, high = ch06.seed_window_interval(windows)
+    half = ch06.student_t_quantile(0.975, 39) * windows.std().item() / math.sqrt(40)
+    assert mean == pytest.approx(windows.mean().item()) and high - mean == pytest.approx(half)
+    same = windows.repeat(3, 1)  # three seeds that agree: only the windows' luck
+    shifted = same + torch.tensor([[-0.5], [0.0], [0.5]], dtype=torch.float64)  # seeds that do not
+    narrow, wide = ch06.seed_window_interval(same), ch06.seed_window_interval(shifted)
+    assert narrow[0] == pytest.approx(wide[0])
+    assert wide[2] - wide[1] > narrow[2] - narrow[1] + 1.0
+
+
+def test_matched_base_reproduces_the_reference_and_gives_a_small_model_its_share():
+    config = ch03.load_model_config("llama-2-7b")
+    dim = config["hidden_size"] // config["num_attention_heads"]
+    assert ch06.matched_base(4096, reference_base=10_000.0, reference_length=4096) == pytest.approx(10_000.0)
+    base = ch06.matched_base(64, reference_base=config["rope_theta"],
+                             reference_length=config["max_position_embeddings"])
+    assert 26 < base < 28
+    llama = ch06.turning_bands(dim, config["rope_theta"], config["max_position_embeddings"]) / (dim // 2)
+    ours = ch06.turning_bands(32, round(base), 64) / 16
+    toy = ch06.turning_bands(32, 10_000.0, 64) / 16
+    assert abs(ours - llama) < 0.05 < abs(toy - llama)
+    assert ch06.turning_bands(32, 10_000.0, 64) == 5  # bands 0..4: wavelength 2 pi b^(2j/32) <= 64
 
 
 # --- the experiment ------------------------------------------------------------------------------
 
-TINY = ch06.ExtensionSettings(trained_length=8, factors=(1, 2), d_model=8, layers=1, heads=2, steps=3,
-                              batch_size=4, finetune_steps=2, windows=2, depths=(0.0, 1.0), trials=3,
-                              seeds=(0,))
 
+def test_experiment_at_tiny_size_has_every_model_and_measurement_and_repeats_exactly():
+    import experiments.extension as runner
 
-def test_experiment_at_tiny_size_has_every_measurement_and_repeats_exactly():
-    first = ch06.run_extension_experiment(TINY, progress=False)
-    second = ch06.run_extension_experiment(TINY, progress=False)
-    assert first["lengths"] == [8, 16] and first["finetune_batch"] == 2
-    (run,) = first["runs"]
-    assert len(run["train_losses"]) == 3 and set(run["finetune"]) == set(TINY.methods)
-    keys = {(e["method"], e["variant"], e["length"]) for e in run["evaluations"]}
-    assert keys == {(m, v, n) for m in TINY.methods for v in ("as-is", "fine-tuned") for n in (8, 16)}
-    for entry in run["evaluations"]:
-        assert len(entry["position_loss"]) == entry["length"] and len(entry["window_loss"]) == 2
-        assert all(0 <= h <= 3 for h in entry["hits"]) and len(entry["hits"]) == 2
-        expected = entry["length"] / 8 if entry["variant"] == "as-is" else 2.0
-        assert entry["factor"] == expected
-    strip = [[{k: v for k, v in e.items()} for e in r["evaluations"]] for r in (first["runs"][0], second["runs"][0])]
-    assert strip[0] == strip[1] and first["runs"][0]["train_losses"] == second["runs"][0]["train_losses"]
+    tiny = dataclasses.replace(runner.TINY, seeds=(0,), bases=(27.0,))
+    first = runner.run_job(tiny, 0, 27.0, True)
+    second = runner.run_job(tiny, 0, 27.0, True)
+    assert first["train_losses"] == second["train_losses"]
+    assert first["evaluations"] == second["evaluations"]
+    kinds = {(e["model"], e["method"], e["rate"], e["length"]) for e in first["evaluations"]}
+    expected = {("as-is", m, None, n) for m in tiny.methods for n in tiny.lengths}
+    expected |= {("fine-tuned", m, r, n) for m in tiny.methods for r in tiny.finetune_rates for n in tiny.lengths}
+    expected |= {("control-short", "rope", r, n) for r in tiny.finetune_rates for n in tiny.lengths}
+    assert kinds == expected
+    trials = tiny.trials * len(tiny.depths)
+    for entry in first["evaluations"]:
+        assert len(entry["window_loss"]) == len(entry["tail_loss"]) == tiny.windows
+        assert len(entry["single"]) == len(entry["multi"]) == trials and set(entry["single"]) <= {"0", "1"}
+        assert ("position_loss" in entry) == (entry["length"] == max(tiny.lengths))
+        expected_factor = (entry["length"] / tiny.trained_length if entry["model"] == "as-is"
+                           else max(tiny.lengths) / tiny.trained_length if entry["model"] == "fine-tuned" else 1.0)
+        assert entry["factor"] == expected_factor
+    at_t0 = [e["window_loss"] for e in first["evaluations"]
+             if e["model"] == "as-is" and e["length"] == tiny.trained_length]
+    assert all(row == at_t0[0] for row in at_t0)  # at factor 1 every recipe is plain RoPE
+    long = runner.run_long_control(tiny, 0, 27.0)
+    assert len(long["finetunes"][0]["losses"]) == tiny.steps + tiny.finetune_steps
+    assert {e["model"] for e in long["evaluations"]} == {"control-long"}
     json.dumps(first)  # plain numbers only
-
-
-def test_as_is_recipes_agree_at_the_trained_length():
-    results = ch06.run_extension_experiment(TINY, progress=False)
-    at_t0 = [e["position_loss"] for e in results["runs"][0]["evaluations"]
-             if e["variant"] == "as-is" and e["length"] == 8]
-    assert len(at_t0) == len(TINY.methods) and all(row == at_t0[0] for row in at_t0)
 
 
 def test_experiment_command_runs_end_to_end_at_tiny_size(tmp_path):
     out = tmp_path / "extension-tiny.json"
-    done = subprocess.run([sys.executable, "-m", "experiments", "--size", "tiny", "--threads", "1", "--quiet",
-                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "experiments", "--size", "tiny", "--quiet", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads(out.read_text())
     machine = results["machine"]
-    assert machine["mode"] == "tiny" and machine["threads"] == 1 and machine["date"].endswith("Z")
+    assert machine["mode"] == "tiny" and machine["date"].endswith("Z")
     assert machine["wall_seconds"] > 0 and machine["cpu_seconds"] > 0
-    assert results["settings"]["trained_length"] == 8 and results["runs"][0]["evaluations"]
+    assert [(r["seed"], r["base"]) for r in results["runs"]] == [(0, 27.0), (1, 27.0), (0, 10_000.0), (1, 10_000.0)]
+    first_base = {e["model"] for e in results["runs"][0]["evaluations"]}
+    assert first_base == {"as-is", "fine-tuned", "control-short", "control-long"}
+    assert {e["model"] for e in results["runs"][2]["evaluations"]} == {"as-is", "fine-tuned"}
     assert f"wrote {out}" in done.stdout
 
 
 def test_experiment_command_refuses_bad_arguments():
     import experiments.extension as cli
 
-    assert cli.main(["--threads", "0"]) == 2
+    assert cli.main(["--jobs", "0"]) == 2
     assert cli.main(["--seeds", "-1", "--size", "tiny"]) == 2
     with pytest.raises(SystemExit):
         cli.parse_args(["--size", "huge"])
 
 
-def test_saved_results_cover_every_recipe_the_chapter_reads():
+def test_saved_results_hold_everything_the_chapter_reads():
+    import experiments.extension as runner
+
     results, path = ch06.load_extension_results()
     assert path.name.startswith("extension-") and results["machine"]["mode"] == "full"
     settings = results["settings"]
-    assert settings["factors"] == [1, 2, 4, 8] and settings["trained_length"] == 64
+    defaults = json.loads(json.dumps(dataclasses.asdict(runner.ExtensionSettings())))
+    assert settings == defaults  # the defaults made this run
+    assert len(settings["seeds"]) >= 3 and len(settings["finetune_rates"]) >= 3
+    assert min(settings["finetune_rates"]) <= 1e-4 and max(settings["finetune_rates"]) >= 1e-3
+    assert tuple(settings["methods"]) == ch03.ROPE_METHODS
     for run in results["runs"]:
-        found = {(e["method"], e["variant"], e["length"]) for e in run["evaluations"]}
-        assert found == {(m, v, 64 * a) for m in settings["methods"] for v in ("as-is", "fine-tuned")
-                         for a in settings["factors"]}
+        kinds = {(e["model"], e["method"]) for e in run["evaluations"]}
+        assert {("fine-tuned", m) for m in settings["methods"]} <= kinds
+        if run["base"] == settings["bases"][0]:
+            assert {("control-short", "rope"), ("control-long", "rope")} <= kinds
     machine = results["machine"]
     assert machine["wall_seconds"] > 0 and machine["cpu_seconds"] > 0
     assert len(machine["load_average_start"]) == len(machine["load_average_end"]) == 3
-    # a recipe added to Chapter 3 joins the defaults; the saved run must then be redone
-    assert tuple(settings["methods"]) == ch03.ROPE_METHODS
-
-
-def test_the_experiment_runs_every_chapter_3_recipe_with_settings_it_accepts():
-    assert ch06.ExtensionSettings().methods == ch03.ROPE_METHODS
-    keywords = set(inspect.signature(ch03.inverse_frequencies).parameters)
-    for method, extra in ch06.RECIPE_SETTINGS.items():
-        assert method in ch03.ROPE_METHODS and set(extra) <= keywords
 
 
 def test_load_extension_results_prefers_the_newest_full_run(tmp_path):
@@ -365,27 +479,21 @@ def test_load_extension_results_prefers_the_newest_full_run(tmp_path):
         ch06.load_extension_results(str(tmp_path))
 
 
-# --- bad input -----------------------------------------------------------------------------------
+# --- bad input at the boundary -------------------------------------------------------------------
 
 
 def test_rotary_model_refuses_bad_input():
     model = rotary(context=8)
     with pytest.raises(TypeError, match="tokens"):
         model(torch.zeros(1, 4))
-    with pytest.raises(TypeError, match="tokens"):
-        model([[1, 2]])
     with pytest.raises(ValueError, match="tokens"):
         model(torch.zeros(4, dtype=torch.long))
-    with pytest.raises(ValueError, match="tokens"):
-        model(torch.zeros(1, 0, dtype=torch.long))
     with pytest.raises(ValueError, match="0..255"):
         model(torch.full((1, 3), 256))
     with pytest.raises(ValueError, match="batch"):
         model(torch.zeros(2, 3, dtype=torch.long), model.new_cache(batch=1))
     with pytest.raises(TypeError, match="cache"):
         model(torch.zeros(1, 3, dtype=torch.long), cache="cache")
-    with pytest.raises(TypeError, match="RotaryGPT expects|GPTConfig"):
-        ch06.RotaryGPT({"vocab_size": 256})
     config = ch02.GPTConfig(vocab_size=256, context_length=8, d_model=16, heads=2)
     with pytest.raises(ValueError, match="base"):
         ch06.RotaryGPT(config, base=1.0)
@@ -395,85 +503,53 @@ def test_rotary_model_refuses_bad_input():
         ch06.RotaryGPT(ch02.GPTConfig(vocab_size=256, d_model=12, heads=4))  # head width 3
 
 
-def test_set_rope_and_set_bands_refuse_bad_input():
+def test_set_rope_and_set_bands_refuse_what_would_be_silently_wrong():
     model = rotary(context=8)
     with pytest.raises(ValueError, match="method"):
         model.set_rope("alibi")
-    with pytest.raises(TypeError, match="method"):
-        model.set_rope(3)
     with pytest.raises(ValueError, match="factor"):
         model.set_rope("pi", 0.5)
-    with pytest.raises(TypeError, match="factor"):
-        model.set_rope("pi", "8")
     layer = model.blocks[0].attention
     with pytest.raises(ValueError, match="frequencies"):
-        layer.set_bands(torch.ones(3, dtype=torch.float64))
-    with pytest.raises(TypeError, match="frequencies"):
-        layer.set_bands(torch.ones(4, dtype=torch.long))
+        layer.set_bands(torch.ones(1, dtype=torch.float64))  # one band would broadcast over all
     with pytest.raises(ValueError, match="magnitude"):
         layer.set_bands(torch.ones(4, dtype=torch.float64), 0.0)
-    with pytest.raises(ValueError, match="x"):
-        layer(torch.zeros(1, 3, 7))
-    with pytest.raises(TypeError, match="x"):
-        layer(torch.zeros(1, 3, 16, dtype=torch.long))
 
 
-def test_task_and_measurements_refuse_bad_input():
-    generator = torch.Generator().manual_seed(0)
-    with pytest.raises(ValueError, match="depths"):
-        ch06.passkey_batch(TOKENS, torch.tensor([1.5]), 10, generator)
-    with pytest.raises(TypeError, match="depths"):
-        ch06.passkey_batch(TOKENS, [0.5], 10, generator)
-    with pytest.raises(ValueError, match="length"):
-        ch06.passkey_batch(TOKENS, torch.tensor([0.5]), 3, generator)
-    with pytest.raises(ValueError, match="data"):
-        ch06.passkey_batch(TOKENS[:8], torch.tensor([0.5]), 10, generator)
-    with pytest.raises(TypeError, match="data"):
-        ch06.passkey_batch(TOKENS.float(), torch.tensor([0.5]), 10, generator)
-    model = rotary(context=8)
-    with pytest.raises(ValueError, match="key_share"):
-        ch06.train_with_keys(model, TOKENS, steps=1, batch_size=2, length=8, key_share=1.5,
-                             learning_rate=1e-3, seed=0)
-    with pytest.raises(ValueError, match="steps"):
-        ch06.train_with_keys(model, TOKENS, steps=0, batch_size=2, length=8, key_share=0.5,
-                             learning_rate=1e-3, seed=0)
-    with pytest.raises(ValueError, match="learning_rate"):
-        ch06.train_with_keys(model, TOKENS, steps=1, batch_size=2, length=8, key_share=0.5,
-                             learning_rate=0.0, seed=0)
-    with pytest.raises(ValueError, match="windows"):
-        ch06.position_losses(model, TOKENS, length=8, windows=1)
-    with pytest.raises(ValueError, match="span"):
-        ch06.position_losses(model, TOKENS, length=8, windows=2, span=4)
-    with pytest.raises(ValueError, match="token_ids"):
-        ch06.position_losses(model, TOKENS[:10], length=8, windows=4)
-    with pytest.raises(ValueError, match="trials"):
-        ch06.passkey_hits(model, TOKENS, length=8, depths=(0.5,), trials=0, seed=0)
-    with pytest.raises(ValueError, match="depths"):
-        ch06.passkey_hits(model, TOKENS, length=8, depths=(), trials=2, seed=0)
-    with pytest.raises(ValueError, match="hits"):
-        ch06.wilson_interval(5, 4)
-    with pytest.raises(ValueError, match="trials"):
-        ch06.wilson_interval(0, 0)
-    with pytest.raises(TypeError, match="hits"):
-        ch06.wilson_interval(0.5, 4)
-    with pytest.raises(ValueError, match="z"):
-        ch06.wilson_interval(1, 4, z=0)
+def test_training_refuses_bad_input():
+    model = rotary(context=32)
+    good = dict(steps=1, batch_size=4, length=32, key_share=0.5, learning_rate=1e-3, seed=0)
+    for name, value, error in (("key_share", 1.5, ValueError), ("steps", 0, ValueError),
+                               ("learning_rate", 0.0, ValueError), ("batch_size", 1, ValueError),
+                               ("length", 6, ValueError), ("seed", -1, ValueError), ("max_keys", 11, ValueError),
+                               ("steps", 1.0, TypeError)):
+        with pytest.raises(error, match=name):
+            ch06.train_with_keys(model, TRAIN_TEXT, **{**good, name: value})
+    with pytest.raises(TypeError, match="model"):
+        ch06.train_with_keys(ch02.TinyGPT(model.config), TRAIN_TEXT, **good)
+    with pytest.raises(ValueError, match="text"):
+        ch06.train_with_keys(model, TRAIN_TEXT[:20], **good)
 
 
 @pytest.mark.parametrize(("field", "value", "error"), [
-    ("trained_length", 2, ValueError), ("trained_length", 8.0, TypeError), ("factors", (), ValueError),
-    ("factors", "12", TypeError), ("factors", (1, 1), ValueError), ("factors", (0, 2), ValueError),
+    ("trained_length", 4, ValueError), ("trained_length", 8.0, TypeError), ("factors", (), ValueError),
+    ("factors", "12", TypeError), ("factors", (1, 1), ValueError), ("factors", (2, 4), ValueError),
     ("depths", (0.0, 1.5), ValueError), ("methods", ("rope", "alibi"), ValueError), ("seeds", (-1,), ValueError),
-    ("key_share", 2.0, ValueError), ("learning_rate", 0.0, ValueError), ("fused", "yes", TypeError),
-    ("heads", 3, ValueError), ("windows", 1, ValueError), ("base", 1.0, ValueError),
+    ("key_share", 2.0, ValueError), ("learning_rate", 0.0, ValueError), ("finetune_rates", (0.0,), ValueError),
+    ("fused", "yes", TypeError), ("heads", 3, ValueError), ("windows", 1, ValueError), ("bases", (1.0,), ValueError),
+    ("max_keys", 11, ValueError), ("tail", 65, ValueError),
 ])
 def test_experiment_settings_refuse_bad_fields(field, value, error):
-    with pytest.raises(error, match=field):
-        ch06.ExtensionSettings(**{field: value})
+    import experiments.extension as runner
+
+    with pytest.raises(error, match=field if field != "learning_rate" else "learning_rate"):
+        runner.ExtensionSettings(**{field: value})
 
 
 def test_experiment_refuses_settings_of_the_wrong_type():
+    import experiments.extension as runner
+
     with pytest.raises(TypeError, match="settings"):
-        ch06.run_extension_experiment({"steps": 1})
-    with pytest.raises(TypeError, match="progress"):
-        ch06.run_extension_experiment(TINY, progress="yes")
+        runner.run_experiment({"steps": 1})
+    with pytest.raises(ValueError, match="jobs"):
+        runner.run_experiment(runner.TINY, jobs=0)

@@ -2,13 +2,11 @@
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
 """Code saved from chapters/ch06-extension.qmd ("Stretching a trained model's context, measured")."""
 
-import copy
+import functools
 import json
 import math
 import pathlib
-import sys
-import time
-from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -18,25 +16,18 @@ from tqdm import tqdm
 from longctx import ch01, ch02, ch03, support
 
 
-# chapters/ch06-extension.qmd:85
+# chapters/ch06-extension.qmd:89
 class RotarySelfAttention(ch02.CausalSelfAttention):
     """Chapter 2's causal attention with RoPE on queries and keys.
 
-    Query and key of the token at position m are turned by Chapter 3's
-    rotation R(m) with the layer's bands (and scaled by its magnitude)
-    before the scores are taken; values are left alone. Positions start
-    at the number of tokens already in ``cache``, so they may run past any
-    length.
-
-    Args:
-        d_model: Model width d.
-        heads: Heads H; d_h = d / H must be even and at least 4.
-        fused: Score with ``torch.nn.functional.scaled_dot_product_attention``
-            instead of Chapter 1's ``scaled_dot_product_attention``.
+    The query and key of the token at position m are turned by Chapter 3's
+    rotation R(m) (and scaled by the layer's magnitude) before the scores
+    are taken; values are left alone. Positions start after the tokens
+    already in the cache, so they may run past any length.
 
     Raises:
         TypeError: If ``fused`` is not a bool (and as Chapter 1's layer).
-        ValueError: If the head width is odd or below 4.
+        ValueError: If the head width d / H is odd or below 4.
     """
 
     def __init__(self, d_model: int, heads: int, *, fused: bool = False):
@@ -53,16 +44,13 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
         """Use ``frequencies`` (d_h / 2,) and ``magnitude`` from now on.
 
         Raises:
-            TypeError: If ``frequencies`` is not a floating-point tensor or
-                ``magnitude`` is not a number.
-            ValueError: If there are not d_h / 2 frequencies, or the
-                magnitude is not positive.
+            ValueError: If there are not d_h / 2 frequencies (one would
+                broadcast silently), or the magnitude is not positive.
         """
-        support.check_tensor("frequencies", frequencies, dims=1, floating=True)
-        if 2 * frequencies.numel() != self.head_dim:
-            raise ValueError(
-                f"frequencies must hold head_dim / 2 = {self.head_dim // 2} "
-                f"bands (got {frequencies.numel()})")
+        bands = self.head_dim // 2
+        if frequencies.shape != (bands,):
+            raise ValueError(f"frequencies must have shape ({bands},) "
+                             f"(got {tuple(frequencies.shape)})")
         self.magnitude = support.check_number("magnitude", magnitude, above=0)
         self.frequencies = frequencies.to(torch.float64)
 
@@ -73,20 +61,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
         With a ``cache``, ``x`` continues the cached sequence of ``layer``:
         its positions start after the cached tokens, and its turned keys
         and its values are appended.
-
-        Raises:
-            TypeError: If ``x`` is not a floating-point tensor, ``cache``
-                not a KVCache or ``layer`` not an int.
-            ValueError: If ``x`` is not (B, T, d) with T >= 1, or
-                ``layer`` is negative.
         """
-        support.check_tensor("x", x, dims=3, floating=True, nonempty=True)
-        layer = support.check_int("layer", layer, minimum=0)
-        if cache is not None:
-            support.check_type("cache", cache, ch02.KVCache)
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x must have width d_model = {self.d_model} "
-                             f"(got shape {tuple(x.shape)})")
         past = 0 if cache is None else cache.keys[layer].shape[2]  # t_0
         new = x.shape[1]
         positions = torch.arange(past, past + new, device=x.device)  # m
@@ -112,10 +87,10 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
         return self.output(ch01.merge_heads(mixed))  # (B, T, d)
 
 
-# chapters/ch06-extension.qmd:192
+# chapters/ch06-extension.qmd:174
 #: Each recipe's settings beside its factor, in one place: YaRN's band
-#: boundaries (its paper's values for LLaMA) and Llama 3.1's wavelength
-#: thresholds (its config.json). Recipes not named here need none.
+#: boundaries (its paper's values for LLaMA) and Llama 3.1's thresholds
+#: (the rope_scaling entry of its released config.json).
 RECIPE_SETTINGS: dict[str, dict[str, float]] = {
     "yarn": {"beta_fast": 32.0, "beta_slow": 1.0},
     "llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0},
@@ -125,26 +100,10 @@ RECIPE_SETTINGS: dict[str, dict[str, float]] = {
 def recipe_bands(method: str, head_dim: int, *, factor: float,
                  base: float = 10_000.0,
                  original_context: int) -> tuple[Tensor, float]:
-    """Return Chapter 3's (frequencies, magnitude) for one recipe.
+    """Return Chapter 3's (frequencies (d_h / 2,), magnitude) for a recipe.
 
-    Calls ``ch03.inverse_frequencies`` with the recipe's entry of
-    ``RECIPE_SETTINGS``.
-
-    Args:
-        method: One of ``ch03.ROPE_METHODS``.
-        head_dim: Rotary width d_R (the whole head here).
-        factor: Extension factor a = T_1 / T_0 (>= 1).
-        base: RoPE base b.
-        original_context: Trained length T_0.
-
-    Raises:
-        TypeError, ValueError: For an unknown method or a bad number.
+    At factor a = T_1 / T_0, with the recipe's ``RECIPE_SETTINGS``.
     """
-    method = support.check_choice("method", method, ch03.ROPE_METHODS)
-    head_dim = support.check_int("head_dim", head_dim, minimum=2)
-    factor = support.check_number("factor", factor, minimum=1)
-    original_context = support.check_int("original_context",
-                                         original_context, minimum=1)
     return ch03.inverse_frequencies(
         head_dim, method=method, base=base, factor=factor,
         original_context=original_context,
@@ -156,12 +115,7 @@ class RotaryGPT(ch02.TinyGPT):
 
     ``config.context_length`` is the trained length T_0: the recipes read
     it, and positions past it are accepted. The model starts with plain
-    RoPE bands; ``set_rope`` switches every layer to another recipe.
-
-    Args:
-        config: The sizes (Chapter 2's ``GPTConfig``).
-        base: RoPE base b (> 1).
-        fused: Use PyTorch's fused attention (same function, faster).
+    RoPE bands of base b; ``set_rope`` switches every layer to a recipe.
 
     Raises:
         TypeError: If ``config`` is not a GPTConfig, or an argument has the
@@ -184,7 +138,8 @@ class RotaryGPT(ch02.TinyGPT):
         """Give every layer the bands of ``method`` at extension ``factor``.
 
         Raises:
-            TypeError, ValueError: As ``recipe_bands``.
+            TypeError, ValueError: For an unknown method or a factor below 1
+                (Chapter 3's ``inverse_frequencies`` checks both).
         """
         frequencies, magnitude = recipe_bands(
             method, self.config.head_dim, factor=factor, base=self.base,
@@ -213,9 +168,7 @@ class RotaryGPT(ch02.TinyGPT):
         if tokens.min() < 0 or tokens.max() >= vocab:
             raise ValueError(f"tokens must be ids in 0..{vocab - 1}")
         if cache is not None:
-            if not isinstance(cache, ch02.KVCache):
-                raise TypeError("cache must be a ch02.KVCache (got "
-                                f"{support.describe(cache)})")
+            support.check_type("cache", cache, ch02.KVCache)
             if (cache.batch, cache.layers) != (len(tokens), len(self.blocks)):
                 raise ValueError(
                     f"the cache holds batch {cache.batch} and {cache.layers} "
@@ -227,96 +180,125 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:392
-#: The byte that opens the key and, at the end of the window, asks for it.
+# chapters/ch06-extension.qmd:358
+#: The byte that opens a record and, at the end of a window, asks for one.
 KEY_MARK = "#"
+#: The bytes names and values are drawn from; the filler text has none.
+KEY_SYMBOLS = "0123456789"
 
 
-def passkey_batch(data: Tensor, depths: Tensor, length: int,
-                  generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Return (inputs, targets), (B, T) each: text with a planted key.
+def key_free_text(token_ids: Tensor) -> Tensor:
+    """Return the byte ids (N,) without any ``KEY_MARK`` or ``KEY_SYMBOLS``.
 
-    Row i is a window of ``data`` (Chapter 2's ``sample_batch``) whose
-    bytes p, p + 1 become ``KEY_MARK`` and a random digit k_i, with
-    p = round(depths[i] * (T - 3)); its last input is ``KEY_MARK`` again,
-    and the target there is k_i. The key sits T - 2 - p positions before
-    that question.
+    Filler in which a planted record is the only thing that looks like one.
+    """
+    banned = torch.tensor([ord(c) for c in KEY_MARK + KEY_SYMBOLS])
+    return token_ids[~torch.isin(token_ids, banned)]
 
-    Args:
-        data: 1-d int64 token ids (the filler text).
-        depths: (B,) floats in [0, 1]: where each key goes.
-        length: Window length T (>= 4).
-        generator: The ``torch.Generator`` every draw comes from.
+
+class KeyBatch(NamedTuple):
+    """Windows with planted records, as ``key_batch`` returns them.
+
+    ``inputs`` and ``targets`` (B, T); ``answers`` (B, T), True at the
+    targets that are asked values; ``starts`` (B, K), where each record
+    begins (column 0: the record asked last).
+    """
+
+    inputs: Tensor
+    targets: Tensor
+    answers: Tensor
+    starts: Tensor
+
+
+def key_batch(text: Tensor, depths: Tensor, length: int,
+              generator: torch.Generator, *, keys: int = 1,
+              questions: int = 1) -> KeyBatch:
+    """Return windows of ``text`` with ``keys`` records planted in each.
+
+    Record 0 of row i starts at p = round(depths[i] * (T - 3q - 2)); the
+    others at random places clear of every record. The names of a window
+    differ. The window closes with q = ``questions`` questions, each the
+    mark and a name followed by its value (the target), asking records
+    q - 1, ..., 1 and last record 0; records past q are distractors. Every
+    draw comes from ``generator``; ``text`` should be key-free.
 
     Raises:
-        TypeError, ValueError: If an argument has the wrong type, a depth
-            lies outside [0, 1], or ``data`` is not longer than T + 1.
+        ValueError: If ``keys`` is not 1 to len(KEY_SYMBOLS), ``questions``
+            not 1 to ``keys``, or the records do not fit in the window.
     """
-    support.check_tensor("data", data, dims=1, dtype=torch.long)
-    support.check_tensor("depths", depths, dims=1, floating=True,
-                         nonempty=True)
-    length = support.check_int("length", length, minimum=4)
-    if data.numel() <= length + 1:
-        raise ValueError(f"data must hold more than {length + 1} tokens "
-                         f"(got {data.numel()})")
-    if not bool(((depths >= 0) & (depths <= 1)).all()):
-        raise ValueError("depths must lie in [0, 1] (got "
-                         f"{depths.min().item()} to {depths.max().item()})")
+    support.check_int("keys", keys, minimum=1, maximum=len(KEY_SYMBOLS))
+    support.check_int("questions", questions, minimum=1, maximum=keys)
+    last = length - 3 * questions - 2  # the latest start of a record
+    if 3 * keys > last + 1:
+        raise ValueError(f"{keys} records and {questions} questions do not "
+                         f"fit in a window of {length}")
     batch = depths.numel()
-    inputs, targets = ch02.sample_batch(data, batch, length, generator)
+    inputs, targets = ch02.sample_batch(text, batch, length, generator)
     window = torch.cat([inputs, targets[:, -1:]], dim=1)  # (B, T + 1)
-    digits = torch.randint(0, 10, (batch,), generator=generator) + ord("0")
-    mark = ord(KEY_MARK)
-    start = torch.round(depths.double() * (length - 3)).long()  # p, (B,)
-    rows = torch.arange(batch)
-    window[rows, start] = mark
-    window[rows, start + 1] = digits  # the key k_i
-    window[:, -2] = mark  # the question ...
-    window[:, -1] = digits  # ... and its answer, the last target
-    return window[:, :-1], window[:, 1:]  # (B, T) each
+    symbols = torch.tensor([ord(c) for c in KEY_SYMBOLS])
+    names = torch.stack([torch.randperm(len(symbols), generator=generator)
+                         for _ in range(batch)])[:, :keys]  # (B, K), distinct
+    values = torch.randint(0, len(symbols), (batch, keys),
+                           generator=generator)  # (B, K)
+    starts = torch.empty(batch, keys, dtype=torch.long)
+    for row, depth in enumerate(depths.tolist()):
+        taken = [round(depth * last)]  # record 0, at its depth
+        for place in torch.randperm(last + 1, generator=generator).tolist():
+            if len(taken) == keys:
+                break
+            if all(abs(place - other) >= 3 for other in taken):
+                taken.append(place)  # clear of every other record
+        starts[row] = torch.tensor(taken)
+    rows = torch.arange(batch)[:, None]
+    window[rows, starts] = ord(KEY_MARK)
+    window[rows, starts + 1] = symbols[names]
+    window[rows, starts + 2] = symbols[values]
+    answers = torch.zeros(batch, length + 1, dtype=torch.bool)
+    for slot, record in enumerate(range(questions - 1, -1, -1)):
+        at = length + 1 - 3 * (questions - slot)  # this question's mark
+        window[:, at] = ord(KEY_MARK)
+        window[:, at + 1] = symbols[names[:, record]]
+        window[:, at + 2] = symbols[values[:, record]]  # the answer
+        answers[:, at + 2] = True
+    return KeyBatch(window[:, :-1], window[:, 1:], answers[:, 1:], starts)
 
 
-# chapters/ch06-extension.qmd:494
-def train_with_keys(model: RotaryGPT, token_ids: Tensor, *, steps: int,
+# chapters/ch06-extension.qmd:496
+def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
-                    learning_rate: float, seed: int,
+                    learning_rate: float, seed: int, max_keys: int = 1,
                     progress: tqdm | None = None) -> list[float]:
     """Train ``model`` in place by Equation 6.1; return each step's loss.
 
-    Each step draws ``batch_size`` windows of ``length`` tokens, of which
-    round(key_share * batch_size) carry a key (``passkey_batch``, depth
-    uniform in [0, 1]). AdamW, cosine decay to a tenth of the rate and
-    gradient clipping as in Chapter 2's ``train``, after a linear warm-up
-    over the first tenth of the steps.
-
-    Args:
-        model: The model; left in eval mode.
-        token_ids: 1-d int64 training tokens.
-        steps, batch_size, length: Steps, windows per step, window length.
-        key_share: Share of each batch that carries a key, in [0, 1].
-        learning_rate: Peak step size.
-        seed: Seed of the generator that draws every batch.
-        progress: A tqdm bar to advance by one per step, or None.
+    Each step draws ``batch_size`` windows of ``length`` bytes of ``text``;
+    round(key_share * batch_size) of them carry records (``key_batch``,
+    depth uniform in [0, 1]): half one record, half ``max_keys``. AdamW,
+    cosine decay to a tenth of the rate and clipping as in Chapter 2's
+    ``train``, after a linear warm-up over the first tenth of the steps.
+    The model is left in eval mode.
 
     Raises:
-        TypeError, ValueError: For an argument of the wrong type or range.
+        TypeError, ValueError: For an argument of the wrong type or range,
+            or a ``text`` no longer than one window.
     """
     support.check_type("model", model, RotaryGPT)
-    support.check_tensor("token_ids", token_ids, dims=1, dtype=torch.long)
+    support.check_tensor("text", text, dims=1, dtype=torch.long)
     steps = support.check_int("steps", steps, minimum=1)
-    batch_size = support.check_int("batch_size", batch_size, minimum=1)
-    length = support.check_int("length", length, minimum=4)
-    if token_ids.numel() <= length + 1:
-        raise ValueError(f"token_ids must hold more than length + 1 = "
-                         f"{length + 1} tokens (got {token_ids.numel()})")
-    if progress is not None:
-        support.check_type("progress", progress, tqdm)
+    max_keys = support.check_int("max_keys", max_keys, minimum=1,
+                                 maximum=len(KEY_SYMBOLS))
+    batch_size = support.check_int("batch_size", batch_size, minimum=2)
+    length = support.check_int("length", length, minimum=6 * max_keys + 1)
+    if text.numel() <= length + 1:
+        raise ValueError(f"text must hold more than length + 1 = "
+                         f"{length + 1} tokens (got {text.numel()})")
     key_share = support.check_number("key_share", key_share, minimum=0,
                                      maximum=1)
     learning_rate = support.check_number("learning_rate", learning_rate,
                                          above=0)
     seed = support.check_int("seed", seed, minimum=0)
-    keyed = round(key_share * batch_size)  # |K| windows per step
+    if progress is not None:
+        support.check_type("progress", progress, tqdm)
+    keyed = min(round(key_share * batch_size), batch_size - 1)  # |K| rows
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate,
                                   weight_decay=0.01)
@@ -326,24 +308,30 @@ def train_with_keys(model: RotaryGPT, token_ids: Tensor, *, steps: int,
         rise = min(1.0, (step + 1) / warmup)  # linear over the first tenth
         return rise * (0.1 + 0.45 * (1 + math.cos(math.pi * step / steps)))
 
+    def records(rows: int, keys: int) -> KeyBatch:  # every record asked
+        depths = torch.rand(rows, generator=generator, dtype=torch.float64)
+        return key_batch(text, depths, length, generator, keys=keys,
+                         questions=keys)
+
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
     losses = []
     model.train()
     for _ in range(steps):
-        text_in, text_out = ch02.sample_batch(token_ids, batch_size - keyed,
+        text_in, text_out = ch02.sample_batch(text, batch_size - keyed,
                                               length, generator)
-        depths = torch.rand(keyed, generator=generator, dtype=torch.float64)
-        key_in, key_out = (passkey_batch(token_ids, depths, length, generator)
-                           if keyed else (text_in[:0], text_out[:0]))
-        inputs = torch.cat([text_in, key_in])  # (B, T)
-        targets = torch.cat([text_out, key_out])  # (B, T)
+        parts = [(text_in, text_out, torch.zeros_like(text_in, dtype=bool))]
+        single = keyed if max_keys == 1 else keyed // 2
+        if single:
+            parts.append(records(single, 1)[:3])
+        if keyed > single:
+            parts.append(records(keyed - single, max_keys)[:3])
+        inputs, targets, answers = (torch.cat(column)  # (B, T) each
+                                    for column in zip(*parts, strict=True))
         per_target = F.cross_entropy(model(inputs).transpose(1, 2), targets,
                                      reduction="none")  # (B, T)
-        answers = torch.zeros_like(per_target, dtype=torch.bool)
-        answers[batch_size - keyed:, -1] = True  # the set K of Eq. 6.1
-        loss = per_target[~answers].mean()
+        loss = per_target[~answers].mean()  # the text term of Eq. 6.1
         if keyed:
-            loss = loss + per_target[answers].mean()
+            loss = loss + per_target[answers].mean()  # the answers' term
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -356,294 +344,126 @@ def train_with_keys(model: RotaryGPT, token_ids: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:591
+# chapters/ch06-extension.qmd:600
 @torch.no_grad()
-def position_losses(model: RotaryGPT, token_ids: Tensor, *, length: int,
+def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
     """Return the next-byte loss (windows, length) at every position.
 
-    Window w starts at round(w * (N - span - 1) / (windows - 1)) of the N
-    tokens, so windows of any length up to ``span`` are prefixes of the
-    same windows.
-
-    Args:
-        model: The model, in eval mode.
-        token_ids: 1-d int64 held-out tokens.
-        length: Positions scored per window.
-        windows: Number of windows (>= 2).
-        span: The longest length to be compared (default ``length``).
-
-    Raises:
-        TypeError, ValueError: For a bad argument, or too little text.
+    Window w ends at byte e_w = round(span + w (N - span - 2) / (windows -
+    1)) of the N bytes of ``text`` at every length up to ``span`` (default
+    ``length``): the last positions of a short window predict the same
+    bytes as those of a long one.
     """
-    support.check_type("model", model, RotaryGPT)
-    support.check_tensor("token_ids", token_ids, dims=1, dtype=torch.long)
-    length = support.check_int("length", length, minimum=1)
-    windows = support.check_int("windows", windows, minimum=2)
-    span = length if span is None else support.check_int(
-        "span", span, minimum=length)
-    if token_ids.numel() < span + windows:
-        raise ValueError(f"token_ids must hold at least span + windows = "
-                         f"{span + windows} tokens (got {token_ids.numel()})")
-    starts = torch.linspace(0, token_ids.numel() - span - 1, windows)
-    starts = starts.round().long()[:, None]  # (W, 1)
-    offsets = torch.arange(length)  # (T,)
-    inputs = token_ids[starts + offsets]  # (W, T)
-    targets = token_ids[starts + offsets + 1]  # (W, T)
+    span = length if span is None else span
+    ends = torch.linspace(span, text.numel() - 2, windows).round().long()
+    offsets = torch.arange(-length, 0)  # (T,): the T bytes before e_w
+    inputs = text[ends[:, None] + offsets]  # (W, T)
+    targets = text[ends[:, None] + offsets + 1]  # (W, T)
     return F.cross_entropy(model(inputs).transpose(1, 2), targets,
                            reduction="none")  # (W, T)
 
 
 @torch.no_grad()
-def passkey_hits(model: RotaryGPT, token_ids: Tensor, *, length: int,
-                 depths: tuple[float, ...], trials: int, seed: int,
-                 chunk: int = 32) -> Tensor:
-    """Return a bool (len(depths), trials) grid: was the key retrieved?
+def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
+             depths: tuple[float, ...], trials: int, seed: int,
+             keys: int = 1, chunk: int = 32) -> Tensor:
+    """Return a bool (len(depths), trials) grid: was the asked value found?
 
-    Trial j at depth d is ``passkey_batch`` row j of one generator seeded
-    with ``seed``; it is a hit when the model's most likely byte after the
-    final mark is the planted digit. Rows run ``chunk`` at a time.
-
-    Raises:
-        TypeError, ValueError: For a bad argument (as ``passkey_batch``).
+    Trial j at depth d is row j of ``key_batch`` from a generator seeded
+    with ``seed``, the same windows for every model; a hit is the model's
+    most likely byte after the question being the asked value.
     """
-    support.check_type("model", model, RotaryGPT)
-    support.check_tensor("token_ids", token_ids, dims=1, dtype=torch.long)
-    length = support.check_int("length", length, minimum=4)
-    if token_ids.numel() <= length + 1:
-        raise ValueError(f"token_ids must hold more than length + 1 = "
-                         f"{length + 1} tokens (got {token_ids.numel()})")
-    support.check_type("depths", depths, (tuple, list))
-    if not depths:
-        raise ValueError("depths must not be empty")
-    for depth in depths:
-        support.check_number("each of depths", depth, minimum=0, maximum=1)
-    trials = support.check_int("trials", trials, minimum=1)
-    seed = support.check_int("seed", seed, minimum=0)
-    chunk = support.check_int("chunk", chunk, minimum=1)
-    depth_rows = torch.tensor(depths, dtype=torch.float64)
-    generator = torch.Generator().manual_seed(seed)
-    inputs, targets = passkey_batch(token_ids,
-                                    depth_rows.repeat_interleave(trials),
-                                    length, generator)  # (D * N, T)
+    where = torch.tensor(depths, dtype=torch.float64).repeat_interleave(trials)
+    batch = key_batch(text, where, length,
+                      torch.Generator().manual_seed(seed), keys=keys)
     guesses = torch.cat([model(part)[:, -1].argmax(-1)
-                         for part in inputs.split(chunk)])  # (D * N,)
-    return (guesses == targets[:, -1]).view(len(depths), trials)
+                         for part in batch.inputs.split(chunk)])  # (D * N,)
+    return (guesses == batch.targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:679
-def wilson_interval(hits: int, trials: int,
-                    z: float = 1.96) -> tuple[float, float]:
-    """Return the Wilson interval (low, high) of Equation 6.2.
+# chapters/ch06-extension.qmd:666
+@functools.cache
+def student_t_quantile(probability: float, dof: int) -> float:
+    """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
 
-    Raises:
-        TypeError: If a count is not an int or ``z`` not a number.
-        ValueError: If trials < 1, hits outside 0..trials, or z <= 0.
+    Student's density integrated by Simpson's rule, then bisection.
     """
-    trials = support.check_int("trials", trials, minimum=1)
-    hits = support.check_int("hits", hits, minimum=0, maximum=trials)
-    z = support.check_number("z", z, above=0)
-    share = hits / trials  # p hat
-    centre = share + z * z / (2 * trials)
-    spread = z * math.sqrt(share * (1 - share) / trials
-                           + z * z / (4 * trials * trials))
-    scale = 1 + z * z / trials
-    # at h = 0 the low end is exactly 0, at h = n the high end exactly 1;
-    # floats miss by 2e-16, so the ends are set, not computed
-    low = 0.0 if hits == 0 else (centre - spread) / scale
-    high = 1.0 if hits == trials else (centre + spread) / scale
-    return low, high
+    log_scale = (math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)
+                 - 0.5 * math.log(dof * math.pi))
+
+    def cdf(t: float, steps: int = 2_000) -> float:  # 1/2 + integral 0..t
+        h = t / steps
+        density = [math.exp(log_scale - (dof + 1) / 2
+                            * math.log1p((i * h) ** 2 / dof))
+                   for i in range(steps + 1)]
+        weights = [1] + [4 if i % 2 else 2 for i in range(1, steps)] + [1]
+        return 0.5 + h / 3 * sum(w * f for w, f in zip(weights, density,
+                                                          strict=True))
+
+    low, high = 0.0, 1_000.0
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = ((middle, high) if cdf(middle) < probability
+                     else (low, middle))
+    return (low + high) / 2
 
 
-# chapters/ch06-extension.qmd:739
-@dataclass(frozen=True)
-class ExtensionSettings:
-    """The sizes of one run; the defaults are those of ``make experiment``.
+def seed_window_interval(values: Tensor) -> tuple[float, float, float]:
+    """Return (mean, low, high): Equation 6.2's 95% interval.
 
-    Attributes:
-        trained_length: T_0, the window length of training.
-        factors: Factors a; the model is evaluated at lengths a * T_0.
-        d_model, layers, heads, base: The model (``GPTConfig``, RoPE base).
-        steps, batch_size, learning_rate: Training at T_0.
-        key_share: Share of each batch that carries a key.
-        finetune_steps, finetune_learning_rate: Fine-tuning of each recipe
-            at the largest length, with the bytes per step of training.
-        windows: Held-out windows for the losses by position.
-        depths, trials: Key depths, and trials per depth and length.
-        seeds: One full run per seed.
-        methods: Recipes, from ``ch03.ROPE_METHODS``.
-        fused: Use PyTorch's fused attention.
-
-    Raises:
-        TypeError, ValueError: If a field has the wrong type or range.
+    ``values`` is (seeds S, windows W); with one seed, only the windows'
+    part counts, on W - 1 degrees of freedom.
     """
-
-    trained_length: int = 64
-    factors: tuple[int, ...] = (1, 2, 4, 8)
-    d_model: int = 128
-    layers: int = 4
-    heads: int = 4
-    base: float = 10_000.0
-    steps: int = 600
-    batch_size: int = 32
-    learning_rate: float = 3e-3
-    key_share: float = 0.25
-    finetune_steps: int = 80
-    finetune_learning_rate: float = 1e-3
-    windows: int = 48
-    depths: tuple[float, ...] = tuple(i / 8 for i in range(9))  # 0 .. 1
-    trials: int = 32
-    seeds: tuple[int, ...] = (0, 1)
-    methods: tuple[str, ...] = ch03.ROPE_METHODS
-    fused: bool = True
-
-    def __post_init__(self) -> None:
-        check = support.check_int
-        for name in ("trained_length", "d_model", "layers", "heads", "steps",
-                     "batch_size", "finetune_steps", "windows", "trials"):
-            check(name, getattr(self, name),
-                  minimum=2 if name == "windows" else 1)
-        check("trained_length", self.trained_length, minimum=4)
-        for name in ("factors", "depths", "seeds", "methods"):
-            value = getattr(self, name)
-            if not isinstance(value, tuple | list):
-                raise TypeError(f"{name} must be a tuple "
-                                f"(got {support.describe(value)})")
-            if not value:
-                raise ValueError(f"{name} must not be empty")
-            object.__setattr__(self, name, tuple(value))  # a list will do
-        support.check_int_sequence("factors", self.factors, minimum=1)
-        if len(set(self.factors)) != len(self.factors):
-            raise ValueError(f"factors must differ (got {self.factors})")
-        for depth in self.depths:
-            support.check_number("each of depths", depth, minimum=0,
-                                 maximum=1)
-        support.check_int_sequence("seeds", self.seeds, minimum=0)
-        for method in self.methods:
-            support.check_choice("each of methods", method, ch03.ROPE_METHODS)
-        support.check_number("base", self.base, above=1)
-        support.check_number("key_share", self.key_share, minimum=0,
-                             maximum=1)
-        for name in ("learning_rate", "finetune_learning_rate"):
-            support.check_number(name, getattr(self, name), above=0)
-        support.check_bool("fused", self.fused)
-        ch02.GPTConfig(vocab_size=256, context_length=self.trained_length,
-                       d_model=self.d_model, layers=self.layers,
-                       heads=self.heads)  # its own checks
-        width = self.d_model // self.heads
-        if width % 2 or width < 4:
-            raise ValueError("d_model / heads must be even and at least 4 "
-                             f"for RoPE (got {width})")
+    seeds, windows = values.shape
+    values = values.double()
+    variance = values.mean(0).var().item() / windows  # the windows' luck
+    if seeds > 1:
+        variance += values.mean(1).var().item() / seeds  # the seeds' luck
+    dof = seeds - 1 if seeds > 1 else windows - 1
+    half = student_t_quantile(0.975, dof) * math.sqrt(variance)
+    mean = values.mean().item()
+    return mean, mean - half, mean + half
 
 
-# chapters/ch06-extension.qmd:826
-def run_extension_experiment(settings: ExtensionSettings | None = None, *,
-                             progress: bool = True) -> dict:
-    """Train, extend and measure; return the results as plain numbers.
+def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
+    """Return (n_A, n_B, p): McNemar's exact test of paired hits.
 
-    For each seed: train at T_0 (``train_with_keys``), evaluate every
-    recipe as-is with factor a at each length a * T_0, then fine-tune a
-    copy per recipe at the largest length and evaluate it there and at
-    every shorter length with the largest factor.
-
-    Args:
-        settings: The sizes (default: ``ExtensionSettings()``).
-        progress: Show one tqdm bar for the whole run: redrawn in a
-            terminal, and elsewhere (a notebook, a log) only its final
-            line, once.
-
-    Returns:
-        A dict with ``settings``, ``lengths``, ``finetune_batch``,
-        ``seconds`` and ``runs``: per seed the training losses and
-        seconds, the fine-tuning losses and seconds per recipe, and
-        ``evaluations``, one per (method, variant, length) with
-        ``factor``, ``position_loss`` (mean over windows, per position),
-        ``window_loss`` (mean over positions, per window) and ``hits``
-        (per depth, out of ``trials``). Losses are rounded to 5 decimals.
-
-    Raises:
-        TypeError: If ``settings`` is not an ExtensionSettings or
-            ``progress`` not a bool.
+    ``first`` and ``second`` are bool tensors of hits on the same trials;
+    n_A counts those only the first got right, n_B those only the second
+    did, and p is the exact two-sided binomial tail.
     """
-    settings = ExtensionSettings() if settings is None else settings
-    if not isinstance(settings, ExtensionSettings):
-        raise TypeError("settings must be an ExtensionSettings "
-                        f"(got {support.describe(settings)})")
-    support.check_bool("progress", progress)
-    s = settings
-    ids = torch.tensor(ch02.ByteTokenizer().encode(ch02.load_corpus()))
-    split = int(0.9 * ids.numel())  # Chapter 2's split
-    train_ids, held_ids = ids[:split], ids[split:]
-    lengths = [a * s.trained_length for a in s.factors]
-    longest = max(lengths)
-    tuned_batch = max(1, s.batch_size * s.trained_length // longest)
-    config = ch02.GPTConfig(vocab_size=256, context_length=s.trained_length,
-                            d_model=s.d_model, layers=s.layers, heads=s.heads)
-    def rounded(values) -> list[float]:  # 5 decimals: a smaller JSON file
-        return [round(float(v), 5) for v in values]
-
-    per_seed = s.steps + len(s.methods) * (s.finetune_steps + 2 * len(lengths))
-    total = len(s.seeds) * per_seed
-    live = progress and sys.stderr.isatty()  # a terminal redraws one line
-    bar = tqdm(total=total, desc="experiment", unit="step", disable=not live)
-    started, runs = time.perf_counter(), []
-    for seed in s.seeds:
-        with torch.random.fork_rng():  # the weights' draw leaves ours alone
-            torch.manual_seed(seed)
-            model = RotaryGPT(config, base=s.base, fused=s.fused)
-        clock = time.perf_counter()
-        losses = train_with_keys(
-            model, train_ids, steps=s.steps, batch_size=s.batch_size,
-            length=s.trained_length, key_share=s.key_share,
-            learning_rate=s.learning_rate, seed=seed, progress=bar)
-        run = {"seed": seed, "train_losses": rounded(losses),
-               "train_seconds": time.perf_counter() - clock,
-               "finetune": {}, "evaluations": []}
-
-        def measure(net: RotaryGPT, method: str, variant: str,
-                    factor_at: dict, run: dict = run, seed: int = seed):
-            for length in lengths:
-                net.set_rope(method, factor_at[length])
-                loss = position_losses(net, held_ids, length=length,
-                                       windows=s.windows, span=longest)
-                hits = passkey_hits(net, held_ids, length=length,
-                                    depths=s.depths, trials=s.trials,
-                                    seed=seed + 1)  # same keys for all
-                run["evaluations"].append({
-                    "method": method, "variant": variant, "length": length,
-                    "factor": factor_at[length],
-                    "position_loss": rounded(loss.mean(0)),
-                    "window_loss": rounded(loss.mean(1)),
-                    "hits": hits.sum(1).tolist()})
-                bar.update(1)
-
-        for method in s.methods:
-            measure(model, method, "as-is",
-                    {n: n / s.trained_length for n in lengths})
-        for method in s.methods:
-            tuned = copy.deepcopy(model)
-            tuned.set_rope(method, longest / s.trained_length)
-            clock = time.perf_counter()
-            tuned_losses = train_with_keys(
-                tuned, train_ids, steps=s.finetune_steps,
-                batch_size=tuned_batch, length=longest,
-                key_share=s.key_share, learning_rate=s.finetune_learning_rate,
-                seed=seed + 2, progress=bar)  # same batches for all
-            run["finetune"][method] = {
-                "losses": rounded(tuned_losses),
-                "seconds": time.perf_counter() - clock}
-            measure(tuned, method, "fine-tuned",
-                    {n: longest / s.trained_length for n in lengths})
-        runs.append(run)
-    bar.close()
-    seconds = time.perf_counter() - started
-    if progress and not live:  # a notebook keeps every frame: show the last
-        print(tqdm.format_meter(total, total, seconds, prefix="experiment",
-                                unit="step"), file=sys.stderr)
-    return {"settings": asdict(s), "lengths": lengths,
-            "finetune_batch": tuned_batch, "seconds": seconds, "runs": runs}
+    only_first = int((first & ~second).sum())
+    only_second = int((second & ~first).sum())
+    split = only_first + only_second
+    smaller = min(only_first, only_second)
+    tail = sum(math.comb(split, k) for k in range(smaller + 1)) / 2**split
+    return only_first, only_second, min(1.0, 2 * tail)
 
 
+# chapters/ch06-extension.qmd:765
+def turning_bands(head_dim: int, base: float, length: int) -> int:
+    """Return how many of the d_h / 2 bands turn fully within ``length``.
+
+    Band j of base b does when its wavelength 2 pi b^(2j/d_h) <= length.
+    """
+    frequencies, _ = ch03.inverse_frequencies(head_dim, base=base)
+    return int((2 * math.pi / frequencies <= length).sum())
+
+
+def matched_base(length: int, *, reference_base: float,
+                 reference_length: int) -> float:
+    """Return the base b of Equation 6.3 for a trained length ``length``.
+
+    With it the same fraction of the band index range turns within
+    ``length`` as the reference's does within ``reference_length``.
+    """
+    share = math.log(length / (2 * math.pi)) / math.log(
+        reference_length / (2 * math.pi))
+    return reference_base**share
+
+
+# chapters/ch06-extension.qmd:929
 def load_extension_results(folder: pathlib.Path | None = None
                            ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``make experiment`` and its path.
