@@ -290,14 +290,22 @@ WARM_COLD = (("gqa8", 4096), ("gqa8", 32768), ("int8", 32768), ("int4", 32768))
 
 
 def run_warm_cold(pairs=WARM_COLD, *, device, threads, progress, min_run_time: float = 0.2) -> list[dict]:
-    """Return, for each (design, T), the step re-reading one cache (warm) and rotating caches (cold)."""
+    """Return, for each (design, T), the step re-reading one cache (warm) and rotating caches (cold).
+
+    The two are timed in the order warm, cold, cold, warm, and each is the mean of its two medians,
+    so that a drift of the machine during the pair (the first timing of a process, a neighbour's
+    load) falls on both alike.
+    """
     rows = []
     for design, tokens in pairs:
-        warm, cold = (measure_decode(design, tokens, device=device, threads=threads, min_run_time=min_run_time,
-                                     cold=flag, memory=False) for flag in (False, True))
-        rows.append({"design": design, "tokens": tokens, "cache_bytes": warm["cache_bytes"],
-                     "warm_seconds": warm["seconds"], "cold_seconds": cold["seconds"],
-                     "cold_copies": cold["copies"], "llc_bytes": last_level_cache_bytes()})
+        runs = [measure_decode(design, tokens, device=device, threads=threads, min_run_time=min_run_time,
+                               cold=flag, memory=False) for flag in (False, True, True, False)]
+        warm = (runs[0]["seconds"] + runs[3]["seconds"]) / 2
+        cold = (runs[1]["seconds"] + runs[2]["seconds"]) / 2
+        rows.append({"design": design, "tokens": tokens, "cache_bytes": runs[0]["cache_bytes"],
+                     "warm_seconds": warm, "cold_seconds": cold,
+                     "cold_copies": runs[1]["copies"], "llc_bytes": last_level_cache_bytes()})
+        warm, cold = {"seconds": warm}, {"seconds": cold}
         progress(f"warm/cold {design} T={tokens}: {warm['seconds'] * 1e3:.2f} / {cold['seconds'] * 1e3:.2f} ms")
     return rows
 

@@ -97,12 +97,6 @@ def _byte_text(tokens: int = 200) -> torch.Tensor:
     return torch.arange(tokens) % 26 + ord("a")
 
 
-def _tiny_settings():
-    return _ch("ch06").ExtensionSettings(trained_length=8, factors=(1, 2), d_model=16, layers=1, heads=2,
-                                         steps=1, batch_size=2, finetune_steps=1, windows=2, depths=(0.0, 1.0),
-                                         trials=2, seeds=(0,), methods=("rope", "pi"))
-
-
 BROADCASTS = {"0-d", "fewer-dims", "more-dims"}  # a mask or scale that broadcasts
 DATA = ("configs", "gemma-3-1b.json")
 
@@ -217,15 +211,9 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
                          parts=1, timeout_s=60.0),
         ),
     },
-    # ---------------------------------------------------------------- ch06: the experiment's settings, the model, its recipe switch, the drivers and the results reader
+    # ---------------------------------------------------------------- ch06: the model, its recipe switch, the task's batches, the trainer and the results reader
+    # (the experiment's settings and driver live in experiments/extension.py; tests/test_ch06.py sweeps them)
     "ch06": {
-        "ch06.ExtensionSettings": Valid(
-            lambda: dict(trained_length=8, factors=(1, 2), d_model=16, layers=1, heads=2, base=10000.0, steps=1,
-                         batch_size=2, learning_rate=0.003, key_share=0.25, finetune_steps=1,
-                         finetune_learning_rate=0.001, windows=2, depths=(0.0, 1.0), trials=2, seeds=(0,),
-                         methods=("rope", "pi"), fused=True),
-            accepts={"key_share": {"zero"}},  # text only, no keys: a valid (if dull) run
-        ),
         "ch06.RotarySelfAttention": Valid(lambda: dict(d_model=16, heads=2, fused=False)),
         "ch06.RotaryGPT": Valid(
             lambda: dict(config=_ch("ch02").GPTConfig(vocab_size=256, context_length=8, d_model=16, layers=1, heads=2),
@@ -233,19 +221,10 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         ),
         "ch06.RotaryGPT.set_rope": Valid(lambda model: dict(method="pi", factor=2.0), instance=_rotary_model),
         "ch06.train_with_keys": Valid(
-            lambda: dict(model=_rotary_model(), token_ids=_byte_text(), steps=1, batch_size=2, length=8,
-                         key_share=0.5, learning_rate=0.003, seed=0, progress=None),
+            lambda: dict(model=_rotary_model(), text=_byte_text(), steps=1, batch_size=2, length=8,
+                         key_share=0.5, learning_rate=0.003, seed=0, max_keys=1, progress=None),
             accepts={"seed": {"zero"}, "key_share": {"zero"}},  # no keyed windows: text only
         ),
-        "ch06.position_losses": Valid(
-            lambda: dict(model=_rotary_model(), token_ids=_byte_text(), length=8, windows=2, span=8),
-        ),
-        "ch06.passkey_hits": Valid(
-            lambda: dict(model=_rotary_model(), token_ids=_byte_text(), length=8, depths=(0.0, 1.0), trials=2,
-                         seed=0, chunk=2),
-            accepts={"seed": {"zero"}},
-        ),
-        "ch06.run_extension_experiment": Valid(lambda: dict(settings=_tiny_settings(), progress=False)),
         "ch06.load_extension_results": Valid(lambda: dict(folder=None)),  # run from the repository
     },
 }
@@ -332,8 +311,15 @@ SILENT: list[Silent] = [
     Silent("ch05", "more parts than tokens (an empty rank)", lambda: _ch("ch05").partition_bounds(3, 5), "seq_len"),
     Silent("ch05", "zero ring parts", lambda: _ch("ch05").ring_attention(*_qkv(), 0), "parts"),
     # Chapter 6
-    Silent("ch06", "a zero trained length", lambda: _ch("ch06").ExtensionSettings(trained_length=0), "trained_length"),
-    Silent("ch06", "more hits than trials", lambda: _ch("ch06").wilson_interval(9, 8), "hits"),
+    Silent("ch06", "zero keys in a batch",
+           lambda: _ch("ch06").key_batch(_byte_text(), torch.zeros(1, dtype=torch.float64), 16,
+                                         torch.Generator().manual_seed(0), keys=0), "keys"),
+    Silent("ch06", "more questions than keys",
+           lambda: _ch("ch06").key_batch(_byte_text(), torch.zeros(1, dtype=torch.float64), 16,
+                                         torch.Generator().manual_seed(0), keys=1, questions=2), "questions"),
+    Silent("ch06", "a zero extension factor", lambda: _rotary_model().set_rope("pi", 0.0), "factor"),
+    Silent("ch06", "a NaN extension factor", lambda: _rotary_model().set_rope("yarn", math.nan), "factor"),
+    Silent("ch06", "a zero rotary base", lambda: _ch("ch06").RotaryGPT(_tiny_config(), base=0.0), "base"),
 ]
 
 

@@ -139,12 +139,14 @@ def inverse_frequencies(dim: int,                      # d_R, even
     divided by ``factor``. ``ntk``: the bands of ``ntk_base`` (Equation
     3.3). ``yarn``: the ramp of Equation 3.4, with magnitude
     0.1 ln(factor) + 1. ``llama3``: the wavelength bands of Equation 3.5.
-    Every method but YaRN returns magnitude 1. An odd ``dim`` or an
-    unknown ``method`` is refused: either would give bands without an error.
+    Every method but YaRN returns magnitude 1. An odd ``dim``, an unknown
+    ``method`` or a ``factor`` below 1 is refused: each would give bands
+    without an error.
     """
     if dim % 2:                      # an odd width leaves a coordinate unturned
         raise ValueError(f"dim must be even (got {dim})")
     check_choice("method", method, ROPE_METHODS)
+    factor = check_number("factor", factor, minimum=1)  # 0 or NaN: no bands
     low, high = low_freq_factor, high_freq_factor                  # l, h
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2j/d_R
     plain = base ** -exponents                                       # omega_j
@@ -183,7 +185,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:708
+# chapters/ch03-long-context.qmd:710
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 #: A positive number a config may leave out.
@@ -295,7 +297,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:1001
+# chapters/ch03-long-context.qmd:1003
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth
@@ -379,7 +381,7 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
             for depth, p, weight in rows]
 
 
-# chapters/ch03-long-context.qmd:1267
+# chapters/ch03-long-context.qmd:1269
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.6).
@@ -501,7 +503,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1444
+# chapters/ch03-long-context.qmd:1446
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "int8": 1}
@@ -543,7 +545,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1562
+# chapters/ch03-long-context.qmd:1564
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -582,7 +584,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1629
+# chapters/ch03-long-context.qmd:1631
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -661,7 +663,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:1874
+# chapters/ch03-long-context.qmd:1876
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -682,7 +684,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
             "rope_key_dim": fields["qk_rope_head_dim"]}
 
 
-# chapters/ch03-long-context.qmd:1928
+# chapters/ch03-long-context.qmd:1930
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -798,7 +800,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2277
+# chapters/ch03-long-context.qmd:2279
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -824,7 +826,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2362
+# chapters/ch03-long-context.qmd:2364
 #: The fields ``read_window_fields`` takes from config.json.
 WINDOW_FIELDS = {"sliding_window": MAYBE_COUNT,
                  "sliding_window_pattern": MAYBE_COUNT,

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from tqdm import tqdm
 
 from longctx import ch01, ch02, ch03, support
@@ -332,19 +332,15 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
         loss = per_target[~answers].mean()  # the text term of Eq. 6.1
         if keyed:
             loss = loss + per_target[answers].mean()  # the answers' term
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.item())
+        losses.append(ch02.training_step(model, optimizer, loss,
+                                         schedule=schedule))
         if progress is not None:
             progress.update(1)
     model.eval()
     return losses
 
 
-# chapters/ch06-extension.qmd:600
+# chapters/ch06-extension.qmd:596
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -382,7 +378,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:666
+# chapters/ch06-extension.qmd:662
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -441,7 +437,7 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
     return only_first, only_second, min(1.0, 2 * tail)
 
 
-# chapters/ch06-extension.qmd:765
+# chapters/ch06-extension.qmd:761
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 
@@ -463,7 +459,7 @@ def matched_base(length: int, *, reference_base: float,
     return reference_base**share
 
 
-# chapters/ch06-extension.qmd:929
+# chapters/ch06-extension.qmd:925
 def load_extension_results(folder: pathlib.Path | None = None
                            ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``make experiment`` and its path.
