@@ -800,7 +800,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2279
+# chapters/ch03-long-context.qmd:2282
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -826,7 +826,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2364
+# chapters/ch03-long-context.qmd:2367
 #: The fields ``read_window_fields`` takes from config.json.
 WINDOW_FIELDS = {"sliding_window": MAYBE_COUNT,
                  "sliding_window_pattern": MAYBE_COUNT,
