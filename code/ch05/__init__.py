@@ -3,6 +3,7 @@
 """What long context costs, measured: the code saved from chapters/ch05-measured.qmd."""
 
 from ._generated import (
+    PACKED_BITS,
     KiviCache,
     OnlineState,
     QuantizedKV,
@@ -10,7 +11,6 @@ from ._generated import (
     asymmetric_codes,
     blockwise_causal_attention,
     causal_block_scores,
-    check_bits,
     chunk_states,
     code_halves,
     decode_reference,
@@ -47,6 +47,7 @@ from ._generated import (
 )
 
 __all__ = [
+    "PACKED_BITS",
     "KiviCache",
     "OnlineState",
     "QuantizedKV",
@@ -54,7 +55,6 @@ __all__ = [
     "asymmetric_codes",
     "blockwise_causal_attention",
     "causal_block_scores",
-    "check_bits",
     "chunk_states",
     "code_halves",
     "decode_reference",

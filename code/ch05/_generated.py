@@ -19,6 +19,7 @@ from torch.utils import benchmark as torch_benchmark
 from longctx import ch02, ch03, ch04
 from longctx.support import (
     check_attention_inputs,
+    check_bits,
     check_choice,
     check_int,
     check_number,
@@ -141,17 +142,8 @@ def tile_ranges(ranges: list[tuple[int, int]],
 
 
 # chapters/ch05-measured.qmd:486
-def check_bits(bits: int) -> int:
-    """Return bits if the packers can hold it (4 or 8), else raise.
-
-    Raises:
-        TypeError: if bits is not an integer.
-        ValueError: if bits is not 4 or 8.
-    """
-    bits = check_int("bits", bits)
-    if bits not in (4, 8):
-        raise ValueError(f"bits must be 4 or 8 (got {bits})")
-    return bits
+#: The bit widths the nibble and byte packers hold.
+PACKED_BITS = (4, 8)
 
 
 def pack_int4(codes: Tensor) -> Tensor:
@@ -208,7 +200,7 @@ class QuantizedKV:
     bits: int
 
     def __post_init__(self) -> None:
-        check_bits(self.bits)
+        check_bits("bits", self.bits, PACKED_BITS)
         dtype = torch.int8 if self.bits == 8 else torch.uint8
         check_tensor("codes", self.codes, dims=4, dtype=dtype, nonempty=True)
         check_tensor("scale", self.scale, dims=4, dtype=torch.float32,
@@ -233,7 +225,7 @@ def quantize_cache(x: Tensor, bits: int = 8) -> QuantizedKV:
     The codes and scales are ch04.quantize_kv's (absmax, one scale per
     vector); at 4 bits the codes are packed two a byte.
     """
-    codes, scale = ch04.quantize_kv(x, check_bits(bits))
+    codes, scale = ch04.quantize_kv(x, check_bits("bits", bits, PACKED_BITS))
     return QuantizedKV(pack_int4(codes) if bits == 4 else codes, scale, bits)
 
 
@@ -265,7 +257,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out.mul_(cache.scale[..., start:stop, :])  # codes * scale
 
 
-# chapters/ch05-measured.qmd:628
+# chapters/ch05-measured.qmd:619
 def stacked_rows(query: Tensor, kv_heads: int, scale: float | None) -> Tensor:
     """Return the scaled query (B, H_q, 1, d) as rows (B, H_kv, G, d).
 
@@ -328,7 +320,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:752
+# chapters/ch05-measured.qmd:743
 def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
                  chunk: int) -> OnlineState:
     """Return the state (m, l, a) of every chunk of ``chunk`` keys at once.
@@ -371,7 +363,7 @@ def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
     return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
-# chapters/ch05-measured.qmd:862
+# chapters/ch05-measured.qmd:853
 def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Return int8 codes and float32 scales of each row of x (..., n)."""
     return ch02.quantize(x.float(), 8, dim=-1)
@@ -443,7 +435,7 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:980
+# chapters/ch05-measured.qmd:971
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -500,7 +492,7 @@ class KiviCache:
         check_tensor("key", key, dims=4, floating=True, nonempty=True)
         check_tensor("value", value, dims=4, floating=True,
                      sizes=dict(enumerate(key.shape)))
-        bits = check_bits(bits)
+        bits = check_bits("bits", bits, PACKED_BITS)
         group = check_int("group", group, minimum=1)
         residual = check_int("residual", residual, minimum=0)
         empty = key[..., :0, :].float()
@@ -616,7 +608,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1203
+# chapters/ch05-measured.qmd:1194
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 4096,
                   window: int | None = None, sinks: int = 0) -> Tensor:
@@ -639,7 +631,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1769
+# chapters/ch05-measured.qmd:1760
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
@@ -669,7 +661,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2175
+# chapters/ch05-measured.qmd:2166
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -702,7 +694,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2229
+# chapters/ch05-measured.qmd:2220
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -754,7 +746,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2326
+# chapters/ch05-measured.qmd:2317
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -815,7 +807,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2407
+# chapters/ch05-measured.qmd:2398
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -907,7 +899,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2614
+# chapters/ch05-measured.qmd:2605
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -948,7 +940,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2724
+# chapters/ch05-measured.qmd:2715
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:
