@@ -307,7 +307,8 @@ def test_wheel_runs_chapter_5s_setup_from_anywhere_in_the_book(wheel_python, fol
 
     chapter = ROOT / "chapters" / "ch05-measured.qmd"
     setup = next(cell for cell in parse(chapter.read_text(encoding="utf-8")).cells if cell.is_python)
-    source = setup.code + "\nprint('book root:', REPO)\nprint('results:', common.RESULTS_DIR)\n"
+    source = (setup.code + "\nprint('book root:', root)\nprint('results:', common.RESULTS_DIR)"
+              "\nprint('saved results:', saved_path)\n")
     where = ROOT / folder
     where.mkdir(exist_ok=True)  # notebooks/ is made by the export step and git-ignored
     environment = _clean_environment() | {"MPLBACKEND": "Agg"}
