@@ -281,6 +281,47 @@ def test_check_fields_names_the_mapping_it_reads_in_a_missing_field():
         support.check_fields({}, {"factor": support.Field("number", above=0)}, source="rope_scaling")
 
 
+def test_check_fields_checks_a_dataclass_in_place_and_stores_canonical_values():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Sizes:
+        width: int
+        heads: int
+        window: int | None = None
+        share: float = 0.5
+
+    fields = {"width": support.COUNT, "heads": support.Field(minimum=1, divides="width"),
+              "window": support.Field(minimum=1, default=None), "share": support.Field("number", maximum=1)}
+    sizes = Sizes(np.int64(8), torch.tensor(2), None, 1)
+    assert support.check_fields(sizes, fields) == {"width": 8, "heads": 2, "window": None, "share": 1.0}
+    assert (type(sizes.width), type(sizes.heads), type(sizes.share)) == (int, int, float)
+    with pytest.raises(ValueError, match=r"^heads must divide width \(got heads=3 and width=8\)$"):
+        support.check_fields(Sizes(8, 3), fields)
+    with pytest.raises(TypeError, match=r"^width must be an int \(got NoneType\)$"):  # no default: None refused
+        support.check_fields(Sizes(None, 2), fields)
+    with pytest.raises(TypeError, match=r"^config must be a Mapping \(got Sizes\)$"):  # not its fields: no record
+        support.check_fields(Sizes(8, 2), {"layers": support.COUNT}, name="config")
+
+
+def test_check_arguments_returns_the_values_in_order_and_checks_relations_by_name():
+    steps, copies, length, rate, seed, name = support.check_arguments(
+        steps=(np.int64(3), support.COUNT), copies=(4, support.Field(minimum=1, maximum="length")),
+        length=(6, support.COUNT), rate=(1, support.POSITIVE), seed=(None, support.Field(minimum=0, default=None)),
+        name=("x", support.Field("str")))
+    assert (steps, copies, length, rate, seed, name) == (3, 4, 6, 1.0, None, "x") and type(steps) is int
+    with pytest.raises(ValueError, match=r"^copies must be <= length \(got copies=7 and length=6\)$"):
+        support.check_arguments(copies=(7, support.Field(minimum=1, maximum="length")), length=(6, support.COUNT))
+    with pytest.raises(ValueError, match=r"^dim must be a multiple of 2 \(got 5\)$"):
+        support.check_arguments(dim=(5, support.Field(multiple_of=2)))
+    with pytest.raises(ValueError, match=r"^fill must be an integer > 0 \(got 0\)$"):
+        support.check_arguments(fill=(0, support.Field(above=0)))
+    with pytest.raises(TypeError, match=r"^model must be a Module or str \(got int 3\)$|torch.nn.Module"):
+        support.check_arguments(model=(3, support.Field("type", types=(torch.nn.Module, str))))
+    with pytest.raises(TypeError, match=r"^steps must be an int \(got NoneType\)$"):
+        support.check_arguments(steps=(None, support.COUNT))
+
+
 def test_the_checks_module_has_one_helper_per_kind_and_no_self_checks():
     """The checks trust their own options (the book's code writes them); each is a few lines."""
     import ast

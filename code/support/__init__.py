@@ -8,8 +8,14 @@ shows what was given, before any work is done. One helper per kind of check.
 """
 
 from .checks import (
+    COUNT,
+    FLAG,
+    POSITIVE,
     REQUIRED,
+    SEED,
+    SIZE,
     Field,
+    check_arguments,
     check_attention_inputs,
     check_bits,
     check_bool,
@@ -29,10 +35,16 @@ from .data import data_path
 from .style import PALETTE, apply_book_style
 
 __all__ = [
+    "COUNT",
+    "FLAG",
+    "POSITIVE",
     "REQUIRED",
+    "SEED",
+    "SIZE",
     "Field",
     "PALETTE",
     "apply_book_style",
+    "check_arguments",
     "check_attention_inputs",
     "check_bits",
     "check_bool",

@@ -14,6 +14,7 @@ are written by the book's code, not by a reader, so the checks trust them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import operator
@@ -305,47 +306,114 @@ REQUIRED = object()
 
 @dataclass(frozen=True)
 class Field:
-    """One field of a config mapping as ``check_fields`` reads it.
+    """How one field of a config, or one argument of a call, is checked.
 
-    ``kind`` is ``"int"`` (read by ``check_int``), ``"number"`` (``check_number``),
-    ``"choice"`` (``check_choice``, among ``choices``), ``"bool"`` or ``"mapping"``;
-    ``minimum``, ``above`` and ``maximum`` are the bounds of a count or a number.
-    ``default`` is returned when the field is absent or null; without one, an
-    absent field is a ValueError.
+    ``kind`` picks the check: ``"int"`` (``check_int``), ``"number"``
+    (``check_number``), ``"choice"`` (``check_choice``, among ``choices``),
+    ``"bool"``, ``"str"``, ``"mapping"``, or ``"type"`` (``check_type``, an
+    instance of ``types``). ``minimum``, ``above``, ``maximum`` and ``below``
+    bound a count or a number; ``multiple_of`` asks for a multiple (2: even).
+    A bound given as a string names another field of the same call, and
+    ``divides`` names a count this one must divide (heads into a width):
+    those relations are checked once every field has its own type.
+    ``default`` is what an absent or null field reads as; ``default=None``
+    also lets an argument be None (no window, no seed). Without a default a
+    config must hold the field, and an argument may not be None.
     """
 
     kind: str = "int"
-    minimum: float | None = None
-    above: float | None = None
-    maximum: float | None = None
+    minimum: float | str | None = None
+    above: float | str | None = None
+    maximum: float | str | None = None
+    below: float | str | None = None
     choices: tuple[str, ...] = ()
+    types: type | tuple[type, ...] = ()
+    multiple_of: int | None = None
+    divides: str | None = None
     default: object = REQUIRED
 
 
+#: A positive count, a count that may be 0, a seed, a flag, a positive real.
+COUNT = Field(minimum=1)
+SIZE = Field(minimum=0)
+SEED = Field(minimum=0)
+FLAG = Field("bool")
+POSITIVE = Field("number", above=0)
+
+_RELATIONS = (("minimum", ">=", operator.ge), ("above", ">", operator.gt),
+              ("maximum", "<=", operator.le), ("below", "<", operator.lt))
+
+
 def _read_field(name: str, value: object, field: Field) -> object:
-    bounds = {"minimum": field.minimum, "maximum": field.maximum}
+    """Check ``value`` by its field's kind and its own (numeric) bounds."""
+    own = {key: getattr(field, key) for key, _, _ in _RELATIONS
+           if not isinstance(getattr(field, key), str)}
     if field.kind == "int":
-        return check_int(name, value, **bounds)
+        above, below = own.pop("above"), own.pop("below")
+        number = check_int(name, value, **own)
+        if field.multiple_of and number % field.multiple_of:
+            raise ValueError(f"{name} must be a multiple of {field.multiple_of} (got {number})")
+        for bound, limit, inside in ((">", above, operator.gt), ("<", below, operator.lt)):
+            if limit is not None and not inside(number, limit):
+                raise ValueError(f"{name} must be an integer {bound} {limit} (got {number})")
+        return number
     if field.kind == "number":
-        return check_number(name, value, above=field.above, **bounds)
+        return check_number(name, value, **own)
     if field.kind == "choice":
         return check_choice(name, value, field.choices)
     if field.kind == "bool":
         return check_bool(name, value)
+    if field.kind == "str":
+        return check_type(name, value, str)
+    if field.kind == "type":
+        return check_type(name, value, field.types)
     return check_type(name, value, Mapping)
+
+
+def _check_relations(values: Mapping[str, object], fields: Mapping[str, Field]) -> None:
+    """Check the bounds that name another field, and ``divides``, on values already read."""
+    for key, field in fields.items():
+        value = values[key]
+        if value is None:
+            continue
+        for attribute, bound, inside in _RELATIONS:
+            other = getattr(field, attribute)
+            if isinstance(other, str) and values[other] is not None and not inside(value, values[other]):
+                raise ValueError(f"{key} must be {bound} {other} (got {key}={value} and {other}={values[other]})")
+        if field.divides is not None and values[field.divides] is not None:
+            check_divides(key, value, field.divides, values[field.divides])
+
+
+def _is_record(value: object, fields: Mapping[str, Field]) -> bool:
+    """Whether ``value`` is a dataclass instance holding every field of ``fields``."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return False
+    return set(fields) <= {f.name for f in dataclasses.fields(value)}
 
 
 def check_fields(
     mapping: object, fields: Mapping[str, Field], *, name: str = "mapping", source: str = "config"
 ) -> dict[str, object]:
-    """Return the fields of a config mapping named in ``fields``, each read as its ``Field`` says.
+    """Return the fields named in ``fields``, each read as its ``Field`` says.
 
-    ``mapping`` must be a mapping (a TypeError names it by ``name``). A field that is
-    absent or null takes its ``Field``'s default; without one it is a ValueError
-    (``"config is missing required field 'head_dim'"``, ``source`` naming the
-    mapping). A present field of the wrong type is a TypeError, out of range a
+    ``mapping`` is a config mapping (a parsed config.json), or a dataclass
+    instance checking its own fields: ``check_fields(self, FIELDS)`` in a
+    ``__post_init__``, which stores each value back in its canonical form
+    (a plain int or float), frozen or not.
+
+    From a mapping, a field that is absent or null takes its ``Field``'s
+    default; without one it is a ValueError (``"config is missing required
+    field 'head_dim'"``, ``source`` naming the mapping). On a dataclass a
+    field is always present: None is allowed where the default is None and
+    is a TypeError elsewhere. Anything else is a TypeError naming ``mapping``
+    by ``name``. A field of the wrong type is a TypeError, out of range a
     ValueError, each naming the field.
     """
+    if _is_record(mapping, fields):
+        values = _read_arguments({key: getattr(mapping, key) for key in fields}, fields)
+        for key, value in values.items():
+            object.__setattr__(mapping, key, value)  # a frozen dataclass too
+        return values
     check_type(name, mapping, Mapping)
     values = {}
     for key, field in fields.items():
@@ -356,4 +424,28 @@ def check_fields(
             raise ValueError(f"{source} is missing required field {key!r}")
         else:
             values[key] = field.default
+    _check_relations(values, fields)
     return values
+
+
+def _read_arguments(values: Mapping[str, object], fields: Mapping[str, Field]) -> dict[str, object]:
+    read = {}
+    for key, field in fields.items():
+        value = values[key]
+        read[key] = None if value is None and field.default is None else _read_field(key, value, field)
+    _check_relations(read, fields)
+    return read
+
+
+def check_arguments(**arguments: tuple[object, Field]) -> tuple:
+    """Check several arguments in one call; return their values in canonical form, in order.
+
+    Each keyword is an argument's name and its ``(value, Field)``:
+    ``steps, seed = check_arguments(steps=(steps, COUNT), seed=(seed, SEED))``.
+    Each value is checked as ``check_fields`` checks a dataclass's field: by
+    kind and bounds, None only where the ``Field``'s default is None, and a
+    bound or ``divides`` may name another argument of the call.
+    """
+    values = {key: value for key, (value, _) in arguments.items()}
+    fields = {key: field for key, (_, field) in arguments.items()}
+    return tuple(_read_arguments(values, fields).values())
