@@ -126,7 +126,6 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
                                 accepts={"dropout": {"zero"}}),
         "ch02.CausalSelfAttention": Valid(lambda: dict(d_model=8, heads=2, bias=True)),
         "ch02.FeedForward": Valid(lambda: dict(d_model=8, dropout=0.1), accepts={"dropout": {"zero"}}),
-        "ch02.Block": Valid(lambda: dict(config=_tiny_config())),
         "ch02.TinyGPT": Valid(lambda: dict(config=_tiny_config())),
         "ch02.train": Valid(
             lambda: dict(model=_tiny_model(), token_ids=list(range(16)) * 2, steps=1, batch_size=1,
@@ -444,6 +443,7 @@ def _cases() -> list[tuple[str, str, str]]:
 _DRIVER = re.compile(r"^(train|generate|evaluate|run|load|read|measure|benchmark)(_|$)|_from_config$")
 # Named like a driver or a reader, yet a kernel by the rule, so not on the boundary list.
 NOT_BOUNDARIES = {
+    "ch02.Block": "one of TinyGPT's blocks: TinyGPT builds it from its config, checked there",
     "ch05.read_tile": "a tile reader: its caller has checked the cache, and it reads one slice of it",
 }
 

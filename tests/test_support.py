@@ -310,10 +310,12 @@ def test_check_arguments_returns_the_values_in_order_and_checks_relations_by_nam
         length=(6, support.COUNT), rate=(1, support.POSITIVE), seed=(None, support.Field(minimum=0, default=None)),
         name=("x", support.Field("str")))
     assert (steps, copies, length, rate, seed, name) == (3, 4, 6, 1.0, None, "x") and type(steps) is int
-    with pytest.raises(ValueError, match=r"^copies must be <= length \(got copies=7 and length=6\)$"):
+    with pytest.raises(ValueError, match=r"^copies must be at most length \(got copies=7 and length=6\)$"):
         support.check_arguments(copies=(7, support.Field(minimum=1, maximum="length")), length=(6, support.COUNT))
-    with pytest.raises(ValueError, match=r"^dim must be a multiple of 2 \(got 5\)$"):
+    with pytest.raises(ValueError, match=r"^dim must be even \(got 5\)$"):
         support.check_arguments(dim=(5, support.Field(multiple_of=2)))
+    with pytest.raises(ValueError, match=r"^dim must be a multiple of 4 \(got 6\)$"):
+        support.check_arguments(dim=(6, support.Field(multiple_of=4)))
     with pytest.raises(ValueError, match=r"^fill must be an integer > 0 \(got 0\)$"):
         support.check_arguments(fill=(0, support.Field(above=0)))
     with pytest.raises(TypeError, match=r"^model must be a torch\.nn\.Module or str \(got int 3\)$"):

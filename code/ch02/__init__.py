@@ -4,6 +4,7 @@
 
 from ._generated import (
     CORPUS_FILE,
+    GPT_FIELDS,
     QUANTIZE_BITS,
     Block,
     ByteTokenizer,
@@ -28,6 +29,7 @@ from ._generated import (
 
 __all__ = [
     "CORPUS_FILE",
+    "GPT_FIELDS",
     "QUANTIZE_BITS",
     "Block",
     "ByteTokenizer",

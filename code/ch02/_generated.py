@@ -13,16 +13,20 @@ from tqdm import tqdm
 
 from longctx import ch01, support
 from longctx.support import (
+    COUNT,
+    FLAG,
+    POSITIVE,
+    SEED,
+    SIZE,
+    Field,
+    check_arguments,
     check_bits,
-    check_bool,
-    check_divides,
-    check_int,
+    check_fields,
     check_int_sequence,
-    check_number,
     check_type,
 )
 
-# chapters/ch02-tinygpt.qmd:75
+# chapters/ch02-tinygpt.qmd:79
 CORPUS_FILE = "pride-and-prejudice-ch01-30.txt"
 
 
@@ -59,7 +63,14 @@ def load_corpus() -> str:
     return support.data_path(CORPUS_FILE).read_text(encoding="utf-8")
 
 
-# chapters/ch02-tinygpt.qmd:189
+# chapters/ch02-tinygpt.qmd:194
+#: How a GPTConfig checks its fields: positive sizes, heads that divide the
+#: width, a dropout probability below 1.
+GPT_FIELDS = {"vocab_size": COUNT, "context_length": COUNT, "d_model": COUNT,
+              "layers": COUNT, "heads": Field(minimum=1, divides="d_model"),
+              "dropout": Field("number", minimum=0, below=1)}
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """The sizes that fix a TinyGPT, checked when the config is created.
@@ -87,13 +98,7 @@ class GPTConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        sizes = ("vocab_size", "context_length", "d_model", "layers", "heads")
-        for name in sizes:  # stored as plain ints, whatever integer type came
-            size = check_int(name, getattr(self, name), minimum=1)
-            object.__setattr__(self, name, size)  # the dataclass is frozen
-        dropout = check_number("dropout", self.dropout, minimum=0, below=1)
-        object.__setattr__(self, "dropout", dropout)
-        check_divides("heads", self.heads, "d_model", self.d_model)
+        check_fields(self, GPT_FIELDS)  # stored back as plain ints, a float
 
     @property
     def head_dim(self) -> int:
@@ -101,7 +106,7 @@ class GPTConfig:
         return self.d_model // self.heads
 
 
-# chapters/ch02-tinygpt.qmd:238
+# chapters/ch02-tinygpt.qmd:244
 class CausalSelfAttention(ch01.MultiHeadAttention):
     """Chapter 1's causal multi-head attention, able to continue a KV cache."""
 
@@ -128,8 +133,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, dropout: float = 0.0) -> None:
         super().__init__()
-        d_model = check_int("d_model", d_model, minimum=1)
-        dropout = check_number("dropout", dropout, minimum=0, below=1)
+        d_model, dropout = check_arguments(
+            d_model=(d_model, COUNT), dropout=(dropout, GPT_FIELDS["dropout"]))
         self.widen = nn.Linear(d_model, 4 * d_model)
         self.narrow = nn.Linear(4 * d_model, d_model)
         self.dropout = nn.Dropout(dropout)
@@ -148,7 +153,6 @@ class Block(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        check_type("config", config, GPTConfig)
         self.attention_norm = nn.LayerNorm(config.d_model)
         self.attention = CausalSelfAttention(config.d_model, config.heads)
         self.attention_dropout = nn.Dropout(config.dropout)
@@ -167,7 +171,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# chapters/ch02-tinygpt.qmd:309
+# chapters/ch02-tinygpt.qmd:314
 class TinyGPT(nn.Module):
     """A decoder-only transformer small enough to train on a CPU in seconds.
 
@@ -235,7 +239,7 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, d) -> (B, T, V)
 
 
-# chapters/ch02-tinygpt.qmd:500
+# chapters/ch02-tinygpt.qmd:505
 def unigram_entropy(
     token_ids: Iterable[int] | Tensor, vocab_size: int
 ) -> float:
@@ -335,13 +339,12 @@ def train(
     """
     check_type("model", model, TinyGPT)
     config = model.config
-    steps = check_int("steps", steps, minimum=1)
-    batch_size = check_int("batch_size", batch_size, minimum=1)
-    learning_rate = check_number("learning_rate", learning_rate, above=0)
-    seed = check_int("seed", seed, minimum=0)
-    progress = check_bool("progress", progress)
-    sequence_length = check_int("sequence_length", sequence_length, minimum=1,
-                                maximum=config.context_length, optional=True)
+    window = Field(minimum=1, maximum=config.context_length, default=None)
+    steps, batch_size, learning_rate, seed, progress, sequence_length = (
+        check_arguments(steps=(steps, COUNT), batch_size=(batch_size, COUNT),
+                        learning_rate=(learning_rate, POSITIVE),
+                        seed=(seed, SEED), progress=(progress, FLAG),
+                        sequence_length=(sequence_length, window)))
     length = sequence_length or config.context_length
     data = check_int_sequence("token_ids", token_ids, minimum=0,
                               maximum=config.vocab_size - 1,
@@ -392,9 +395,9 @@ def evaluate_loss(
     """
     check_type("model", model, TinyGPT)
     config = model.config
-    batches = check_int("batches", batches, minimum=1)
-    batch_size = check_int("batch_size", batch_size, minimum=1)
-    seed = check_int("seed", seed, minimum=0)
+    batches, batch_size, seed = check_arguments(
+        batches=(batches, COUNT), batch_size=(batch_size, COUNT),
+        seed=(seed, SEED))
     length = config.context_length
     data = check_int_sequence("token_ids", token_ids, minimum=0,
                               maximum=config.vocab_size - 1,
@@ -411,7 +414,7 @@ def evaluate_loss(
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:790
+# chapters/ch02-tinygpt.qmd:794
 def next_token(
     logits: Tensor,
     temperature: float = 0.0,
@@ -460,28 +463,25 @@ def generate(
         ValueError: If the prompt is empty or holds an id outside 0..V-1,
             ``max_new_tokens`` or ``temperature`` is negative, ``top_k`` is
             outside 1..V, sampling is asked for without a seed, or prompt
-            plus new tokens exceed ``context_length``.
+            plus new tokens exceed ``context_length`` (``max_new_tokens``
+            is then above the positions left).
     """
     check_type("model", model, TinyGPT)
     config = model.config
     vocab = config.vocab_size
     prompt = check_int_sequence("prompt_ids", prompt_ids, minimum=0,
                                 maximum=vocab - 1, nonempty=True).tolist()
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0)
-    temperature = check_number("temperature", temperature, minimum=0)
-    top_k = check_int("top_k", top_k, minimum=1, maximum=vocab, optional=True)
-    seed = check_int("seed", seed, minimum=0, optional=True)
-    use_cache = check_bool("use_cache", use_cache)
+    room = config.context_length - len(prompt)  # positions the table has left
+    max_new_tokens, temperature, top_k, seed, use_cache = check_arguments(
+        max_new_tokens=(max_new_tokens, Field(minimum=0, maximum=room)),
+        temperature=(temperature, Field("number", minimum=0)),
+        top_k=(top_k, Field(minimum=1, maximum=vocab, default=None)),
+        seed=(seed, Field(minimum=0, default=None)),
+        use_cache=(use_cache, FLAG))
     if temperature > 0 and seed is None:
         raise ValueError(
             "sampling (temperature > 0) needs a seed, so that the same call "
             "gives the same text"
-        )
-    if len(prompt) + max_new_tokens > config.context_length:
-        raise ValueError(
-            f"the prompt ({len(prompt)} tokens) plus max_new_tokens "
-            f"({max_new_tokens}) must fit the position table of "
-            f"{config.context_length} positions"
         )
     generator = None if seed is None else torch.Generator().manual_seed(seed)
     device = model.token_embedding.weight.device
@@ -502,7 +502,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:993
+# chapters/ch02-tinygpt.qmd:994
 class KVCache:
     """The keys and values a TinyGPT has computed: (B, H, T, d_h) per layer.
 
@@ -588,7 +588,7 @@ def attend_with_cache(
     return attention.output(ch01.merge_heads(mixed))  # (B, T_new, d)
 
 
-# chapters/ch02-tinygpt.qmd:1178
+# chapters/ch02-tinygpt.qmd:1179
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -606,15 +606,15 @@ def kv_cache_bytes(
     Negative counts, which would give a byte count that looks right, are
     refused.
     """
-    tokens = check_int("tokens", tokens, minimum=0)
-    batch = check_int("batch", batch, minimum=0)
-    scalar_bytes = check_int("bytes_per_scalar", bytes_per_scalar, minimum=0)
+    tokens, batch, scalar_bytes = check_arguments(
+        tokens=(tokens, SIZE), batch=(batch, SIZE),
+        bytes_per_scalar=(bytes_per_scalar, SIZE))
     layers, width = config.layers, config.d_model
     scalars = ch01.kv_cache_scalars(tokens, width, layers=layers)  # 2 L d T
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1524
+# chapters/ch02-tinygpt.qmd:1525
 # The bit widths quantize's codes can hold: int8 up to 8 bits, int16 up to 16.
 QUANTIZE_BITS = range(2, 17)
 

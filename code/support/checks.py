@@ -340,8 +340,8 @@ SEED = Field(minimum=0)
 FLAG = Field("bool")
 POSITIVE = Field("number", above=0)
 
-_RELATIONS = (("minimum", ">=", operator.ge), ("above", ">", operator.gt),
-              ("maximum", "<=", operator.le), ("below", "<", operator.lt))
+_RELATIONS = (("minimum", "be at least", operator.ge), ("above", "exceed", operator.gt),
+              ("maximum", "be at most", operator.le), ("below", "be below", operator.lt))
 
 
 def _read_field(name: str, value: object, field: Field) -> object:
@@ -352,7 +352,8 @@ def _read_field(name: str, value: object, field: Field) -> object:
         above, below = own.pop("above"), own.pop("below")
         number = check_int(name, value, **own)
         if field.multiple_of and number % field.multiple_of:
-            raise ValueError(f"{name} must be a multiple of {field.multiple_of} (got {number})")
+            wanted = "even" if field.multiple_of == 2 else f"a multiple of {field.multiple_of}"
+            raise ValueError(f"{name} must be {wanted} (got {number})")
         for bound, limit, inside in ((">", above, operator.gt), ("<", below, operator.lt)):
             if limit is not None and not inside(number, limit):
                 raise ValueError(f"{name} must be an integer {bound} {limit} (got {number})")
@@ -379,7 +380,7 @@ def _check_relations(values: Mapping[str, object], fields: Mapping[str, Field]) 
         for attribute, bound, inside in _RELATIONS:
             other = getattr(field, attribute)
             if isinstance(other, str) and values[other] is not None and not inside(value, values[other]):
-                raise ValueError(f"{key} must be {bound} {other} (got {key}={value} and {other}={values[other]})")
+                raise ValueError(f"{key} must {bound} {other} (got {key}={value} and {other}={values[other]})")
         if field.divides is not None and values[field.divides] is not None:
             check_divides(key, value, field.divides, values[field.divides])
 
