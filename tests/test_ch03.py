@@ -141,7 +141,7 @@ def test_kv_bytes_rejects_bad_counts(tokens, batch, error, message):
     (dict(kv_heads=None), "exactly one of kv_heads"),
     (dict(kv_heads=8, latent_rank=16), "exactly one of kv_heads"),
     (dict(kv_heads=8, layers=0), "layers"),
-    (dict(kv_heads=8, windowed_layers=3), "needs a window"),
+    (dict(kv_heads=8, windowed_layers=3), r"^windowed_layers=3 needs window \(got window=None\)$"),
     (dict(kv_heads=8, window=16, windowed_layers=40), "windowed_layers"),
     (dict(kv_heads=8, rope_key_dim=-2), "rope_key_dim"),
 ])

@@ -13,14 +13,14 @@ from torch import Tensor, nn
 
 from longctx import ch01, support
 from longctx.support import (
+    SEED,
+    SIZE,
     Field,
-    check_choice,
-    check_divides,
+    check_arguments,
     check_fields,
     check_int,
     check_number,
     check_tensor,
-    check_type,
 )
 
 
@@ -90,13 +90,28 @@ def load_model_config(name: str) -> dict[str, Any]:
         return json.load(handle)
 
 
+def merge_text_config(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """Return a config's fields, those of a nested ``text_config`` on top.
+
+    A multimodal config (Gemma 3's) keeps its language model's fields
+    there; the readers below read the merged dict.
+
+    Raises:
+        TypeError: If ``mapping`` is not a mapping.
+    """
+    support.check_type("mapping", mapping, Mapping)
+    nested = mapping.get("text_config")
+    return {**mapping, **nested} if isinstance(nested, Mapping) else {**mapping}
+
+
 #: How the readers below take a count from config.json: required, or
-#: optional (absent or null reads as None). ``check_fields`` applies them.
+#: optional (absent or null reads as None). ``check_fields`` applies them;
+#: the constructors and drivers use the same rules for their arguments.
 COUNT = Field(minimum=1)
 MAYBE_COUNT = Field(minimum=1, default=None)
 
 
-# chapters/ch03-long-context.qmd:530
+# chapters/ch03-long-context.qmd:544
 #: The RoPE constructions ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
 
@@ -143,10 +158,10 @@ def inverse_frequencies(dim: int,                      # d_R, even
     ``method`` or a ``factor`` below 1 is refused: each would give bands
     without an error.
     """
-    if dim % 2:                      # an odd width leaves a coordinate unturned
-        raise ValueError(f"dim must be even (got {dim})")
-    check_choice("method", method, ROPE_METHODS)
-    factor = check_number("factor", factor, minimum=1)  # 0 or NaN: no bands
+    dim, method, factor = check_arguments(     # each would give bands silently
+        dim=(dim, Field(multiple_of=2)),       # odd: a coordinate left unturned
+        method=(method, Field("choice", choices=ROPE_METHODS)),
+        factor=(factor, Field("number", minimum=1)))  # 0 or NaN: no bands
     low, high = low_freq_factor, high_freq_factor                  # l, h
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2j/d_R
     plain = base ** -exponents                                       # omega_j
@@ -185,7 +200,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:710
+# chapters/ch03-long-context.qmd:724
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 #: A positive number a config may leave out.
@@ -207,8 +222,9 @@ SCALING_FIELDS = {
     "factor": Field("number", minimum=1, default=None),
     "original_max_position_embeddings": MAYBE_COUNT,
     "low_freq_factor": Field("number", above=0, default=1.0),
-    "high_freq_factor": Field("number", above=0, default=4.0),
-    "beta_fast": Field("number", above=0, default=32.0),
+    # h > l and beta_fast > beta_slow: else Equations 3.5 and 3.4 run backwards
+    "high_freq_factor": Field("number", above="low_freq_factor", default=4.0),
+    "beta_fast": Field("number", above="beta_slow", default=32.0),
     "beta_slow": Field("number", above=0, default=1.0),
     "mscale": NUMBER, "mscale_all_dim": NUMBER, "attention_factor": NUMBER,
     "truncate": Field("bool", default=True),
@@ -237,9 +253,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
         ValueError: If the scaling type is unknown, or a field needed is
             missing or out of range.
     """
-    check_type("mapping", mapping, Mapping)
-    if isinstance(mapping.get("text_config"), Mapping):
-        mapping = {**mapping, **mapping["text_config"]}
+    mapping = merge_text_config(mapping)
     fields = check_fields(mapping, ROPE_FIELDS)
     scaling = check_fields(fields["rope_scaling"] or fields["rope_parameters"]
                            or {}, SCALING_FIELDS, name="rope_scaling",
@@ -272,9 +286,6 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
                          "'original_max_position_embeddings'")
     if kind == "llama3":
         low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-        if high <= low:              # Equation 3.5's blend would run backwards
-            raise ValueError(f"high_freq_factor must exceed low_freq_factor "
-                             f"(got {high} and {low})")
         return inverse_frequencies(
             dim, method="llama3", base=base, factor=factor,
             original_context=original, low_freq_factor=low,
@@ -282,9 +293,6 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     if not scaling["truncate"]:
         raise ValueError("rope_scaling 'truncate: false' is not supported")
     fast, slow = scaling["beta_fast"], scaling["beta_slow"]
-    if fast <= slow:                 # Equation 3.4's ramp would run backwards
-        raise ValueError(f"beta_fast must exceed beta_slow "
-                         f"(got {fast} and {slow})")
     bands, magnitude = inverse_frequencies(
         dim, method="yarn", base=base, factor=factor,
         original_context=original, beta_fast=fast, beta_slow=slow)
@@ -297,7 +305,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:1003
+# chapters/ch03-long-context.qmd:1010
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth
@@ -336,13 +344,13 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
         ValueError: If a size is out of range, or the method is unknown or
             its bands do not fit ``dim``.
     """
-    seed = check_int("seed", seed, minimum=0)
-    trials = check_int("trials", trials, minimum=1)
-    context = check_int("context", context, minimum=2)
-    original_context = check_int("original_context", original_context,
-                                 minimum=1, maximum=context)
-    dim = check_int("dim", dim, minimum=2)     # an odd one: inverse_frequencies
-    check_type("method", method, (str, tuple, list))
+    method, seed, trials, context, original_context, dim = check_arguments(
+        method=(method, Field("type", types=(str, tuple, list))),
+        seed=(seed, SEED), trials=(trials, COUNT),
+        context=(context, Field(minimum=2)),
+        original_context=(original_context,
+                          Field(minimum=1, maximum="context")),
+        dim=(dim, Field(minimum=2)))      # an odd one: inverse_frequencies
     if isinstance(method, str):
         frequencies, magnitude = inverse_frequencies(
             dim, method=method, factor=context / original_context,
@@ -381,7 +389,18 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
             for depth, p, weight in rows]
 
 
-# chapters/ch03-long-context.qmd:1269
+# chapters/ch03-long-context.qmd:1274
+#: How a KVConfig checks its fields (windowed layers need a window width);
+#: which kind of cache it is is checked beside them.
+KV_FIELDS = {"name": Field("str"), "layers": COUNT, "query_heads": COUNT,
+             "head_dim": COUNT, "bytes_per_scalar": COUNT,
+             "kv_heads": Field(minimum=1, divides="query_heads", default=None),
+             "latent_rank": MAYBE_COUNT, "rope_key_dim": SIZE,
+             "window": MAYBE_COUNT,
+             "windowed_layers": Field(minimum=0, maximum="layers",
+                                      needs="window")}
+
+
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.6).
@@ -423,22 +442,10 @@ class KVConfig:
     windowed_layers: int = 0         # layers that keep only W tokens
 
     def __post_init__(self) -> None:
-        check_type("name", self.name, str)
-        for field in ("layers", "query_heads", "head_dim", "bytes_per_scalar"):
-            check_int(field, getattr(self, field), minimum=1)
-        for field in ("kv_heads", "latent_rank", "window"):  # None or >= 1
-            check_int(field, getattr(self, field), minimum=1, optional=True)
+        check_fields(self, KV_FIELDS)
         if (self.kv_heads is None) == (self.latent_rank is None):
             raise ValueError("give exactly one of kv_heads (standard cache) "
                              "and latent_rank (latent cache)")
-        if self.kv_heads is not None and self.query_heads % self.kv_heads:
-            raise ValueError(f"kv_heads must divide query_heads (got "
-                             f"{self.query_heads} and {self.kv_heads})")
-        check_int("rope_key_dim", self.rope_key_dim, minimum=0)
-        check_int("windowed_layers", self.windowed_layers, minimum=0,
-                  maximum=self.layers)
-        if self.window is None and self.windowed_layers:
-            raise ValueError("windowed_layers > 0 needs a window width")
 
     def cached_scalars_per_layer_token(self) -> int:
         """Return the numbers a layer stores per token: 2*H_kv*d_h or r+d_R."""
@@ -466,10 +473,7 @@ class KVConfig:
             TypeError: If ``mapping`` is not a mapping.
             ValueError: If a required field is missing or unusable.
         """
-        check_type("mapping", mapping, Mapping)
-        check_type("name", name, (str, type(None)))
-        if isinstance(mapping.get("text_config"), Mapping):
-            mapping = {**mapping, **mapping["text_config"]}
+        mapping = merge_text_config(mapping)   # the label is KVConfig's to check
         fields = read_head_fields(mapping, bytes_per_scalar)
         latent = read_latent_fields(mapping)
         if latent:                       # a latent cache has no KV heads
@@ -493,8 +497,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
             would give a negative size, is refused).
         batch: Sequences cached at once, B (>= 1).
     """
-    tokens = check_int("tokens", tokens, minimum=0)
-    batch = check_int("batch", batch, minimum=1)
+    tokens, batch = check_arguments(tokens=(tokens, SIZE), batch=(batch, COUNT))
     global_layers = config.layers - config.windowed_layers
     kept = global_layers * tokens                             # T per layer
     if config.windowed_layers:                                # min(T, W)
@@ -545,7 +548,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1564
+# chapters/ch03-long-context.qmd:1563
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -584,7 +587,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1631
+# chapters/ch03-long-context.qmd:1630
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -630,11 +633,10 @@ class GroupedQueryAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, query_heads: int, kv_heads: int):
-        d_model = check_int("d_model", d_model, minimum=1)
-        query_heads = check_divides("query_heads", check_int(
-            "query_heads", query_heads, minimum=1), "d_model", d_model)
-        kv_heads = check_divides("kv_heads", check_int(
-            "kv_heads", kv_heads, minimum=1), "query_heads", query_heads)
+        d_model, query_heads, kv_heads = check_arguments(
+            d_model=(d_model, COUNT),
+            query_heads=(query_heads, Field(minimum=1, divides="d_model")),
+            kv_heads=(kv_heads, Field(minimum=1, divides="query_heads")))
         super().__init__()
         self.d_model, self.query_heads = d_model, query_heads
         self.kv_heads, self.head_dim = kv_heads, d_model // query_heads
@@ -663,7 +665,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:1876
+# chapters/ch03-long-context.qmd:1874
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -684,7 +686,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
             "rope_key_dim": fields["qk_rope_head_dim"]}
 
 
-# chapters/ch03-long-context.qmd:1930
+# chapters/ch03-long-context.qmd:1928
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -713,20 +715,19 @@ class ToyLatentKVAttention(nn.Module):
                  latent_rank: int,                # r
                  rope_key_dim: int = 0,           # d_R; 0 = no rotary key
                  rope_base: float = 10_000.0):    # b of the rotary bands
-        d_model = check_int("d_model", d_model, minimum=1)
-        query_heads = check_divides("query_heads", check_int(
-            "query_heads", query_heads, minimum=1), "d_model", d_model)
-        latent_rank = check_int("latent_rank", latent_rank, minimum=1)
-        rope_key_dim = check_int("rope_key_dim", rope_key_dim, minimum=0)
-        if rope_key_dim % 2:
-            raise ValueError(f"rope_key_dim must be 0 or even "
-                             f"(got {rope_key_dim})")
+        d_model, query_heads, latent_rank, rope_key_dim, rope_base = (
+            check_arguments(
+                d_model=(d_model, COUNT),
+                query_heads=(query_heads, Field(minimum=1, divides="d_model")),
+                latent_rank=(latent_rank, COUNT),
+                rope_key_dim=(rope_key_dim, Field(minimum=0, multiple_of=2)),
+                rope_base=(rope_base, Field("number", above=1))))
         super().__init__()
         self.d_model, self.query_heads = d_model, query_heads
         self.head_dim = d_model // query_heads
         self.latent_rank = latent_rank                                 # r
         self.rope_key_dim = rope_key_dim                               # d_R
-        self.rope_base = check_number("rope_base", rope_base, above=1)  # b
+        self.rope_base = rope_base                                     # b
         self.query = nn.Linear(d_model, d_model, bias=False)
         self.latent_down = nn.Linear(d_model, latent_rank, bias=False)
         self.key_up = nn.Linear(latent_rank, d_model, bias=False)
@@ -800,7 +801,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2282
+# chapters/ch03-long-context.qmd:2279
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -815,8 +816,8 @@ def visibility_mask(seq_len: int,               # T
     are built, (query_len, seq_len): what a decode step needs. A window
     below 1 (rows with no key) and negative sinks are refused.
     """
-    window = check_int("window", window, minimum=1, optional=True)
-    sinks = check_int("sinks", sinks, minimum=0)
+    window, sinks = check_arguments(window=(window, MAYBE_COUNT),
+                                    sinks=(sinks, SIZE))
     rows = seq_len if query_len is None else query_len
     visible = causal_rows(rows, seq_len, device=device)           # (T_q, T)
     if window is None:
@@ -826,7 +827,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2367
+# chapters/ch03-long-context.qmd:2364
 #: The fields ``read_window_fields`` takes from config.json.
 WINDOW_FIELDS = {"sliding_window": MAYBE_COUNT,
                  "sliding_window_pattern": MAYBE_COUNT,

@@ -11,15 +11,19 @@ from torch import Tensor, nn
 
 from longctx import ch01, ch02, ch03
 from longctx.support import (
-    check_bits,
-    check_bool,
+    COUNT,
+    FLAG,
+    POSITIVE,
+    SEED,
+    SIZE,
+    Field,
+    check_arguments,
     check_choice,
     check_int,
     check_number,
-    check_type,
 )
 
-# chapters/ch04-efficient-architectures.qmd:72
+# chapters/ch04-efficient-architectures.qmd:76
 RUNNING_EXAMPLE = ch03.KVConfig(
     name="Llama-3-8B shape", layers=32, query_heads=32, kv_heads=8,
     head_dim=128, bytes_per_scalar=2,
@@ -27,7 +31,7 @@ RUNNING_EXAMPLE = ch03.KVConfig(
 """The chapter's running example: 32 layers, 8 KV heads of 128, 2 bytes."""
 
 
-# chapters/ch04-efficient-architectures.qmd:125
+# chapters/ch04-efficient-architectures.qmd:129
 def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     """Return what a T-token context costs attention (Equation 4.1).
 
@@ -45,7 +49,7 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     }
 
 
-# chapters/ch04-efficient-architectures.qmd:358
+# chapters/ch04-efficient-architectures.qmd:362
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -109,7 +113,7 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch04-efficient-architectures.qmd:553
+# chapters/ch04-efficient-architectures.qmd:557
 def quantize_kv(x: Tensor, bits: int, *,
                 per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d).
@@ -132,8 +136,9 @@ def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
     per token, a latent cache L vectors of r + d_R numbers. ``bits``
     outside 1..16 and a negative ``scale_bytes`` are refused.
     """
-    bits = check_bits("bits", bits, range(1, 17))
-    scale_bytes = check_int("scale_bytes", scale_bytes, minimum=0)
+    bits, scale_bytes = check_arguments(
+        bits=(bits, Field(minimum=1, maximum=16)),
+        scale_bytes=(scale_bytes, SIZE))
     if config.latent_rank is None:  # a key and a value per KV head and layer
         vectors, width = 2 * config.layers * config.kv_heads, config.head_dim
     else:  # one latent, with its rotary key, per layer
@@ -159,14 +164,15 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
         TypeError: an argument has the wrong type.
         ValueError: an argument is out of range.
     """
-    bits = check_bits("bits", bits, ch02.QUANTIZE_BITS)
-    keys_per = check_choice("keys_per", keys_per, ("token", "channel"))
-    tokens = check_int("tokens", tokens, minimum=1)
-    dim = check_int("dim", dim, minimum=1)
-    outlier_channels = check_int("outlier_channels", outlier_channels,
-                                 minimum=0, maximum=dim)
-    outlier_scale = check_number("outlier_scale", outlier_scale, above=0)
-    seed = check_int("seed", seed, minimum=0)
+    widths = ch02.QUANTIZE_BITS  # the widths Chapter 2's quantize can hold
+    bits, keys_per, tokens, dim, outlier_channels, outlier_scale, seed = (
+        check_arguments(
+            bits=(bits, Field(minimum=widths.start, maximum=widths.stop - 1)),
+            keys_per=(keys_per, Field("choice", choices=("token", "channel"))),
+            tokens=(tokens, COUNT), dim=(dim, COUNT),
+            outlier_channels=(outlier_channels,
+                              Field(minimum=0, maximum="dim")),
+            outlier_scale=(outlier_scale, POSITIVE), seed=(seed, SEED)))
     generator = torch.Generator().manual_seed(seed)
     query, key, value = (torch.randn(tokens, dim, generator=generator)
                          for _ in range(3))
@@ -182,7 +188,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:804
+# chapters/ch04-efficient-architectures.qmd:810
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     return int(mask.sum())
@@ -213,7 +219,7 @@ def hops_needed(distance: int, window: int) -> int:
     return -(-distance // (window - 1))  # ceil(distance / (w - 1)), exactly
 
 
-# chapters/ch04-efficient-architectures.qmd:937
+# chapters/ch04-efficient-architectures.qmd:943
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -251,7 +257,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch04-efficient-architectures.qmd:1067
+# chapters/ch04-efficient-architectures.qmd:1073
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -283,7 +289,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:1271
+# chapters/ch04-efficient-architectures.qmd:1277
 def sliding_window_block_mask(seq_len: int, window: int,
                               block_size: int) -> Tensor:
     """Return the bool (n, n) tile mask of a causal window, n = ceil(T / b).
@@ -292,8 +298,8 @@ def sliding_window_block_mask(seq_len: int, window: int,
     with 0 <= i - j < window. No T x T mask is built; the last block may be
     shorter.
     """
-    window = check_int("window", window, minimum=1)
-    block_size = check_int("block_size", block_size, minimum=1)
+    window, block_size = check_arguments(window=(window, COUNT),
+                                         block_size=(block_size, COUNT))
     n_blocks = -(-seq_len // block_size)
     first = torch.arange(n_blocks) * block_size  # first token of each block
     last = torch.clamp(first + block_size, max=seq_len) - 1  # and its last
@@ -347,7 +353,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1446
+# chapters/ch04-efficient-architectures.qmd:1452
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -430,7 +436,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1638
+# chapters/ch04-efficient-architectures.qmd:1644
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -450,10 +456,9 @@ def sharpness_comparison(query_scale: float, seed: int = 11,
     by ``query_scale``. Returns ``softmax`` and ``linear`` (each a
     ``weight_sharpness`` dict) and ``weights``, the two (T, T) matrices.
     """
-    query_scale = check_number("query_scale", query_scale, above=0)
-    seed = check_int("seed", seed, minimum=0)
-    tokens = check_int("tokens", tokens, minimum=5)
-    width = check_int("width", width, minimum=1)
+    query_scale, seed, tokens, width = check_arguments(
+        query_scale=(query_scale, POSITIVE), seed=(seed, SEED),
+        tokens=(tokens, Field(minimum=5)), width=(width, COUNT))
     generator = torch.Generator().manual_seed(seed)
     keys = torch.randn(tokens, width, generator=generator)
     queries = query_scale * torch.randn(tokens, width, generator=generator)
@@ -465,7 +470,7 @@ def sharpness_comparison(query_scale: float, seed: int = 11,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1756
+# chapters/ch04-efficient-architectures.qmd:1761
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -501,7 +506,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1917
+# chapters/ch04-efficient-architectures.qmd:1922
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
@@ -544,7 +549,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2125
+# chapters/ch04-efficient-architectures.qmd:2130
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -577,7 +582,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2372
+# chapters/ch04-efficient-architectures.qmd:2377
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.10).
@@ -598,7 +603,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2512
+# chapters/ch04-efficient-architectures.qmd:2517
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -628,10 +633,11 @@ class SelectiveSSMLayer(nn.Module):
     def __init__(self, d_model: int, state_size: int = 4, expand: int = 2, *,
                  selective: bool = True) -> None:
         super().__init__()
-        d_model = check_int("d_model", d_model, minimum=1)
-        self.state_size = check_int("state_size", state_size, minimum=1)
-        inner = d_model * check_int("expand", expand, minimum=1)
-        self.selective = check_bool("selective", selective)
+        d_model, state_size, expand, selective = check_arguments(
+            d_model=(d_model, COUNT), state_size=(state_size, COUNT),
+            expand=(expand, COUNT), selective=(selective, FLAG))
+        self.state_size, self.selective = state_size, selective
+        inner = d_model * expand
         self.dt_rank = -(-d_model // 16)  # Mamba's ceil(d_model / 16)
         self.in_proj = nn.Linear(d_model, 2 * inner, bias=False)
         self.out_proj = nn.Linear(inner, d_model, bias=False)
@@ -670,7 +676,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2601
+# chapters/ch04-efficient-architectures.qmd:2607
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -720,10 +726,10 @@ class CopyingModel(nn.Module):
     def __init__(self, vocab: int, d_model: int, mixer: nn.Module,
                  symbols: int) -> None:
         super().__init__()
-        vocab = check_int("vocab", vocab, minimum=1)
-        d_model = check_int("d_model", d_model, minimum=1)
-        symbols = check_int("symbols", symbols, minimum=1)
-        check_type("mixer", mixer, nn.Module)
+        vocab, d_model, mixer, symbols = check_arguments(
+            vocab=(vocab, COUNT), d_model=(d_model, COUNT),
+            mixer=(mixer, Field("type", types=nn.Module)),
+            symbols=(symbols, COUNT))
         self.embed = nn.Embedding(vocab, d_model)
         self.norm_in = nn.LayerNorm(d_model)
         self.mixer = mixer
@@ -748,15 +754,14 @@ def train_copying(model: CopyingModel, *, steps: int, length: int,
     positions named right on ``test_size`` sequences drawn from a separate
     generator, and ``losses``, one per step.
     """
-    check_type("model", model, nn.Module)
-    steps = check_int("steps", steps, minimum=1)
-    batch_size = check_int("batch_size", batch_size, minimum=1)
-    length = check_int("length", length, minimum=1)
-    copies = check_int("copies", copies, minimum=1, maximum=length)
-    symbols = check_int("symbols", symbols, minimum=1)
-    learning_rate = check_number("learning_rate", learning_rate, above=0)
-    seed = check_int("seed", seed, minimum=0)
-    test_size = check_int("test_size", test_size, minimum=1)
+    (model, steps, length, copies, symbols, batch_size, learning_rate, seed,
+     test_size) = check_arguments(
+        model=(model, Field("type", types=nn.Module)), steps=(steps, COUNT),
+        length=(length, COUNT),
+        copies=(copies, Field(minimum=1, maximum="length")),
+        symbols=(symbols, COUNT), batch_size=(batch_size, COUNT),
+        learning_rate=(learning_rate, POSITIVE), seed=(seed, SEED),
+        test_size=(test_size, COUNT))
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
@@ -811,14 +816,13 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:2916
+# chapters/ch04-efficient-architectures.qmd:2921
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
-    channels = check_int("channels", channels, minimum=1)
-    state_size = check_int("state_size", state_size, minimum=1)
-    bytes_per_scalar = check_int("bytes_per_scalar", bytes_per_scalar,
-                                 minimum=1)
+    channels, state_size, bytes_per_scalar = check_arguments(
+        channels=(channels, COUNT), state_size=(state_size, COUNT),
+        bytes_per_scalar=(bytes_per_scalar, COUNT))
     return channels * state_size * bytes_per_scalar
 
 
@@ -851,7 +855,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3015
+# chapters/ch04-efficient-architectures.qmd:3019
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:

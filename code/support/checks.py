@@ -315,7 +315,9 @@ class Field:
     bound a count or a number; ``multiple_of`` asks for a multiple (2: even).
     A bound given as a string names another field of the same call, and
     ``divides`` names a count this one must divide (heads into a width):
-    those relations are checked once every field has its own type.
+    ``needs`` names a field that must be set (not None) when this one is
+    set and not 0 or False (windowed layers need a window width). Those
+    relations are checked once every field has its own type.
     ``default`` is what an absent or null field reads as; ``default=None``
     also lets an argument be None (no window, no seed). Without a default a
     config must hold the field, and an argument may not be None.
@@ -330,6 +332,7 @@ class Field:
     types: type | tuple[type, ...] = ()
     multiple_of: int | None = None
     divides: str | None = None
+    needs: str | None = None
     default: object = REQUIRED
 
 
@@ -372,7 +375,7 @@ def _read_field(name: str, value: object, field: Field) -> object:
 
 
 def _check_relations(values: Mapping[str, object], fields: Mapping[str, Field]) -> None:
-    """Check the bounds that name another field, and ``divides``, on values already read."""
+    """Check the bounds that name another field, ``divides`` and ``needs``, on values already read."""
     for key, field in fields.items():
         value = values[key]
         if value is None:
@@ -383,6 +386,8 @@ def _check_relations(values: Mapping[str, object], fields: Mapping[str, Field]) 
                 raise ValueError(f"{key} must {bound} {other} (got {key}={value} and {other}={values[other]})")
         if field.divides is not None and values[field.divides] is not None:
             check_divides(key, value, field.divides, values[field.divides])
+        if field.needs is not None and value and values[field.needs] is None:
+            raise ValueError(f"{key}={value!r} needs {field.needs} (got {field.needs}=None)")
 
 
 def _is_record(value: object, fields: Mapping[str, Field]) -> bool:
