@@ -919,7 +919,7 @@ def test_quantization_rejects_bad_input():
         ch04.quantize_kv(x, 4.0)
     with pytest.raises(ValueError, match="bits must be an integer from 1 to 16"):
         ch04.quantized_kv_bytes_per_token(ch04.RUNNING_EXAMPLE, 0)
-    with pytest.raises(ValueError, match="outlier_channels must be an integer <= 64"):
+    with pytest.raises(ValueError, match=r"^outlier_channels must be at most dim \(got outlier_channels=100 and dim=64\)$"):
         ch04.quantized_cache_error(4, outlier_channels=100)
     with pytest.raises(ValueError, match="keys_per must be one of"):
         ch04.quantized_cache_error(4, keys_per="head")

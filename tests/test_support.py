@@ -322,6 +322,8 @@ def test_check_arguments_returns_the_values_in_order_and_checks_relations_by_nam
         support.check_arguments(model=(3, support.Field("type", types=(torch.nn.Module, str))))
     with pytest.raises(TypeError, match=r"^steps must be an int \(got NoneType\)$"):
         support.check_arguments(steps=(None, support.COUNT))
+    with pytest.raises(ValueError, match=r"^bits must be one of 4, 8, a width the packer can hold \(got 3\)$"):
+        support.check_arguments(bits=(3, support.Field("bits", choices=(4, 8))))
     layers = support.Field(minimum=0, needs="window")
     assert support.check_arguments(layers=(0, layers), window=(None, support.Field(default=None))) == (0, None)
     with pytest.raises(ValueError, match=r"^layers=2 needs window \(got window=None\)$"):

@@ -137,7 +137,7 @@ def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
     outside 1..16 and a negative ``scale_bytes`` are refused.
     """
     bits, scale_bytes = check_arguments(
-        bits=(bits, Field(minimum=1, maximum=16)),
+        bits=(bits, Field("bits", choices=range(1, 17))),
         scale_bytes=(scale_bytes, SIZE))
     if config.latent_rank is None:  # a key and a value per KV head and layer
         vectors, width = 2 * config.layers * config.kv_heads, config.head_dim
@@ -164,10 +164,9 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
         TypeError: an argument has the wrong type.
         ValueError: an argument is out of range.
     """
-    widths = ch02.QUANTIZE_BITS  # the widths Chapter 2's quantize can hold
     bits, keys_per, tokens, dim, outlier_channels, outlier_scale, seed = (
         check_arguments(
-            bits=(bits, Field(minimum=widths.start, maximum=widths.stop - 1)),
+            bits=(bits, Field("bits", choices=ch02.QUANTIZE_BITS)),
             keys_per=(keys_per, Field("choice", choices=("token", "channel"))),
             tokens=(tokens, COUNT), dim=(dim, COUNT),
             outlier_channels=(outlier_channels,
@@ -188,7 +187,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:810
+# chapters/ch04-efficient-architectures.qmd:809
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     return int(mask.sum())
@@ -219,7 +218,7 @@ def hops_needed(distance: int, window: int) -> int:
     return -(-distance // (window - 1))  # ceil(distance / (w - 1)), exactly
 
 
-# chapters/ch04-efficient-architectures.qmd:943
+# chapters/ch04-efficient-architectures.qmd:942
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -257,7 +256,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch04-efficient-architectures.qmd:1073
+# chapters/ch04-efficient-architectures.qmd:1072
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -289,7 +288,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:1277
+# chapters/ch04-efficient-architectures.qmd:1276
 def sliding_window_block_mask(seq_len: int, window: int,
                               block_size: int) -> Tensor:
     """Return the bool (n, n) tile mask of a causal window, n = ceil(T / b).
@@ -353,7 +352,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1452
+# chapters/ch04-efficient-architectures.qmd:1451
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -436,7 +435,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1644
+# chapters/ch04-efficient-architectures.qmd:1643
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -470,7 +469,7 @@ def sharpness_comparison(query_scale: float, seed: int = 11,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1761
+# chapters/ch04-efficient-architectures.qmd:1760
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -506,7 +505,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1922
+# chapters/ch04-efficient-architectures.qmd:1921
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
@@ -549,7 +548,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2130
+# chapters/ch04-efficient-architectures.qmd:2129
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -582,7 +581,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2377
+# chapters/ch04-efficient-architectures.qmd:2376
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.10).
@@ -603,7 +602,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2517
+# chapters/ch04-efficient-architectures.qmd:2516
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -676,7 +675,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2607
+# chapters/ch04-efficient-architectures.qmd:2606
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -816,7 +815,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:2921
+# chapters/ch04-efficient-architectures.qmd:2920
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -855,7 +854,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3019
+# chapters/ch04-efficient-architectures.qmd:3018
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:

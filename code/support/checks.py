@@ -310,8 +310,9 @@ class Field:
 
     ``kind`` picks the check: ``"int"`` (``check_int``), ``"number"``
     (``check_number``), ``"choice"`` (``check_choice``, among ``choices``),
-    ``"bool"``, ``"str"``, ``"mapping"``, or ``"type"`` (``check_type``, an
-    instance of ``types``). ``minimum``, ``above``, ``maximum`` and ``below``
+    ``"bits"`` (``check_bits``, a width among ``choices``), ``"bool"``,
+    ``"str"``, ``"mapping"``, or ``"type"`` (``check_type``, an instance of
+    ``types``). ``minimum``, ``above``, ``maximum`` and ``below``
     bound a count or a number; ``multiple_of`` asks for a multiple (2: even).
     A bound given as a string names another field of the same call, and
     ``divides`` names a count this one must divide (heads into a width):
@@ -328,7 +329,7 @@ class Field:
     above: float | str | None = None
     maximum: float | str | None = None
     below: float | str | None = None
-    choices: tuple[str, ...] = ()
+    choices: Collection = ()
     types: type | tuple[type, ...] = ()
     multiple_of: int | None = None
     divides: str | None = None
@@ -365,6 +366,8 @@ def _read_field(name: str, value: object, field: Field) -> object:
         return check_number(name, value, **own)
     if field.kind == "choice":
         return check_choice(name, value, field.choices)
+    if field.kind == "bits":
+        return check_bits(name, value, field.choices)
     if field.kind == "bool":
         return check_bool(name, value)
     if field.kind == "str":
