@@ -205,6 +205,10 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
                          timeout_s=60.0),
             accepts={"query": {"more-dims"}, "key": {"more-dims"}, "value": {"more-dims"}},
         ),
+        # A quantised cache's constructor: codes of the wrong dtype for their bits, or a scale that broadcasts,
+        # would dequantise to wrong numbers without an error, so it refuses them where they enter.
+        "ch05.QuantizedKV": Valid(lambda: dict(codes=torch.zeros(1, 2, 5, 4, dtype=torch.int8),
+                                               scale=torch.ones(1, 2, 5, 1), bits=8)),
         "ch05.sharded_decode": Valid(
             lambda: dict(query=_randn(1, 2, 1, 8), key=_randn(1, 2, 6, 8, seed=1), value=_randn(1, 2, 6, 8, seed=2),
                          parts=1, timeout_s=60.0),

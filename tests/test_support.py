@@ -390,3 +390,13 @@ def test_data_path_refuses_paths_that_leave_the_data_folder(part):
 def test_data_path_refuses_parts_that_are_not_strings(part):
     with pytest.raises(TypeError, match=r"^data_path parts must be a str \(got "):
         support.data_path("configs", part)
+
+
+def test_book_root_finds_the_repository_from_any_folder_inside_it(tmp_path):
+    from pathlib import Path
+
+    repository = Path(__file__).resolve().parent.parent
+    assert support.book_root(repository / "tests") == repository
+    assert support.book_root(repository) == repository
+    with pytest.raises(FileNotFoundError, match="no book repository"):
+        support.book_root(tmp_path)

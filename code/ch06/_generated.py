@@ -14,9 +14,10 @@ from torch import Tensor
 from tqdm import tqdm
 
 from longctx import ch01, ch02, ch03, support
+from longctx.support import COUNT, POSITIVE, SEED, Field
 
 
-# chapters/ch06-extension.qmd:89
+# chapters/ch06-extension.qmd:90
 class RotarySelfAttention(ch02.CausalSelfAttention):
     """Chapter 2's causal attention with RoPE on queries and keys.
 
@@ -43,15 +44,10 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
     def set_bands(self, frequencies: Tensor, magnitude: float = 1.0) -> None:
         """Use ``frequencies`` (d_h / 2,) and ``magnitude`` from now on.
 
-        Raises:
-            ValueError: If there are not d_h / 2 frequencies (one would
-                broadcast silently), or the magnitude is not positive.
+        They are the pair ``recipe_bands`` returns; ``RotaryGPT.set_rope``,
+        where a recipe and its factor enter, has them checked there.
         """
-        bands = self.head_dim // 2
-        if frequencies.shape != (bands,):
-            raise ValueError(f"frequencies must have shape ({bands},) "
-                             f"(got {tuple(frequencies.shape)})")
-        self.magnitude = support.check_number("magnitude", magnitude, above=0)
+        self.magnitude = magnitude
         self.frequencies = frequencies.to(torch.float64)
 
     def forward(self, x: Tensor, cache: ch02.KVCache | None = None,
@@ -87,7 +83,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
         return self.output(ch01.merge_heads(mixed))  # (B, T, d)
 
 
-# chapters/ch06-extension.qmd:174
+# chapters/ch06-extension.qmd:170
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's thresholds
 #: (the rope_scaling entry of its released config.json).
@@ -152,35 +148,17 @@ class RotaryGPT(ch02.TinyGPT):
                 cache: ch02.KVCache | None = None) -> Tensor:
         """Return next-token logits (B, T, V) for ``tokens`` (B, T).
 
-        With a ``cache`` the tokens continue the cached sequence. No
-        position is refused.
-
-        Raises:
-            TypeError: If ``tokens`` is not an int64 tensor, or ``cache``
-                is not a ``ch02.KVCache``.
-            ValueError: If ``tokens`` is not a non-empty (B, T) tensor of
-                ids below ``vocab_size``, or the cache has another batch
-                size or number of layers.
+        With a ``cache`` (one of ``new_cache``'s, for the same batch) the
+        tokens continue the cached sequence. No position is refused; ids and
+        shapes are left to PyTorch's embedding, as in Chapter 2.
         """
-        support.check_tensor("tokens", tokens, dims=2, dtype=torch.long,
-                             nonempty=True)
-        vocab = self.config.vocab_size
-        if tokens.min() < 0 or tokens.max() >= vocab:
-            raise ValueError(f"tokens must be ids in 0..{vocab - 1}")
-        if cache is not None:
-            support.check_type("cache", cache, ch02.KVCache)
-            if (cache.batch, cache.layers) != (len(tokens), len(self.blocks)):
-                raise ValueError(
-                    f"the cache holds batch {cache.batch} and {cache.layers} "
-                    f"layers; tokens have batch {len(tokens)} and the model "
-                    f"{len(self.blocks)} layers")
         x = self.embedding_dropout(self.token_embedding(tokens))  # (B, T, d)
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer)  # (B, T, d)
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:358
+# chapters/ch06-extension.qmd:336
 #: The byte that opens a record and, at the end of a window, asks for one.
 KEY_MARK = "#"
 #: The bytes names and values are drawn from; the filler text has none.
@@ -226,8 +204,9 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
         ValueError: If ``keys`` is not 1 to len(KEY_SYMBOLS), ``questions``
             not 1 to ``keys``, or the records do not fit in the window.
     """
-    support.check_int("keys", keys, minimum=1, maximum=len(KEY_SYMBOLS))
-    support.check_int("questions", questions, minimum=1, maximum=keys)
+    keys, questions = support.check_arguments(
+        keys=(keys, Field(minimum=1, maximum=len(KEY_SYMBOLS))),
+        questions=(questions, Field(minimum=1, maximum="keys")))
     last = length - 3 * questions - 2  # the latest start of a record
     if 3 * keys > last + 1:
         raise ValueError(f"{keys} records and {questions} questions do not "
@@ -263,7 +242,7 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
     return KeyBatch(window[:, :-1], window[:, 1:], answers[:, 1:], starts)
 
 
-# chapters/ch06-extension.qmd:496
+# chapters/ch06-extension.qmd:475
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
@@ -281,23 +260,19 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
         TypeError, ValueError: For an argument of the wrong type or range,
             or a ``text`` no longer than one window.
     """
-    support.check_type("model", model, RotaryGPT)
-    support.check_tensor("text", text, dims=1, dtype=torch.long)
-    steps = support.check_int("steps", steps, minimum=1)
-    max_keys = support.check_int("max_keys", max_keys, minimum=1,
-                                 maximum=len(KEY_SYMBOLS))
-    batch_size = support.check_int("batch_size", batch_size, minimum=2)
+    (model, steps, max_keys, batch_size, key_share, learning_rate, seed,
+     progress) = support.check_arguments(
+        model=(model, Field("type", types=RotaryGPT)), steps=(steps, COUNT),
+        max_keys=(max_keys, Field(minimum=1, maximum=len(KEY_SYMBOLS))),
+        batch_size=(batch_size, Field(minimum=2)),
+        key_share=(key_share, Field("number", minimum=0, maximum=1)),
+        learning_rate=(learning_rate, POSITIVE), seed=(seed, SEED),
+        progress=(progress, Field("type", types=tqdm, default=None)))
     length = support.check_int("length", length, minimum=6 * max_keys + 1)
+    support.check_tensor("text", text, dims=1, dtype=torch.long)
     if text.numel() <= length + 1:
         raise ValueError(f"text must hold more than length + 1 = "
                          f"{length + 1} tokens (got {text.numel()})")
-    key_share = support.check_number("key_share", key_share, minimum=0,
-                                     maximum=1)
-    learning_rate = support.check_number("learning_rate", learning_rate,
-                                         above=0)
-    seed = support.check_int("seed", seed, minimum=0)
-    if progress is not None:
-        support.check_type("progress", progress, tqdm)
     keyed = min(round(key_share * batch_size), batch_size - 1)  # |K| rows
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate,
@@ -340,7 +315,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:596
+# chapters/ch06-extension.qmd:571
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -378,7 +353,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:662
+# chapters/ch06-extension.qmd:637
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -437,7 +412,7 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
     return only_first, only_second, min(1.0, 2 * tail)
 
 
-# chapters/ch06-extension.qmd:762
+# chapters/ch06-extension.qmd:737
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 
@@ -459,7 +434,7 @@ def matched_base(length: int, *, reference_base: float,
     return reference_base**share
 
 
-# chapters/ch06-extension.qmd:926
+# chapters/ch06-extension.qmd:901
 def load_extension_results(folder: pathlib.Path | None = None
                            ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``make experiment`` and its path.
@@ -476,13 +451,7 @@ def load_extension_results(folder: pathlib.Path | None = None
             above the working directory when ``folder`` is None.
     """
     if folder is None:
-        here = pathlib.Path.cwd().resolve()
-        roots = [path for path in (here, *here.parents)
-                 if (path / "_quarto.yml").is_file()]
-        if not roots:
-            raise FileNotFoundError(f"no book repository at or above {here}:"
-                                    " pass folder=")
-        folder = roots[0] / "experiments" / "results"
+        folder = support.book_root() / "experiments" / "results"
     else:
         support.check_type("folder", folder, pathlib.Path)
         if not folder.is_dir():

@@ -31,7 +31,7 @@ from .checks import (
     check_type,
     describe,
 )
-from .data import data_path
+from .data import book_root, data_path
 from .style import PALETTE, apply_book_style
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "Field",
     "PALETTE",
     "apply_book_style",
+    "book_root",
     "check_arguments",
     "check_attention_inputs",
     "check_bits",

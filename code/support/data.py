@@ -89,3 +89,19 @@ def data_path(*parts: str) -> pathlib.Path:
             f"(got {'/'.join(parts)!r})"
         )
     return path
+
+
+def book_root(start: pathlib.Path | None = None) -> pathlib.Path:
+    """Return the book's repository: the first folder at or above ``start`` holding ``_quarto.yml``.
+
+    ``start`` defaults to the working directory, so a chapter finds the
+    repository's saved results from its root or from ``notebooks/``.
+
+    Raises:
+        FileNotFoundError: If no folder at or above ``start`` is the book's repository.
+    """
+    here = (pathlib.Path.cwd() if start is None else pathlib.Path(start)).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "_quarto.yml").is_file():
+            return folder
+    raise FileNotFoundError(f"no book repository (a folder with _quarto.yml) at or above {here}")
