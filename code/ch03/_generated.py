@@ -69,7 +69,7 @@ def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
     return turned[..., order]
 
 
-# chapters/ch03-long-context.qmd:368
+# chapters/ch03-long-context.qmd:369
 #: The config excerpts shipped in data/configs/, in the chapter's order.
 MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite",
                       "mistral-7b-v0.1", "gemma-3-1b")
@@ -111,7 +111,7 @@ COUNT = Field(minimum=1)
 MAYBE_COUNT = Field(minimum=1, default=None)
 
 
-# chapters/ch03-long-context.qmd:544
+# chapters/ch03-long-context.qmd:545
 #: The RoPE constructions ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
 
@@ -200,7 +200,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:724
+# chapters/ch03-long-context.qmd:725
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 #: A positive number a config may leave out.
@@ -305,7 +305,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:1010
+# chapters/ch03-long-context.qmd:1011
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth
@@ -389,7 +389,7 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
             for depth, p, weight in rows]
 
 
-# chapters/ch03-long-context.qmd:1274
+# chapters/ch03-long-context.qmd:1275
 #: How a KVConfig checks its fields (windowed layers need a window width);
 #: which kind of cache it is is checked beside them.
 KV_FIELDS = {"name": Field("str"), "layers": COUNT, "query_heads": COUNT,
@@ -473,7 +473,7 @@ class KVConfig:
             TypeError: If ``mapping`` is not a mapping.
             ValueError: If a required field is missing or unusable.
         """
-        mapping = merge_text_config(mapping)   # the label is KVConfig's to check
+        mapping = merge_text_config(mapping)  # KVConfig checks the label
         fields = read_head_fields(mapping, bytes_per_scalar)
         latent = read_latent_fields(mapping)
         if latent:                       # a latent cache has no KV heads
@@ -506,7 +506,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1446
+# chapters/ch03-long-context.qmd:1447
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "int8": 1}
@@ -548,7 +548,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1563
+# chapters/ch03-long-context.qmd:1564
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -587,7 +587,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1630
+# chapters/ch03-long-context.qmd:1631
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -665,7 +665,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:1874
+# chapters/ch03-long-context.qmd:1875
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -686,7 +686,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
             "rope_key_dim": fields["qk_rope_head_dim"]}
 
 
-# chapters/ch03-long-context.qmd:1928
+# chapters/ch03-long-context.qmd:1929
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -801,7 +801,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2279
+# chapters/ch03-long-context.qmd:2280
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -827,7 +827,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2364
+# chapters/ch03-long-context.qmd:2365
 #: The fields ``read_window_fields`` takes from config.json.
 WINDOW_FIELDS = {"sliding_window": MAYBE_COUNT,
                  "sliding_window_pattern": MAYBE_COUNT,
