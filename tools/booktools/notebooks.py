@@ -8,7 +8,7 @@ become "Figure 3.2", "Section 3.4"; a labelled equation gets `\\tag{3.1}`; capti
 "(Vaswani et al. 2017)" (one pandoc run for the book); callouts become titled `<div>` blocks
 (split around code cells, `callout-continued`); diagrams stay fenced, with caption and alt text.
 Each code cell keeps its `#|` lines and carries metadata `longctx` (`source`, `line`; a figure's
-or table's `label`, `number`, `caption`, `alt`, `kind`); inline `{python}` values are left for
+or table's `kind` and `label`; `collapsed` in a collapsed callout); inline `{python}` values are left for
 `execute`. The reader's notebooks drop the `#|` lines, fill in the values and open with a cell
 that installs `longctx` outside the repository.
 """
@@ -135,7 +135,7 @@ class _Builder:
         self.cells: list[dict] = []
         self.segments: list[tuple[str, str]] = []  # ("md", line) or ("raw", fenced text)
         self.context: Div | None = None  # the innermost open callout of the buffered lines
-        self.started: dict[int, str] = {}  # id(callout) -> callout id string
+        self.started: set[int] = set()  # id() of each callout whose titled first part is out
         nbformat = _notebook_module()
         self.v4 = nbformat.v4
 
@@ -143,21 +143,8 @@ class _Builder:
     def inline(self, text: str) -> str:
         return translate_inline(text, self.targets, self.cite)
 
-    def callout_meta(self, callout: Div, part: str) -> dict:
-        ident = self.started.setdefault(id(callout), f"callout-{len(self.started) + 1}")
-        return {
-            "type": callout.callout_type,
-            "title": self.inline(callout.display_title),
-            "collapse": callout.collapse,
-            "id": ident,
-            "part": part,
-        }
-
-    def add_markdown(self, source: str, meta: dict | None = None) -> None:
-        cell = self.v4.new_markdown_cell(source)
-        if meta:
-            cell.metadata["longctx"] = meta
-        self.cells.append(cell)
+    def add_markdown(self, source: str) -> None:
+        self.cells.append(self.v4.new_markdown_cell(source))
 
     def open_callout(self, callout: Div, body: str) -> None:
         """Emit the titled first part of a callout (body may be empty)."""
@@ -166,7 +153,8 @@ class _Builder:
         title = html.escape(self.inline(callout.display_title), quote=False)
         head = f'<div class="{classes}">\n<p class="callout-title">{title}</p>'
         source = f"{head}\n\n{body}\n\n</div>" if body else f"{head}\n</div>"
-        self.add_markdown(source, {"callout": self.callout_meta(callout, "start")})
+        self.started.add(id(callout))
+        self.add_markdown(source)
 
     # -- markdown buffer ----------------------------------------------------------
     def flush(self) -> None:
@@ -186,7 +174,7 @@ class _Builder:
         else:
             kind = callout.callout_type
             source = f'<div class="callout callout-{kind} callout-continued">\n\n{body}\n\n</div>'
-            self.add_markdown(source, {"callout": self.callout_meta(callout, "continued")})
+            self.add_markdown(source)
 
     def block_rewrites(self, text: str) -> str:
         def equation(match: re.Match) -> str:
@@ -271,32 +259,22 @@ class _Builder:
         code = self.v4.new_code_cell("\n".join(lines))
         meta: dict = {"source": self.doc.display, "line": cell.line}
         label = cell.label or ""
-        caption_cell = None
+        caption = None
         for prefix, kind, option in (("fig-", "figure", "fig-cap"), ("tbl-", "table", "tbl-cap")):
             if label.startswith(prefix) or (not label and option in cell.options):
-                target = self.targets.get(label) if label else None
-                caption = self.inline(str(cell.options.get(option, "") or ""))
-                meta.update(kind=kind, caption=caption)
-                if label:
-                    meta["label"] = label
-                if target is not None and target.number:
-                    meta["number"] = target.number
-                if kind == "figure":
-                    meta["alt"] = str(cell.options.get("fig-alt", "") or "")
-                name = target.text if target is not None and target.number else KIND_NAMES_SHORT[kind]
-                caption_meta = {"role": "caption", "kind": kind}
-                if label:
-                    caption_meta["label"] = label
-                caption_cell = (f"**{name}:** {caption}", caption_meta, kind)
+                meta.update(kind=kind, **({"label": label} if label else {}))
+                target = self.targets.get(label)
+                name = target.text if target is not None and target.number else kind.capitalize()
+                caption = f"**{name}:** {self.inline(str(cell.options.get(option, '') or ''))}"
                 break
-        if innermost is not None:
-            meta["callout"] = self.callout_meta(innermost, "code")
+        if innermost is not None and innermost.collapse:
+            meta["collapsed"] = True  # an exercise's solution: the reader's notebook folds its code
         code.metadata["longctx"] = meta
-        if caption_cell is not None and caption_cell[2] == "table":
-            self.add_markdown(caption_cell[0], caption_cell[1])
+        if caption is not None and meta["kind"] == "table":
+            self.add_markdown(caption)
         self.cells.append(code)
-        if caption_cell is not None and caption_cell[2] == "figure":
-            self.add_markdown(caption_cell[0], caption_cell[1])
+        if caption is not None and meta["kind"] == "figure":
+            self.add_markdown(caption)
 
     def fenced_text(self, cell: Cell) -> str:
         """A non-Python block as fenced code; a diagram (mermaid, ...) with its caption and alt text.
@@ -317,7 +295,7 @@ class _Builder:
             return fenced
         label = cell.label or ""
         target = self.targets.get(label) if label.startswith("fig-") else None
-        name = target.text if target is not None and target.number else KIND_NAMES_SHORT["figure"]
+        name = target.text if target is not None and target.number else "Figure"
         parts = [fenced, "", f"{cell.indent}**{name}:** {self.inline(caption)}"]
         alt = str(cell.options.get("fig-alt", "") or "").strip()
         if alt:
@@ -354,9 +332,6 @@ class _Builder:
             },
         }
         return notebook
-
-
-KIND_NAMES_SHORT = {"figure": "Figure", "table": "Table"}
 
 
 def export_chapter(info: ChapterInfo, numbering: Numbering, cite: Cite):
@@ -495,8 +470,8 @@ def _split_options(source: str) -> tuple[list[str], str]:
 
 def _hide_source(cell, options: dict) -> bool:
     """Whether the book folds or hides this cell's code (an exercise's solution counts)."""
-    callout = cell.metadata.get("longctx", {}).get("callout") or {}
-    return bool(options.get("code-fold") is True or options.get("echo") is False or callout.get("collapse"))
+    collapsed = cell.metadata.get("longctx", {}).get("collapsed", False)
+    return bool(options.get("code-fold") is True or options.get("echo") is False or collapsed)
 
 
 class StaleNotebook(Exception):
