@@ -58,10 +58,6 @@ def _label_scope(path: str) -> str | None:
     return None
 
 
-def _strip_code(text: str) -> str:
-    return CODE_SPAN.sub(lambda match: " " * len(match.group(0)), text)
-
-
 def check_book(book: Book, numbering: Numbering | None = None) -> list[str]:
     """Every integrity problem of the book, as `FILE:LINE: message` lines (sorted)."""
     problems: list[tuple[str, int, str]] = []
@@ -126,7 +122,7 @@ def check_book(book: Book, numbering: Numbering | None = None) -> list[str]:
                 add(display, line, f"label {label} should name its chapter: {prefix}-{scope}-...")
 
         def check_references(text: str, line: int, display=display) -> None:
-            for match in REFERENCE.finditer(_strip_code(text)):
+            for match in REFERENCE.finditer(_blank_out(CODE_SPAN, text)):
                 key = match.group("key")
                 prefix = key.split("-", 1)[0]
                 if prefix in LABEL_KINDS and "-" in key:
@@ -262,83 +258,53 @@ def maths_with_space_before_closing_dollar(doc) -> list[tuple[int, str]]:
     return found
 
 
-def _string_templates(node: ast.AST) -> list[str]:
-    """The text every string literal inside `node` contributes; f-string values become `x`."""
-    found = []
-    for child in ast.walk(node):
-        if isinstance(child, ast.JoinedStr):
-            found.append(
-                "".join(
-                    part.value if isinstance(part, ast.Constant) and isinstance(part.value, str) else "x"
-                    for part in child.values
-                )
-            )
-        elif isinstance(child, ast.Constant) and isinstance(child.value, str):
-            found.append(child.value)
-    return found
-
-
-def _displayed_as_markdown(node: ast.AST) -> bool:
-    """Whether an expression is `Markdown(...)` (IPython.display.Markdown), which Quarto renders."""
-    if isinstance(node, ast.Call):
-        function = node.func
-        name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
-        return name == "Markdown"
-    return False
+def _markdown_kinds(value: ast.AST) -> list[str]:
+    """The Markdown a value's string literals carry (f-string values count as `x`); none for `Markdown(...)`."""
+    function = value.func if isinstance(value, ast.Call) else None
+    if getattr(function, "attr", getattr(function, "id", "")) == "Markdown":
+        return []  # IPython.display.Markdown: Quarto renders it as Markdown
+    texts = [node.value for node in ast.walk(value) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+    texts += ["".join(part.value if isinstance(part, ast.Constant) else "x" for part in node.values)
+              for node in ast.walk(value) if isinstance(node, ast.JoinedStr)]
+    return [kind for kind, pattern in _SRC_MARKDOWN_IN_TEXT if any(pattern.search(text) for text in texts)]
 
 
 def markdown_in_inline_values(doc) -> list[tuple[int, str]]:
     """An inline value that is a plain str holding Markdown: Quarto escapes it, so the marks show.
 
     Static: the expression itself, or the chapter's last assignment to the name before the
-    prose uses it, is searched for string literals carrying Markdown (f-string values count
-    as text). A value wrapped in `Markdown(...)` is rendered as Markdown and passes.
+    prose uses it, is searched for string literals carrying Markdown.
     """
-    assignments: list[tuple[int, str, ast.AST]] = []
+    assigned: dict[str, list[tuple[int, ast.AST]]] = {}
     for cell in doc.python_cells:
         try:
             tree = ast.parse("\n".join(cell.code_lines))
         except SyntaxError:
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Assign):
-                targets = [target.id for target in node.targets if isinstance(target, ast.Name)]
-            elif isinstance(node, ast.AnnAssign | ast.AugAssign) and isinstance(node.target, ast.Name):
-                targets = [node.target.id]
-            else:
-                continue
-            if node.value is not None:
-                for name in targets:
-                    assignments.append((cell.code_line + node.lineno - 1, name, node.value))
+            if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign) and node.value is not None:
+                for target in getattr(node, "targets", [getattr(node, "target", None)]):
+                    if isinstance(target, ast.Name):
+                        assigned.setdefault(target.id, []).append((cell.code_line + node.lineno - 1, node.value))
     found = []
     for block in doc.markdown:
-        for offset, text in enumerate(block.lines):
-            line = block.line + offset
+        for line, text in enumerate(block.lines, block.line):
             for match in INLINE_EXPRESSION.finditer(text):
-                expression = match.group("expr")
                 try:
-                    node = ast.parse(expression, mode="eval").body
+                    value = ast.parse(match.group("expr"), mode="eval").body
                 except SyntaxError:
                     continue
-                if _displayed_as_markdown(node):
-                    continue
-                values = [node]
-                if isinstance(node, ast.Name):
-                    before = [value for at, name, value in assignments if name == node.id and at < line]
-                    values = before[-1:] or [value for _, name, value in assignments if name == node.id][-1:]
-                for value in values:
-                    if _displayed_as_markdown(value):
+                if isinstance(value, ast.Name):
+                    values = assigned.get(value.id, [])
+                    values = [node for at, node in values if at < line] or [node for _, node in values]
+                    if not values:
                         continue
-                    kinds = [
-                        kind
-                        for kind, pattern in _SRC_MARKDOWN_IN_TEXT
-                        if any(pattern.search(template) for template in _string_templates(value))
-                    ]
-                    if kinds:
-                        found.append((line, f"inline value `{{python}} {expression}` is a str carrying Markdown "
-                            f"({', '.join(kinds)}); Quarto prints a str as plain text, so the reader "
-                            "sees the marks: make the value plain text, or wrap it in "
-                            "IPython.display.Markdown"))
+                    value = values[-1]
+                kinds = _markdown_kinds(value)
+                if kinds:
+                    found.append((line, f"inline value `{{python}} {match.group('expr')}` is a str carrying Markdown "
+                        f"({', '.join(kinds)}); Quarto prints a str as plain text, so the reader sees the "
+                        "marks: make the value plain text, or wrap it in IPython.display.Markdown"))
     return found
 
 
