@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["Book", "BookError", "ChapterEntry", "find_root", "load_book", "repo_url", "MODULE_FILE"]
+__all__ = ["Book", "BookError", "ChapterEntry", "find_root", "load_book", "repo_url", "write_if_changed", "MODULE_FILE"]
 
 # Only chapter files named like this produce modules: chapters/ch03-long-context.qmd -> code/ch03/
 MODULE_FILE = re.compile(r"^ch(?P<number>\d{2})-[A-Za-z0-9_.-]+\.qmd$")
@@ -176,3 +176,14 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Write `text` to `path` (atomically) unless it already holds it; whether it wrote."""
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return False
+    except FileNotFoundError:
+        pass
+    write_atomic(path, text)
+    return True

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .book import Book
-from .notebooks import export_book
+from .notebooks import export_book, needs_kernel
 from .qmd import INLINE_EXPRESSION, inline_text
 
 __all__ = ["ChapterRun", "inline_text", "execute_notebook", "execute_book"]
@@ -112,11 +112,7 @@ def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1)
 
     meta = notebook.metadata.get("longctx", {})
     source = meta.get("source", "<notebook>")
-    needs_kernel = any(
-        cell.cell_type == "code" or (cell.cell_type == "markdown" and INLINE_EXPRESSION.search(cell.source))
-        for cell in notebook.cells
-    )
-    if not needs_kernel:
+    if not needs_kernel(notebook):
         return notebook
     client = NotebookClient(
         notebook,

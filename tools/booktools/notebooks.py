@@ -22,8 +22,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import nbformat
+
 from .bib import bibliography_keys, render_citations
-from .book import Book, repo_url, write_atomic
+from .book import Book, repo_url, write_if_changed
 from .numbering import ChapterInfo, Numbering, Target, compute_numbering
 from .qmd import (
     BRACKET,
@@ -47,7 +49,7 @@ from .qmd import (
 
 __all__ = [
     "export_book", "export_chapter", "export_notebooks", "finish_book", "finish_notebook",
-    "setup_cell_source", "translate_inline",
+    "needs_kernel", "setup_cell_source", "translate_inline",
 ]
 
 NOTEBOOK_KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -119,12 +121,6 @@ def _translate_prose(text: str, targets: dict[str, Target], cite: Cite) -> str:
 # one chapter
 
 
-def _notebook_module():
-    import nbformat
-
-    return nbformat
-
-
 class _Builder:
     def __init__(self, info: ChapterInfo, numbering: Numbering, cite: Cite):
         self.info = info
@@ -136,7 +132,6 @@ class _Builder:
         self.segments: list[tuple[str, str]] = []  # ("md", line) or ("raw", fenced text)
         self.context: Div | None = None  # the innermost open callout of the buffered lines
         self.started: set[int] = set()  # id() of each callout whose titled first part is out
-        nbformat = _notebook_module()
         self.v4 = nbformat.v4
 
     # -- helpers -------------------------------------------------------------
@@ -303,7 +298,6 @@ class _Builder:
         return "\n".join(parts)
 
     def build(self):
-        nbformat = _notebook_module()
         items, _ = walk(self.doc)
         first_heading = next((i for i in items if isinstance(i, Line) and i.kind == "heading"), None)
         if (first_heading is None or first_heading.heading.level != 1) and self.info.title:
@@ -339,16 +333,6 @@ def export_chapter(info: ChapterInfo, numbering: Numbering, cite: Cite):
     if info.document is None:
         raise ValueError(f"{info.display} has no parsed document")
     return _Builder(info, numbering, cite).build()
-
-
-def _write_if_changed(path: Path, text: str) -> bool:
-    try:
-        if path.read_text(encoding="utf-8") == text:
-            return False
-    except FileNotFoundError:
-        pass
-    write_atomic(path, text)
-    return True
 
 
 def export_notebooks(
@@ -410,12 +394,11 @@ def export_book(
         (paths, problems): the notebooks (written or already current) and the problems
         ("FILE:LINE: message") that stopped a chapter from being exported.
     """
-    nbformat = _notebook_module()
     exported, problems = export_notebooks(book, files)
     paths = []
     for info, notebook in exported:
         path = out / f"{Path(info.display).stem}.ipynb"
-        _write_if_changed(path, nbformat.writes(notebook) + "\n")
+        write_if_changed(path, nbformat.writes(notebook) + "\n")
         paths.append(path)
     return paths, problems
 
@@ -460,14 +443,6 @@ def setup_cell_source(url: str) -> str:
     return SETUP_CELL.format(repo_url=json.dumps(url))
 
 
-def _split_options(source: str) -> tuple[list[str], str]:
-    lines = source.split("\n")
-    count = 0
-    while count < len(lines) and lines[count].startswith("#|"):
-        count += 1
-    return lines[:count], "\n".join(lines[count:])
-
-
 def _hide_source(cell, options: dict) -> bool:
     """Whether the book folds or hides this cell's code (an exercise's solution counts)."""
     collapsed = cell.metadata.get("longctx", {}).get("collapsed", False)
@@ -508,9 +483,9 @@ def finish_notebook(notebook, executed, url: str, display: str):
                 raise StaleNotebook(f"{display}:{line}: " + stale.format("this cell changed since it ran"))
             cell.outputs = ran.get("outputs", [])
             cell.execution_count = ran.get("execution_count")
-            option_lines, body = _split_options(cell.source)
-            _, options = parse_options(option_lines, display, line + 1)
-            cell.source = body
+            lines = cell.source.split("\n")
+            option_lines, options = parse_options(lines, display, line + 1)
+            cell.source = "\n".join(lines[len(option_lines) :])
             if _hide_source(cell, options):
                 cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
         elif cell.cell_type == "markdown":
@@ -529,7 +504,6 @@ def finish_notebook(notebook, executed, url: str, display: str):
     if code_index != len(ran_code) or values:
         raise StaleNotebook(f"{display}:0: " + stale.format("it ran cells or values the chapter no longer has"))
     if code_index:
-        nbformat = _notebook_module()
         setup = nbformat.v4.new_code_cell(setup_cell_source(url))
         setup["id"] = "longctx-setup"
         setup.metadata["longctx"] = {"role": "setup"}
@@ -537,7 +511,8 @@ def finish_notebook(notebook, executed, url: str, display: str):
     return notebook
 
 
-def _needs_execution(notebook) -> bool:
+def needs_kernel(notebook) -> bool:
+    """Whether a notebook has code to run or inline values to compute."""
     return any(
         cell.cell_type == "code" or (cell.cell_type == "markdown" and INLINE_EXPRESSION.search(cell.source))
         for cell in notebook.cells
@@ -560,14 +535,13 @@ def finish_book(
     Raises:
         BookError: `_quarto.yml` has no usable `book.repo-url` (checked before anything is written).
     """
-    nbformat = _notebook_module()
     url = repo_url(book)
     exported, problems = export_notebooks(book, files)
     finished = []
     for info, notebook in exported:
         stem = Path(info.display).stem
         ran = None
-        if _needs_execution(notebook):
+        if needs_kernel(notebook):
             path = executed / f"{stem}.ipynb"
             if not path.is_file():
                 problems.append(
@@ -584,6 +558,6 @@ def finish_book(
     for stem, notebook in finished:
         nbformat.validate(notebook)
         path = out / f"{stem}.ipynb"
-        _write_if_changed(path, nbformat.writes(notebook) + "\n")
+        write_if_changed(path, nbformat.writes(notebook) + "\n")
         paths.append(path)
     return paths, problems
