@@ -356,20 +356,8 @@ _SIDE_EFFECT_ROOTS = {"plt", "pyplot", "matplotlib", "subprocess", "shutil"}
 
 
 def _describe(node: ast.AST) -> str:
-    try:
-        text = ast.unparse(node)
-    except Exception:  # pragma: no cover - unparse handles every node we see
-        text = type(node).__name__
-    text = text.splitlines()[0] if text else type(node).__name__
+    text = ast.unparse(node).splitlines()[0]
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _call_root(func: ast.AST) -> str | None:
-    while isinstance(func, ast.Attribute):
-        func = func.value
-    if isinstance(func, ast.Call):
-        return _call_root(func.func)
-    return func.id if isinstance(func, ast.Name) else None
 
 
 def _side_effect_call(node: ast.AST) -> ast.Call | None:
@@ -381,71 +369,46 @@ def _side_effect_call(node: ast.AST) -> ast.Call | None:
             stack.extend(current.args.defaults + [d for d in current.args.kw_defaults if d is not None])
             continue
         if isinstance(current, ast.Call):
-            func = current.func
-            if isinstance(func, ast.Name) and func.id in _SIDE_EFFECT_CALLS:
-                return current
-            if isinstance(func, ast.Attribute) and (
-                func.attr in _SIDE_EFFECT_METHODS or _call_root(func) in _SIDE_EFFECT_ROOTS
-            ):
+            func, root = current.func, current.func
+            while isinstance(root, ast.Attribute | ast.Call):
+                root = root.value if isinstance(root, ast.Attribute) else root.func
+            if (isinstance(func, ast.Name) and func.id in _SIDE_EFFECT_CALLS) or (isinstance(func, ast.Attribute) and (
+                    func.attr in _SIDE_EFFECT_METHODS or getattr(root, "id", None) in _SIDE_EFFECT_ROOTS)):
                 return current
         stack.extend(ast.iter_child_nodes(current))
     return None
 
 
-def _import_time_parts(stmt: ast.stmt) -> list[ast.AST]:
-    """The expressions of a definition that run at import: decorators, defaults, bases."""
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        args = stmt.args
-        parts = list(stmt.decorator_list) + list(args.defaults) + [d for d in args.kw_defaults if d is not None]
-        return parts
-    if isinstance(stmt, ast.ClassDef):
-        return list(stmt.decorator_list) + list(stmt.bases) + [k.value for k in stmt.keywords]
-    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-        return [stmt.value] if stmt.value is not None else []
-    return []
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+_STATEMENT_NAMES = {ast.For: "this loop", ast.AsyncFor: "this loop", ast.While: "this loop",
+                    ast.With: "this `with` block", ast.AsyncWith: "this `with` block", ast.Assert: "this assert"}
 
 
-def _side_effects(statements: list[ast.stmt], in_class: bool = False) -> list[tuple[int, str]]:
+def _side_effects(statements: list[ast.stmt]) -> list[tuple[int, str]]:
     """(line, message) for each statement that does something when the module is imported."""
     found = []
     for stmt in statements:
-        if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass)):
-            continue
-        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
-            continue  # a docstring or `...`
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)):
-            for part in _import_time_parts(stmt):
-                call = _side_effect_call(part)
-                if call is not None:
-                    found.append(
-                        (stmt.lineno, f"`{_describe(call)}` runs when the module is imported; saved cells must not have side effects")
-                    )
-                    break
+        if isinstance(stmt, ast.If | ast.Try) or type(stmt).__name__ == "TryStar":
+            handlers = [line for handler in getattr(stmt, "handlers", []) for line in handler.body]
+            found += _side_effects(stmt.body + stmt.orelse + getattr(stmt, "finalbody", []) + handlers)
+        elif isinstance(stmt, _DEFINITIONS):
+            # what runs at import: decorators, defaults and bases of a definition, an assignment's value
+            args = getattr(stmt, "args", None)
+            parts = [*getattr(stmt, "decorator_list", []), *getattr(stmt, "bases", [])]
+            parts += [keyword.value for keyword in getattr(stmt, "keywords", [])] + [getattr(stmt, "value", None)]
+            parts += [*args.defaults, *args.kw_defaults] if args is not None else []
+            call = next((hit for part in parts if part is not None and (hit := _side_effect_call(part))), None)
+            if call is not None:
+                found.append((stmt.lineno, f"`{_describe(call)}` runs when the module is imported; saved cells "
+                              "must not have side effects"))
             if isinstance(stmt, ast.ClassDef):
-                found.extend(_side_effects(stmt.body, in_class=True))
-            continue
-        if type(stmt).__name__ == "TypeAlias":
-            continue
-        if isinstance(stmt, ast.If):
-            found.extend(_side_effects(stmt.body + stmt.orelse, in_class))
-            continue
-        if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
-            inner = stmt.body + stmt.orelse + stmt.finalbody
-            for handler in stmt.handlers:
-                inner = inner + handler.body
-            found.extend(_side_effects(inner, in_class))
-            continue
-        what = "this statement" if not isinstance(stmt, ast.Expr) else f"`{_describe(stmt)}`"
-        if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
-            what = "this loop"
-        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
-            what = "this `with` block"
-        elif isinstance(stmt, ast.Assert):
-            what = "this assert"
-        elif isinstance(stmt, ast.AugAssign):
-            what = f"`{_describe(stmt)}`"
-        found.append((stmt.lineno, f"{what} runs when the module is imported; saved cells hold only imports, "
-            "functions, classes and constants (move it to a cell without `# @save`)"))
+                found += _side_effects(stmt.body)
+        elif not (isinstance(stmt, ast.Import | ast.ImportFrom | ast.Pass) or type(stmt).__name__ == "TypeAlias"
+                  or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))):  # a docstring, `...`
+            what = _STATEMENT_NAMES.get(type(stmt)) or (
+                f"`{_describe(stmt)}`" if isinstance(stmt, ast.Expr | ast.AugAssign) else "this statement")
+            found.append((stmt.lineno, f"{what} runs when the module is imported; saved cells hold only imports, "
+                          "functions, classes and constants (move it to a cell without `# @save`)"))
     return found
 
 

@@ -110,8 +110,7 @@ def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1)
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    meta = notebook.metadata.get("longctx", {})
-    source = meta.get("source", "<notebook>")
+    source = notebook.metadata.get("longctx", {}).get("source", "<notebook>")
     if not needs_kernel(notebook):
         return notebook
     client = NotebookClient(
@@ -121,13 +120,11 @@ def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1)
         resources={"metadata": {"path": str(root)}},
         allow_errors=False,
     )
-    current = {"line": 0}
     # The kernel's own log (not cell output, which comes over the protocol) is noise here.
     with client.setup_kernel(env=kernel_env(jobs), stderr=subprocess.DEVNULL):
         for index, cell in enumerate(notebook.cells):
             if cell.cell_type == "code":
                 line = cell.metadata.get("longctx", {}).get("line", 0)
-                current["line"] = line
                 try:
                     client.execute_cell(cell, index)
                 except CellExecutionError as exc:

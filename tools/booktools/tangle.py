@@ -53,7 +53,6 @@ class ModuleOutput:
     entry: ChapterEntry
     module: str  # "ch03"
     files: dict[Path, str] = field(default_factory=dict)  # absolute path -> text
-    public_names: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -267,7 +266,6 @@ def tangle_document(doc: Document, module: str, root: Path) -> tuple[ModuleOutpu
         entry=ChapterEntry(doc.display, 0, False),
         module=module,
         files={directory / GENERATED_NAME: generated, directory / INIT_NAME: "\n".join(init) + "\n"},
-        public_names=public,
     )
     return output, []
 
