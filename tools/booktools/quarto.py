@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from .book import Book, BookError, load_book, repo_url, write_atomic
+from .notebooks import NOTEBOOK_KERNELSPEC
 from .qmd import INLINE_EXPRESSION, Document, QmdError, parse_file
 
 __all__ = [
@@ -102,10 +103,6 @@ def find_tex() -> str | None:
 # staging: one Quarto notebook per listed file
 
 
-def _markdown_cell(text: str) -> dict:
-    return {"cell_type": "markdown", "metadata": {}, "source": text}
-
-
 def _option_value(value) -> str:
     """A cell option's value as one line of YAML: plain where it can be, else quoted."""
     if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_./-]+", value):
@@ -113,28 +110,22 @@ def _option_value(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def quarto_notebook(doc: Document, executed: dict | None) -> dict:
+def quarto_notebook(doc: Document, executed: dict) -> dict:
     """The notebook Quarto renders for one chapter (an nbformat-4 dict).
 
     Args:
         doc: the parsed `.qmd`.
-        executed: its executed notebook (nbformat dict) from `booktools execute`, or None for a
-            file without Python cells.
+        executed: its executed notebook (nbformat dict) from `booktools execute`.
 
     Raises:
         QuartoError: the executed notebook does not match the chapter (it is stale).
     """
     lines = doc.path.read_text(encoding="utf-8").replace("\r\n", "\n").split("\n")
-    outputs: dict[int, dict] = {}
-    values: list[dict] = []
-    if executed is not None:
-        for cell in executed.get("cells", []):
-            if cell.get("cell_type") == "code":
-                line = cell.get("metadata", {}).get("longctx", {}).get("line")
-                if line is not None:
-                    outputs[int(line)] = cell
-            elif cell.get("cell_type") == "markdown":
-                values.extend(cell.get("metadata", {}).get("user_expressions", []))
+    ran = executed.get("cells", [])
+    outputs = {int(cell["metadata"]["longctx"]["line"]): cell for cell in ran
+               if cell.get("cell_type") == "code" and "line" in cell.get("metadata", {}).get("longctx", {})}
+    values = [value for cell in ran if cell.get("cell_type") == "markdown"
+              for value in cell.get("metadata", {}).get("user_expressions", [])]
     cells: list[dict] = []
     start = 0  # 0-based index of the first line not yet placed
     if doc.front_matter:
@@ -142,27 +133,21 @@ def quarto_notebook(doc: Document, executed: dict | None) -> dict:
         # in the markdown, where Pandoc reads it as it reads the .qmd (`check` reports it).
         cells.append({"cell_type": "raw", "metadata": {}, "source": "\n".join(lines[: doc.front_matter_lines])})
         start = doc.front_matter_lines
-    pending = list(values)
+    pending = values
 
     def add_markdown(end: int) -> None:
         text = "\n".join(lines[start:end]).strip("\n")
         if not text.strip():
             return
-        cell = _markdown_cell(text)
-        found = [match.group("expr").strip() for match in INLINE_EXPRESSION.finditer(text)]
-        if found:
-            given: dict[str, dict] = {}
-            for expression in found:
-                if not pending or pending[0]["expression"] != expression:
-                    raise QuartoError(
-                        f"{doc.display}: the executed notebook has no value for `{{python}} {expression}` "
-                        "here; execute the chapter again (`make execute`)"
-                    )
-                given.setdefault(expression, pending.pop(0)["result"])
-            cell["metadata"]["user_expressions"] = [
-                {"expression": expression, "result": result} for expression, result in given.items()
-            ]
-        cells.append(cell)
+        given: dict[str, dict] = {}
+        for match in INLINE_EXPRESSION.finditer(text):
+            expression = match.group("expr").strip()
+            if not pending or pending[0]["expression"] != expression:
+                raise QuartoError(f"{doc.display}: the executed notebook has no value for `{{python}} "
+                                  f"{expression}` here; execute the chapter again (`make execute`)")
+            given.setdefault(expression, pending.pop(0)["result"])
+        metadata = {"user_expressions": [{"expression": key, "result": value} for key, value in given.items()]}
+        cells.append({"cell_type": "markdown", "metadata": metadata if given else {}, "source": text})
 
     for cell in doc.python_cells:
         add_markdown(cell.line - 1)
@@ -170,23 +155,12 @@ def quarto_notebook(doc: Document, executed: dict | None) -> dict:
         # Options go to Quarto one per line, whatever YAML spelling the chapter uses (a caption
         # folded over several lines to fit 80 columns reaches Quarto's notebook reader mangled).
         body = [f"#| {key}: {_option_value(value)}" for key, value in cell.options.items()] + body
-        code = {
-            "cell_type": "code",
-            "execution_count": None,
-            "metadata": {},
-            "outputs": [],
-            "source": "\n".join(body),
-        }
-        if executed is not None:
-            ran = outputs.get(cell.line)
-            if ran is None:
-                raise QuartoError(
-                    f"{doc.display}:{cell.line}: this cell is not in the executed notebook; execute the "
-                    "chapter again (`make execute`)"
-                )
-            code["outputs"] = copy.deepcopy(ran.get("outputs", []))
-            code["execution_count"] = ran.get("execution_count")
-        cells.append(code)
+        if cell.line not in outputs:
+            raise QuartoError(f"{doc.display}:{cell.line}: this cell is not in the executed notebook; execute "
+                              "the chapter again (`make execute`)")
+        cells.append({"cell_type": "code", "execution_count": outputs[cell.line].get("execution_count"),
+                      "metadata": {}, "outputs": copy.deepcopy(outputs[cell.line].get("outputs", [])),
+                      "source": "\n".join(body)})
         start = cell.end_line
     add_markdown(len(lines))
     if pending:
@@ -196,8 +170,7 @@ def quarto_notebook(doc: Document, executed: dict | None) -> dict:
         )
     for index, cell in enumerate(cells):
         cell["id"] = f"cell-{index}"
-    metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                "language_info": {"name": "python"}}
+    metadata = {"kernelspec": dict(NOTEBOOK_KERNELSPEC), "language_info": {"name": "python"}}
     return {"cells": cells, "metadata": metadata, "nbformat": 4, "nbformat_minor": 5}
 
 
