@@ -105,19 +105,15 @@ def _is_def(signature: str) -> bool:
 
 
 def _signature(name: str, obj) -> tuple[str, str]:
+    if not callable(obj):
+        return "constant", f"{name}: {type(obj).__name__}"
+    try:
+        signature = _plain_annotations(str(inspect.signature(obj)))
+    except (TypeError, ValueError):
+        signature = "(...)"
     if inspect.isclass(obj):
-        try:
-            signature = _plain_annotations(str(inspect.signature(obj))).removesuffix(" -> None")
-        except (TypeError, ValueError):
-            signature = "(...)"
-        return "class", f"{name}{signature}"
-    if callable(obj):
-        try:
-            signature = _plain_annotations(str(inspect.signature(obj)))
-        except (TypeError, ValueError):
-            signature = "(...)"
-        return "function", f"{name}{signature}"
-    return "constant", f"{name}: {type(obj).__name__}"
+        return "class", f"{name}{signature.removesuffix(' -> None')}"
+    return "function", f"{name}{signature}"
 
 
 def _summary(obj, kind: str) -> str:

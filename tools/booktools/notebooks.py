@@ -153,11 +153,8 @@ class _Builder:
 
     # -- markdown buffer ----------------------------------------------------------
     def flush(self) -> None:
-        parts = []
-        for kind, text in self.segments:
-            parts.append(text if kind == "raw" else self.inline(text))
+        body = "\n".join(text if kind == "raw" else self.inline(text) for kind, text in self.segments)
         self.segments = []
-        body = "\n".join(parts)
         body = self.block_rewrites(body).strip("\n")
         callout = self.context
         if not body.strip():
@@ -174,12 +171,10 @@ class _Builder:
     def block_rewrites(self, text: str) -> str:
         def equation(match: re.Match) -> str:
             target = self.targets.get(match.group("label"))
-            if target is None or not target.number:
-                return f"$${match.group('body')}$$"
             body = match.group("body")
-            stripped = body.rstrip()
-            trailing = body[len(stripped) :]
-            return f"$${stripped} \\tag{{{target.number}}}{trailing}$$"
+            if target is None or not target.number:
+                return f"$${body}$$"
+            return f"$${body.rstrip()} \\tag{{{target.number}}}{body[len(body.rstrip()) :]}$$"
 
         return LABELLED_EQUATION.sub(equation, text)
 
@@ -277,20 +272,14 @@ class _Builder:
         A notebook draws a mermaid fence only where its front end can (JupyterLab 4.1+); the
         caption and the alt text below the source give every reader the figure's content.
         """
-        if cell.executable:
-            body = cell.code_lines  # drop Quarto's `%%|` / `#|` options
-            info = cell.lang
-        else:
-            body = cell.lines
-            info = cell.info
-        fence = cell.fence
-        fenced = "\n".join([f"{cell.indent}{fence}{info}", *body, f"{cell.indent}{fence}"])
-        caption = str(cell.options.get("fig-cap", "") or "").strip() if cell.executable else ""
+        # an executable block loses Quarto's `%%|` / `#|` options
+        body, info = (cell.code_lines, cell.lang) if cell.executable else (cell.lines, cell.info)
+        fenced = "\n".join([f"{cell.indent}{cell.fence}{info}", *body, f"{cell.indent}{cell.fence}"])
+        caption = str(cell.options.get("fig-cap", "") or "").strip()
         if not caption:
             return fenced
-        label = cell.label or ""
-        target = self.targets.get(label) if label.startswith("fig-") else None
-        name = target.text if target is not None and target.number else "Figure"
+        target = self.targets.get(cell.label or "")
+        name = target.text if target is not None and target.kind == "figure" and target.number else "Figure"
         parts = [fenced, "", f"{cell.indent}**{name}:** {self.inline(caption)}"]
         alt = str(cell.options.get("fig-alt", "") or "").strip()
         if alt:
@@ -315,16 +304,8 @@ class _Builder:
         for index, cell in enumerate(self.cells):
             cell["id"] = f"cell-{index}"
         notebook.cells = self.cells
-        notebook.metadata = {
-            "kernelspec": dict(NOTEBOOK_KERNELSPEC),
-            "language_info": {"name": "python"},
-            "longctx": {
-                "source": self.doc.display,
-                "number": self.info.number,
-                "title": self.info.title,
-                "kind": self.info.kind,
-            },
-        }
+        notebook.metadata = {"kernelspec": dict(NOTEBOOK_KERNELSPEC), "language_info": {"name": "python"},
+                             "longctx": {"source": self.doc.display}}
         return notebook
 
 
