@@ -104,21 +104,11 @@ def _line_of(lines: list[str], item: str, start: int) -> int:
 def _flatten(items, appendix: bool, lines: list[str], cursor: list[int]) -> list[ChapterEntry]:
     found: list[ChapterEntry] = []
     for item in items or []:
-        if isinstance(item, str):
-            line = _line_of(lines, item, cursor[0])
-            if line:
-                cursor[0] = line
-            found.append(ChapterEntry(item, line, appendix))
-        elif isinstance(item, dict):
-            # A part: {part: "title" or file, chapters: [...]}; a part file is a page too.
-            part = item.get("part")
-            if isinstance(part, str) and part.endswith((".qmd", ".md", ".ipynb")):
-                line = _line_of(lines, part, cursor[0])
-                found.append(ChapterEntry(part, line, appendix))
-            if "href" in item and isinstance(item["href"], str):
-                line = _line_of(lines, item["href"], cursor[0])
-                found.append(ChapterEntry(item["href"], line, appendix))
-            found.extend(_flatten(item.get("chapters"), appendix, lines, cursor))
+        if not isinstance(item, str):  # the tools number, stage and check a flat list of files
+            raise BookError(f"_quarto.yml lists {item!r}: list the book's files one a line (parts are not used)")
+        line = _line_of(lines, item, cursor[0])
+        cursor[0] = line or cursor[0]
+        found.append(ChapterEntry(item, line, appendix))
     return found
 
 

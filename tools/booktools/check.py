@@ -84,6 +84,7 @@ def check_book(book: Book, numbering: Numbering | None = None) -> list[str]:
 
     bib_problems: list[str] = []
     bib = bibliography_keys(book.bibliography, bib_problems)
+    bib_names = ", ".join(path.name for path in book.bibliography) or "no bibliography in _quarto.yml"
     for text in bib_problems:
         path, line, message = text.split(":", 2)
         add(path, int(line or 0), message.strip())
@@ -129,7 +130,7 @@ def check_book(book: Book, numbering: Numbering | None = None) -> list[str]:
                     if key not in targets:
                         add(display, line, f"cross-reference @{key} points at no label")
                 elif key not in bib:
-                    add(display, line, f"citation @{key} is not in the bibliography ({_bib_names(book)})")
+                    add(display, line, f"citation @{key} is not in the bibliography ({bib_names})")
 
         for item in items:
             if isinstance(item, CellItem):
@@ -186,10 +187,6 @@ def check_book(book: Book, numbering: Numbering | None = None) -> list[str]:
 
     unique = sorted(set(problems), key=lambda item: (item[0], item[1], item[2]))
     return [f"{path}:{line}: {message}" for path, line, message in unique]
-
-
-def _bib_names(book: Book) -> str:
-    return ", ".join(path.name for path in book.bibliography) or "no bibliography in _quarto.yml"
 
 
 # ---------------------------------------------------------------------------

@@ -37,8 +37,6 @@ class ChapterRun:
     """The outcome of executing one notebook."""
 
     source: str  # "chapters/ch03-long-context.qmd"
-    notebook: str  # path of the input notebook
-    output: str | None  # path written, None on failure
     seconds: float
     error: str | None = None  # "FILE:LINE: message" and the traceback's last lines
 
@@ -169,16 +167,16 @@ def _run_one(notebook_path: str, output_path: str, root: str, timeout: int, jobs
         execute_notebook(notebook, Path(root), timeout=timeout, jobs=jobs)
     except CellFailure as exc:
         output.unlink(missing_ok=True)
-        return ChapterRun(source, notebook_path, None, time.perf_counter() - started, str(exc))
+        return ChapterRun(source, time.perf_counter() - started, str(exc))
     except Exception as exc:  # the kernel could not start, ...
         output.unlink(missing_ok=True)
         message = f"{source}:0: execution failed: {type(exc).__name__}: {exc}"
-        return ChapterRun(source, notebook_path, None, time.perf_counter() - started, message)
+        return ChapterRun(source, time.perf_counter() - started, message)
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.tmp")
     nbformat.write(notebook, str(temporary))
     os.replace(temporary, output)
-    return ChapterRun(source, notebook_path, str(output), time.perf_counter() - started)
+    return ChapterRun(source, time.perf_counter() - started)
 
 
 def execute_book(

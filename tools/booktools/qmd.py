@@ -109,10 +109,6 @@ class Markdown:
     lines: list[str]
 
     @property
-    def end_line(self) -> int:
-        return self.line + len(self.lines) - 1
-
-    @property
     def text(self) -> str:
         return "\n".join(self.lines)
 
@@ -136,11 +132,6 @@ class Cell:
     def is_python(self) -> bool:
         """Whether this is an executable Python cell (```` ```{python} ````)."""
         return self.executable and self.lang == "python"
-
-    @property
-    def source(self) -> str:
-        """The whole body, option lines included."""
-        return "\n".join(self.lines)
 
     @property
     def code_lines(self) -> list[str]:
@@ -192,7 +183,6 @@ class Heading:
     text: str  # heading text without the attribute block
     label: str | None  # `#sec-...` id, if any
     classes: list[str]
-    attributes: str  # the raw `{...}` attribute text ("" when none)
 
     @property
     def unnumbered(self) -> bool:
@@ -280,19 +270,18 @@ def parse_heading(text: str, line: int = 0) -> Heading | None:
     body = match.group("text")
     # Closing hashes ("## Title ##") are allowed by Pandoc.
     body = re.sub(r"[ \t]+#+[ \t]*$", "", body)
-    label, classes, attributes = None, [], ""
+    label, classes = None, []
     attrs = _ATTRS.search(body)
     if attrs is not None:
-        attributes = attrs.group("attrs")
         body = body[: attrs.start()].rstrip()
-        for token in attributes.split():
+        for token in attrs.group("attrs").split():
             if token.startswith("#"):
                 label = token[1:]
             elif token.startswith("."):
                 classes.append(token[1:])
             elif token == "-":
                 classes.append("-")
-    return Heading(line, len(match.group("hashes")), body, label, classes, attributes)
+    return Heading(line, len(match.group("hashes")), body, label, classes)
 
 
 def parse_options(lines: list[str], display: str, first_line: int) -> tuple[list[str], dict]:

@@ -174,17 +174,6 @@ def quarto_notebook(doc: Document, executed: dict) -> dict:
     return {"cells": cells, "metadata": metadata, "nbformat": 4, "nbformat_minor": 5}
 
 
-def _replace_paths(items, renamed: dict[str, str]):
-    """`book.chapters` with each renamed file replaced (parts and nested lists kept)."""
-    if isinstance(items, str):
-        return renamed.get(items, items)
-    if isinstance(items, list):
-        return [_replace_paths(item, renamed) for item in items]
-    if isinstance(items, dict):
-        return {key: _replace_paths(value, renamed) for key, value in items.items()}
-    return items
-
-
 def stage_project(book: Book, executed: Path, stage: Path, *, formats: list[str]) -> list[str]:
     """Write the Quarto project that renders the executed chapters into `stage` (emptied first).
 
@@ -226,16 +215,16 @@ def stage_project(book: Book, executed: Path, stage: Path, *, formats: list[str]
         target.write_text(nbformat.writes(nbformat.from_dict(quarto_notebook(doc, ran))) + "\n", encoding="utf-8")
         renamed[entry.path] = staged
     config = copy.deepcopy(book.config)
-    config["book"] = _replace_paths(config.get("book") or {}, renamed)
+    config["book"] = dict(config.get("book") or {})
+    for key in set(config["book"]) & {"chapters", "appendices"}:
+        config["book"][key] = [renamed.get(path, path) for path in config["book"][key] or []]
     config["execute"] = {"enabled": False}
     # Quarto renders every format the project lists (its `--to a,b` does not work for books).
     given = config.get("format") or {}
     config["format"] = {name: (given.get(name) if isinstance(given, dict) else None) or {} for name in formats}
-    downloads = [name for name in ("pdf", "epub") if name in formats]
-    if downloads:
+    config["book"].pop("downloads", None)
+    if downloads := [name for name in ("pdf", "epub") if name in formats]:
         config["book"]["downloads"] = downloads
-    else:
-        config["book"].pop("downloads", None)
     config.setdefault("project", {})["output-dir"] = "_book"
     write_atomic(stage / "_quarto.yml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=100))
     if (book.root / ASSETS).is_dir():
