@@ -47,15 +47,10 @@ __all__ = ["CODE_LINE_LIMIT", "check_book", "saved_code_problems", "source_probl
 
 def _label_scope(path: str) -> str | None:
     """What a label must name after its prefix in this file: "ch03", "index", "appendix"."""
-    name = Path(path).name
-    match = MODULE_FILE.match(name)
+    name, match = Path(path).name, MODULE_FILE.match(Path(path).name)
     if match:
         return f"ch{match.group('number')}"
-    if Path(path).stem == "index":
-        return "index"
-    if name.startswith("appendix"):
-        return "appendix"
-    return None
+    return "index" if Path(path).stem == "index" else "appendix" if name.startswith("appendix") else None
 
 
 def check_book(book: Book, numbering: Numbering | None = None) -> list[str]:

@@ -88,15 +88,10 @@ def find_chromium(environ=None, which=shutil.which) -> str | None:
 
 def find_tex() -> str | None:
     """A TeX engine Quarto can render PDF with (on PATH, or Quarto's TinyTeX), else None."""
-    for name in ("lualatex", "xelatex", "pdflatex"):
-        found = shutil.which(name)
-        if found:
-            return found
+    found = [shutil.which(name) for name in ("lualatex", "xelatex", "pdflatex")]
     for pattern in ("~/.TinyTeX/bin/*/xelatex", "~/Library/TinyTeX/bin/*/xelatex"):
-        matches = sorted(glob.glob(os.path.expanduser(pattern)))
-        if matches:
-            return matches[0]
-    return None
+        found += sorted(glob.glob(os.path.expanduser(pattern)))
+    return next((path for path in found if path), None)
 
 
 # ---------------------------------------------------------------------------
