@@ -133,6 +133,7 @@ def test_cold_steps_rotate_through_caches_filling_four_times_the_last_level_cach
     assert torch.equal(first, second)
 
 
+@pytest.mark.slow  # runs a benchmark
 def test_warm_and_cold_rows_time_the_same_step_both_ways():
     rows = decode.run_warm_cold((("gqa8", 64),), device=CPU, threads=1, progress=common.Progress(False),
                                 min_run_time=0.001)
@@ -240,6 +241,7 @@ def test_a_window_step_reads_only_its_window():
     assert small.flops == large.flops
 
 
+@pytest.mark.slow  # runs a benchmark
 @pytest.mark.parametrize("design", prefill.DESIGNS)
 def test_each_prefill_design_runs_once_with_every_field(design):
     record = prefill.measure_prefill(design, 70, device=CPU, threads=1, min_run_time=0.001)
