@@ -20,12 +20,14 @@ from booktools.numbering import book_numbering, compute_numbering
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[1]
+FIXTURE_BOOK = REPO / "tests" / "fixtures" / "book"
 FIXTURE_URL = "https://github.com/example/fixture-book"
 
 
-@pytest.fixture
-def exported(fixture_book: Path, tmp_path: Path) -> dict[str, nbformat.NotebookNode]:
-    paths, problems = export_book(load_book(fixture_book), tmp_path / "notebooks")
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, nbformat.NotebookNode]:
+    """The fixture book's export, made once: the tests that take it only read it."""
+    paths, problems = export_book(load_book(FIXTURE_BOOK), tmp_path_factory.mktemp("exported"))
     assert problems == []
     return {path.stem: nbformat.read(path, as_version=4) for path in paths}
 
