@@ -103,9 +103,11 @@ preview: $(ENV_STAMP)
 test: $(ENV_STAMP) $(WEB_STAMP)
 	$(PY) -m pytest
 
-# The edit-test loop: every test not marked `slow` (those execute the chapters or render the book).
-test-fast: $(ENV_STAMP)
-	$(PY) -m pytest -m "not slow" -q
+# The edit-test loop: every test not marked `slow` (those execute the chapters, render the book, train a
+# model or run a benchmark). One torch thread: the fast tests' tensors are tiny, and a second thread only
+# spins (on 2 cores it doubles the CPU time). web/node_modules holds pyright, which a packaging test runs.
+test-fast: $(ENV_STAMP) $(WEB_STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q
 
 # code/ has its own settings (code/ruff.toml): isort with longctx first-party, Google docstrings.
 lint: $(ENV_STAMP)

@@ -10,7 +10,8 @@
   the chapters have run, and the tests that need it wait for it. Where `quarto` is not on PATH
   they skip, saying so; in CI (the `CI` environment variable set) they fail instead.
 
-Every test that executes chapters or renders is marked `slow`: `make test-fast` leaves them out.
+Every test that executes chapters, renders, trains a model or runs a benchmark is marked `slow`:
+`make test-fast` leaves them out.
 """
 
 from __future__ import annotations

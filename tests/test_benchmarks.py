@@ -101,6 +101,7 @@ def test_the_bandwidth_buffer_outgrows_the_last_level_cache():
         assert full == min(2048, max(256, 4 * cache // 2**20))
 
 
+@pytest.mark.slow  # runs a benchmark
 def test_floors_records_have_every_field():
     progress = common.Progress(enabled=False)
     record = floors.measure_floors(device=CPU, threads=1, quick=True, progress=progress)
@@ -111,6 +112,7 @@ def test_floors_records_have_every_field():
     assert set(small) >= {"copy_bytes_per_s", "read_bytes_per_s", "buffer_bytes"}
 
 
+@pytest.mark.slow  # runs a benchmark
 @pytest.mark.parametrize("design", decode.DESIGNS)
 def test_each_decode_design_runs_once_with_every_field(design):
     record = decode.measure_decode(design, 40, device=CPU, threads=1, min_run_time=0.001)
@@ -131,6 +133,7 @@ def test_cold_steps_rotate_through_caches_filling_four_times_the_last_level_cach
     assert torch.equal(first, second)
 
 
+@pytest.mark.slow  # runs a benchmark
 def test_warm_and_cold_rows_time_the_same_step_both_ways():
     rows = decode.run_warm_cold((("gqa8", 64),), device=CPU, threads=1, progress=common.Progress(False),
                                 min_run_time=0.001)
@@ -184,6 +187,7 @@ def test_peak_extra_bytes_sees_a_temporary_allocation():
     assert common.peak_extra_bytes(lambda: None) < 2**20
 
 
+@pytest.mark.slow  # runs a benchmark
 def test_profile_step_lists_operators_by_time():
     profile = decode.profile_step("gqa8", 256, device=CPU, threads=1, top=3)
     assert profile["total_seconds"] > 0 and 1 <= len(profile["operators"]) <= 3
@@ -237,6 +241,7 @@ def test_a_window_step_reads_only_its_window():
     assert small.flops == large.flops
 
 
+@pytest.mark.slow  # runs a benchmark
 @pytest.mark.parametrize("design", prefill.DESIGNS)
 def test_each_prefill_design_runs_once_with_every_field(design):
     record = prefill.measure_prefill(design, 70, device=CPU, threads=1, min_run_time=0.001)
@@ -259,6 +264,7 @@ def test_scan_and_ssm_records_have_every_field():
     assert result["ssm_step"]["state_bytes"] == scan.SSM_INNER * scan.SSM_STATE * 4
 
 
+@pytest.mark.slow  # runs a benchmark
 @pytest.mark.parametrize("design", memory.DESIGNS)
 def test_each_memory_record_matches_the_formula(design):
     record = memory.measure_memory(design, 1500, device=CPU)
@@ -282,6 +288,7 @@ def test_ring_benchmark_record_has_every_field():
     assert sharded["bytes_per_step"] < sharded["ring_bytes_per_step"]
 
 
+@pytest.mark.slow  # runs a benchmark
 def test_summary_table_names_machine_floor_and_crossovers():
     progress = common.Progress(False)
     results = {"machine": common.machine_record(CPU, 1, "quick"),

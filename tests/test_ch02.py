@@ -340,6 +340,7 @@ def test_training_step_starts_from_zero_gradients():
     assert model.weight.item() == pytest.approx(0.6)  # 0 - 0.1 * -6, the stale 100 forgotten
 
 
+@pytest.mark.slow  # trains a model
 def test_training_on_a_small_slice_reduces_the_loss():
     ids = ch02.ByteTokenizer().encode(ch02.load_corpus()[:20_000])
     model = make_model(ch02.GPTConfig(vocab_size=256, context_length=16, d_model=16, layers=1, heads=2))

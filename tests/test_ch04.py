@@ -745,6 +745,7 @@ def test_copying_rejects_bad_input():
         ch04.copying_trial("attention", -1)
 
 
+@pytest.mark.slow  # trains a model
 def test_copying_trial_is_seeded_and_trains_the_named_mixer():
     first = ch04.copying_trial("selective SSM", 3, steps=4)
     again = ch04.copying_trial("selective SSM", 3, steps=4)
@@ -987,6 +988,7 @@ def test_no_stray_timing_output_and_papers_figures_are_exempted_in_the_opening()
     assert "Numbers from\npapers" in opening  # the quoted figures are the papers' own
 
 
+@pytest.mark.slow  # trains a model
 def test_copying_runner_writes_every_mixer_for_every_seed(tmp_path):
     import json
 

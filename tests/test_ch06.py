@@ -135,6 +135,7 @@ def test_fused_attention_equals_the_teaching_path():
         assert torch.allclose(fused(tokens[:, 20:], cache_b), teaching(tokens[:, 20:], cache_a), atol=1e-5)
 
 
+@pytest.mark.slow  # trains a model
 def test_rotary_model_trains_on_chapter_2_machinery():
     """Chapter 2's train loop runs on the rotary model unchanged, and the loss falls."""
     model = rotary(context=16, d_model=16, heads=2)
@@ -234,6 +235,7 @@ def test_key_batch_refuses_records_that_do_not_fit():
         ch06.key_batch(HELD_OUT_TEXT, torch.tensor([0.5]), 64, generator, keys=2, questions=3)
 
 
+@pytest.mark.slow  # trains a model
 def test_train_with_keys_is_reproducible_and_learns():
     losses = []
     for _ in range(2):
@@ -385,6 +387,7 @@ def test_matched_base_reproduces_the_reference_and_gives_a_small_model_its_share
 # --- the experiment ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # trains a model
 def test_experiment_at_tiny_size_has_every_model_and_measurement_and_repeats_exactly():
     import experiments.extension as runner
 
@@ -415,6 +418,7 @@ def test_experiment_at_tiny_size_has_every_model_and_measurement_and_repeats_exa
     json.dumps(first)  # plain numbers only
 
 
+@pytest.mark.slow  # trains a model
 def test_experiment_command_runs_end_to_end_at_tiny_size(tmp_path):
     out = tmp_path / "extension-tiny.json"
     done = subprocess.run([sys.executable, "-m", "experiments", "--size", "tiny", "--quiet", "--out", str(out)],

@@ -42,10 +42,11 @@ def test_readme_python_examples_run():
     blocks = _fenced_blocks(README, "python")
     inline = re.findall(r'\.venv/bin/python -c "(.*?)"', README, flags=re.S)
     assert blocks and inline
-    for source in [*blocks, *inline]:
-        done = subprocess.run([sys.executable, "-c", source], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
-        assert done.returncode == 0, f"README example failed:\n{source}\n{done.stderr[-2000:]}"
+    # one interpreter (torch is imported once), each snippet in a namespace of its own, as if pasted alone
+    runner = "import sys\nfor source in sys.argv[1:]:\n    exec(compile(source, 'README', 'exec'), {'__name__': '__main__'})"
+    done = subprocess.run([sys.executable, "-c", runner, *blocks, *inline], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, f"a README example failed:\n{done.stderr[-2000:]}"
 
 
 def test_requirements_are_exact_pins_with_the_local_torch():
@@ -143,3 +144,21 @@ def test_readme_first_screen_says_what_the_book_is_what_to_type_and_what_it_need
     needs = first[first.index("## What a machine needs") :]
     for tool in ("Python 3.11", "make", "npm", "Quarto", "chromium", "epubcheck"):
         assert tool in needs, tool
+
+
+def test_booktools_keeps_within_its_3500_lines():
+    """Issue 26's budget for tools/booktools: one parser, tools that each do one job, no second renderer."""
+    lines = {path.name: len(path.read_text(encoding="utf-8").splitlines()) for path in (ROOT / "tools" / "booktools").glob("*.py")}
+    assert sum(lines.values()) <= 3500, sorted(lines.items(), key=lambda item: -item[1])
+
+
+def test_make_test_runs_every_test_and_test_fast_leaves_out_only_the_slow_ones():
+    import tomllib
+
+    pytest_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "--strict-markers" in pytest_config["addopts"].split()  # a mistyped mark is an error, not a new mark
+    assert any(marker.startswith("slow:") for marker in pytest_config["markers"])
+    makefile = (ROOT / "Makefile").read_text()
+    recipes = dict(re.findall(r"^(test|test-fast):.*\n\t(.*)$", makefile, flags=re.M))
+    assert recipes["test"] == "$(PY) -m pytest"
+    assert recipes["test-fast"].endswith('$(PY) -m pytest -m "not slow" -q')

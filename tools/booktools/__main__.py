@@ -1,7 +1,4 @@
-"""Command line: `python -m booktools <verb>` (tangle, execute, notebooks, check, quarto).
-
-Exit codes: 0 success, 1 the book has problems (each printed as FILE:LINE: message), 2 usage.
-"""
+"""`python -m booktools VERB`: the command line of `cli`."""
 
 from __future__ import annotations
 

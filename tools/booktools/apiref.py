@@ -1,7 +1,7 @@
 """The API reference appendix, generated from the chapters' modules when the book is built.
 
-For every public name of every chapter module (`longctx.ch01`, ...): its signature (one parameter
-a line past 80 characters, as a formatter breaks it), the first paragraph of its docstring, and a
+For every public name of every chapter module (`longctx.ch01`, ...): its signature (laid out by
+`ruff format` past 80 characters), the first paragraph of its docstring, and a
 link to the section whose `# @save` cell defines it, found from the `# chapters/FILE.qmd:LINE`
 comments of `code/chNN/_generated.py` and linked by fragment alone (`#sec-ch03-rope`), the one form
 both Quarto's HTML and its EPUB resolve. The book is read once per call. The appendix's one cell is
@@ -15,6 +15,7 @@ import html
 import importlib
 import inspect
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from .book import find_root, load_book
 from .numbering import Numbering, compute_numbering
 from .qmd import CROSS_REFERENCE
 
-__all__ = ["ApiEntry", "api_entries", "api_reference", "api_reference_markdown", "defining_lines", "wrap_signature"]
+__all__ = ["ApiEntry", "api_entries", "api_reference", "api_reference_markdown", "defining_lines", "wrap_signature", "wrap_signatures"]
 
 SOURCE_COMMENT = re.compile(r"^# (?P<file>\S+\.qmd):(?P<line>\d+)\s*$")
 REFERENCE = re.compile(r"\[?" + CROSS_REFERENCE.pattern + r"\]?")  # `[@eq-x]` or `@eq-x`, brackets and all
@@ -40,7 +41,7 @@ class ApiEntry:
     file: str | None  # the chapter file that defines it
     line: int | None  # the line of its saved cell
     section: str | None  # "Section 3.2 Grouped heads" (or the chapter, before its first section)
-    href: str | None  # "ch03-long-context.html#sec-ch03-gqa"
+    fragment: str | None  # that section's id, "sec-ch03-gqa"
 
 
 def defining_lines(generated: Path) -> dict[str, tuple[str, int]]:
@@ -74,83 +75,45 @@ def defining_lines(generated: Path) -> dict[str, tuple[str, int]]:
 SIGNATURE_WIDTH = 80
 
 
-def _split_top_level(text: str) -> list[str]:
-    """`a: int, b: dict[str, int] = {}` -> ["a: int", "b: dict[str, int] = {}"] (commas inside brackets or quotes stay)."""
-    parts, depth, quote, current = [], 0, None, []
-    for char in text:
-        if quote:
-            quote = None if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append("".join(current).strip())
-            current = []
-            continue
-        current.append(char)
-    if "".join(current).strip():
-        parts.append("".join(current).strip())
-    return parts
+def wrap_signatures(signatures: list[str], width: int = SIGNATURE_WIDTH) -> list[str]:
+    """Each signature as it is where it fits `width`, else laid out as ruff formats a `def` (one run)."""
+    from ruff.__main__ import find_ruff_bin
+
+    wrapped = list(signatures)
+    long = [index for index, text in enumerate(signatures) if len(text) > width and _is_def(text)]
+    if long:
+        source = "".join(f"def {signatures[index]}: ...\n" for index in long)
+        settings = ["--isolated", "--line-length", str(width), "--config", "format.quote-style = 'preserve'"]
+        done = subprocess.run([find_ruff_bin(), "format", *settings, "-"], input=source, capture_output=True,
+                              text=True, check=True)
+        for index, text in zip(long, re.split(r"\n+(?=def )", done.stdout.strip()), strict=True):
+            wrapped[index] = text.removeprefix("def ").removesuffix(": ...")
+    return wrapped
 
 
 def wrap_signature(signature: str, width: int = SIGNATURE_WIDTH) -> str:
-    """A signature on one line when it fits `width`, else one parameter per line.
-
-    `f(a, b) -> int` stays as it is; a longer one becomes
-    `f(\n    a,\n    b,\n) -> int`, the layout Python formatters use.
-    """
-    if len(signature) <= width or "(" not in signature:
-        return signature
-    name, _, rest = signature.partition("(")
-    depth, close = 1, None
-    for index, char in enumerate(rest):
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth == 0:
-            close = index
-            break
-    if close is None:
-        return signature
-    params, tail = _split_top_level(rest[:close]), rest[close + 1 :]
-    lines = [f"{name}("]
-    for param in params:
-        lines += _wrap_parameter(param, width)
-    return "\n".join([*lines, f"){tail}"])
+    """One signature, wrapped as `wrap_signatures` wraps them."""
+    return wrap_signatures([signature], width)[0]
 
 
-def _wrap_parameter(param: str, width: int) -> list[str]:
-    """One parameter line, or, when its default is a long tuple or list, that default over lines."""
-    line = f"    {param},"
-    opener = next((mark for mark in (" = (", " = [") if mark in param), None)
-    if len(line) <= width or opener is None or param[-1] not in ")]":
-        return [line]
-    head, _, inner = param.partition(opener)
-    items = _split_top_level(inner[:-1])
-    lines, current = [f"    {head}{opener}"], "       "
-    for item in items:
-        if len(current) + len(item) + 2 > width:
-            lines.append(current)
-            current = "       "
-        current += f" {item},"
-    return [*lines, current, f"    {param[-1]},"]
+def _is_def(signature: str) -> bool:
+    try:
+        ast.parse(f"def {signature}: ...")
+    except SyntaxError:
+        return False
+    return True
 
 
 def _signature(name: str, obj) -> tuple[str, str]:
+    if not callable(obj):
+        return "constant", f"{name}: {type(obj).__name__}"
+    try:
+        signature = _plain_annotations(str(inspect.signature(obj)))
+    except (TypeError, ValueError):
+        signature = "(...)"
     if inspect.isclass(obj):
-        try:
-            signature = _plain_annotations(str(inspect.signature(obj))).removesuffix(" -> None")
-        except (TypeError, ValueError):
-            signature = "(...)"
-        return "class", f"{name}{signature}"
-    if callable(obj):
-        try:
-            signature = _plain_annotations(str(inspect.signature(obj)))
-        except (TypeError, ValueError):
-            signature = "(...)"
-        return "function", f"{name}{signature}"
-    return "constant", f"{name}: {type(obj).__name__}"
+        return "class", f"{name}{signature.removesuffix(' -> None')}"
+    return "function", f"{name}{signature}"
 
 
 def _summary(obj, kind: str) -> str:
@@ -164,26 +127,17 @@ def _summary(obj, kind: str) -> str:
 
 
 def _section_for(numbering: Numbering, file: str, line: int) -> tuple[str | None, str | None]:
+    """The heading above `line` of `file` as "Section 3.2 Grouped heads" (or "Chapter 3"), and its id."""
     info = numbering.chapter(file)
     if info is None or info.document is None:
         return None, None
-    page = f"{Path(file).stem}.html"
-    chosen = None
-    for heading, ident in info.document.section_ids:  # computed once per chapter
-        if heading.line < line:
-            chosen = (heading, ident)
-        else:
-            break
-    if chosen is None:
-        return (f"Chapter {info.number}" if info.number else info.title), page
-    heading, ident = chosen
-    number = numbering.heading_numbers.get((file, heading.line), "")
-    if heading.level == 1:
+    above = [(heading, ident) for heading, ident in info.document.section_ids if heading.line < line]
+    heading, ident = above[-1] if above else (None, _chapter_anchor(info))
+    number = numbering.heading_numbers.get((file, heading.line), "") if heading is not None else info.number
+    if heading is None or heading.level == 1:
         kind = "Appendix" if info.entry.appendix else "Chapter"
-        text = f"{kind} {number}" if number else heading.text
-        return text, f"{page}#{ident}"
-    text = f"Section {number} {heading.text}" if number else heading.text
-    return text, f"{page}#{ident}"
+        return (f"{kind} {number}" if number else info.title), ident
+    return (f"Section {number} {heading.text}" if number else heading.text), ident
 
 
 def api_entries(root: Path | str | None = None, numbering: Numbering | None = None) -> list[ApiEntry]:
@@ -209,9 +163,9 @@ def api_entries(root: Path | str | None = None, numbering: Numbering | None = No
             obj = getattr(module, name)
             kind, signature = _signature(name, obj)
             file, line = lines.get(name, (None, None))
-            section, href = _section_for(numbering, file, line) if file else (None, None)
+            section, fragment = _section_for(numbering, file, line) if file else (None, None)
             entries.append(
-                ApiEntry(module_name, name, kind, signature, _summary(obj, kind), file, line, section, href)
+                ApiEntry(module_name, name, kind, signature, _summary(obj, kind), file, line, section, fragment)
             )
     return entries
 
@@ -228,11 +182,6 @@ def _references_to_links(text: str, numbering: Numbering) -> str:
     return REFERENCE.sub(replace, text)
 
 
-def _escape_markdown(text: str) -> str:
-    """Keep a docstring's text as text: `<` and `&` are not markup."""
-    return html.escape(text, quote=False)
-
-
 def _plain_annotations(signature: str) -> str:
     """`x: 'Tensor'` -> `x: Tensor` (annotations are strings under `from __future__ import annotations`)."""
     return re.sub(r"(:\s|->\s)'([^']*)'", r"\1\2", signature)
@@ -247,43 +196,34 @@ def api_reference_markdown(root: Path | str | None = None) -> str:
     if not entries:
         return "No chapter module exists yet: run `make tangle`."
     titles = {info.entry.module: info for info in numbering.chapters if info.entry.module}
+    signatures = wrap_signatures([entry.signature for entry in entries])
     out: list[str] = []
     current = None
-    for entry in entries:
+    for entry, signature in zip(entries, signatures, strict=True):
         if entry.module != current:
             current = entry.module
-            short = current.rsplit(".", 1)[-1]
-            info = titles.get(short)
-            chapter = f"Chapter {info.number}, {info.title}" if info is not None and info.number else short
-            anchor = _chapter_anchor(numbering, info)
+            info = titles.get(current.rsplit(".", 1)[-1])
+            chapter = f"Chapter {info.number}, {info.title}" if info is not None and info.number else current
+            anchor = _chapter_anchor(info)
             heading = f"[{chapter}](#{anchor})" if anchor else chapter
             count = sum(1 for item in entries if item.module == current)
             out.append(f"**`{current}`**: {heading} ({count} public names)")
-        parts = ["```python", wrap_signature(entry.signature), "```", ""]
         words = []
         if entry.summary:
-            words.append(_references_to_links(_escape_markdown(entry.summary), numbering))
+            words.append(_references_to_links(html.escape(entry.summary, quote=False), numbering))
         elif entry.kind == "constant":
             words.append("A constant.")
-        fragment = entry.href.partition("#")[2] if entry.href else ""
-        if entry.href and not fragment:  # defined before the chapter's first section
-            fragment = _chapter_anchor(numbering, numbering.chapter(entry.file)) or ""
-        if fragment:
-            words.append(f"Defined in [{entry.section}](#{fragment}).")
-        if words:
-            parts.append(" ".join(words))
-        out.append("\n".join(parts).rstrip())
+        if entry.fragment:
+            words.append(f"Defined in [{entry.section}](#{entry.fragment}).")
+        out.append("\n".join(["```python", signature, "```", "", " ".join(words)]).rstrip())
     return "\n\n".join(out).strip() + "\n"
 
 
-def _chapter_anchor(numbering: Numbering, info) -> str | None:
+def _chapter_anchor(info) -> str | None:
     """The id of a chapter's title heading (its `sec-` label, else Pandoc's slug)."""
     if info is None or info.document is None:
         return None
-    for heading, ident in info.document.section_ids:
-        if heading.level == 1:
-            return ident
-    return None
+    return next((ident for heading, ident in info.document.section_ids if heading.level == 1), None)
 
 
 def api_reference(root: Path | str | None = None):

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import re
 import subprocess
-from functools import cache
 from pathlib import Path
 
-__all__ = ["ENTRY", "PandocError", "bibliography_keys", "citeproc_arguments", "pandoc_path", "render_citations", "run_pandoc"]
+__all__ = ["ENTRY", "PandocError", "bibliography_keys", "render_citations"]
 
 #: The head of a BibTeX entry, `@article{key,` (macros `@string{name = ...}` have no `key,`).
 ENTRY = re.compile(r"@(?P<type>[A-Za-z]+)\s*[{(]\s*(?P<key>[^,\s{}()]+)\s*,")
@@ -51,11 +50,8 @@ def bibliography_keys(paths: list[Path], problems: list[str] | None = None) -> d
     return keys
 
 
-def citeproc_arguments(bibliography: list[Path], csl: Path | None = None) -> list[str]:
-    """Pandoc's options for citeproc as Quarto passes them: the `.bib` files and the `csl:` style
-    `_quarto.yml` names (none: pandoc's default, Chicago author-date)."""
-    arguments = ["--citeproc", *(f"--bibliography={path}" for path in bibliography)]
-    return [*arguments, f"--csl={csl}"] if csl else arguments
+class PandocError(RuntimeError):
+    """Pandoc is missing, or it failed (the message carries its own)."""
 
 
 def render_citations(
@@ -63,50 +59,29 @@ def render_citations(
 ) -> list[str]:
     """Each citation as written in markdown (`[@a; @b, p. 3]`, `@a`) as plain text, in one pandoc run.
 
-    Example: `render_citations(["[@vaswani2017attention]"], [Path("references.bib")], what="ch01")`
-    gives `["(Vaswani et al. 2017)"]`.
+    Citeproc reads the `.bib` files and the `csl:` style as Quarto passes them (none: pandoc's
+    default). Example: `render_citations(["[@vaswani2017attention]"], [Path("references.bib")],
+    what="ch01")` gives `["(Vaswani et al. 2017)"]`.
+
+    Raises:
+        PandocError: pypandoc-binary is not installed, or pandoc failed on `what`.
     """
     if not citations:
         return []
-    separator = "\u2063"  # an invisible separator: a paragraph of its own between citations
-    source = f"\n\n{separator}\n\n".join(citations)
-    arguments = ["--from=markdown", "--to=plain", "--wrap=none", "--metadata=suppress-bibliography:true"]
-    text, _ = run_pandoc([*arguments, *citeproc_arguments(bibliography, csl)], source, what=what)
-    rendered = [part.strip() for part in text.strip().split(separator)]
-    if len(rendered) != len(citations):
-        raise ValueError(f"{what}: citeproc gave {len(rendered)} citations for {len(citations)}")
-    return rendered
-
-
-class PandocError(RuntimeError):
-    """Pandoc is missing, or it failed (the message carries its own)."""
-
-
-@cache
-def pandoc_path() -> str:
-    """The pandoc binary of the pinned `pypandoc-binary` wheel."""
     try:
         import pypandoc
-    except ModuleNotFoundError:
-        raise PandocError(
-            "pandoc is needed and comes with the pinned `pypandoc-binary` package: "
-            "run `make env` (or `pip install -r requirements.txt`)"
-        ) from None
-    try:
-        return pypandoc.get_pandoc_path()
-    except OSError as exc:
-        raise PandocError(f"pypandoc-binary is installed but its pandoc is not found: {exc}") from None
 
-
-def run_pandoc(arguments: list[str], text: str, *, what: str) -> tuple[str, str]:
-    """Run pandoc on `text` (stdin); returns (stdout, stderr).
-
-    Raises:
-        PandocError: pandoc exited with an error; the message names `what` it was converting.
-    """
-    done = subprocess.run(
-        [pandoc_path(), *arguments], input=text, capture_output=True, text=True, encoding="utf-8", check=False
-    )
+        pandoc = pypandoc.get_pandoc_path()
+    except (ModuleNotFoundError, OSError) as exc:
+        raise PandocError(f"pandoc comes with the pinned `pypandoc-binary` package: run `make env` ({exc})") from None
+    separator = "\u2063"  # an invisible separator: a paragraph of its own between citations
+    arguments = ["--from=markdown", "--to=plain", "--wrap=none", "--metadata=suppress-bibliography:true", "--citeproc"]
+    arguments += [f"--bibliography={path}" for path in bibliography] + ([f"--csl={csl}"] if csl else [])
+    done = subprocess.run([pandoc, *arguments], input=f"\n\n{separator}\n\n".join(citations),
+                          capture_output=True, text=True, encoding="utf-8", check=False)
     if done.returncode != 0:
         raise PandocError(f"{what}: pandoc failed: {done.stderr.strip()}")
-    return done.stdout, done.stderr
+    rendered = [part.strip() for part in done.stdout.strip().split(separator)]
+    if len(rendered) != len(citations):
+        raise PandocError(f"{what}: citeproc gave {len(rendered)} citations for {len(citations)}")
+    return rendered

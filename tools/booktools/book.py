@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["Book", "BookError", "ChapterEntry", "find_root", "load_book", "repo_url", "MODULE_FILE"]
+__all__ = ["Book", "BookError", "ChapterEntry", "find_root", "load_book", "repo_url", "write_if_changed", "MODULE_FILE"]
 
 # Only chapter files named like this produce modules: chapters/ch03-long-context.qmd -> code/ch03/
 MODULE_FILE = re.compile(r"^ch(?P<number>\d{2})-[A-Za-z0-9_.-]+\.qmd$")
@@ -104,21 +104,11 @@ def _line_of(lines: list[str], item: str, start: int) -> int:
 def _flatten(items, appendix: bool, lines: list[str], cursor: list[int]) -> list[ChapterEntry]:
     found: list[ChapterEntry] = []
     for item in items or []:
-        if isinstance(item, str):
-            line = _line_of(lines, item, cursor[0])
-            if line:
-                cursor[0] = line
-            found.append(ChapterEntry(item, line, appendix))
-        elif isinstance(item, dict):
-            # A part: {part: "title" or file, chapters: [...]}; a part file is a page too.
-            part = item.get("part")
-            if isinstance(part, str) and part.endswith((".qmd", ".md", ".ipynb")):
-                line = _line_of(lines, part, cursor[0])
-                found.append(ChapterEntry(part, line, appendix))
-            if "href" in item and isinstance(item["href"], str):
-                line = _line_of(lines, item["href"], cursor[0])
-                found.append(ChapterEntry(item["href"], line, appendix))
-            found.extend(_flatten(item.get("chapters"), appendix, lines, cursor))
+        if not isinstance(item, str):  # the tools number, stage and check a flat list of files
+            raise BookError(f"_quarto.yml lists {item!r}: list the book's files one a line (parts are not used)")
+        line = _line_of(lines, item, cursor[0])
+        cursor[0] = line or cursor[0]
+        found.append(ChapterEntry(item, line, appendix))
     return found
 
 
@@ -176,3 +166,14 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Write `text` to `path` (atomically) unless it already holds it; whether it wrote."""
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return False
+    except FileNotFoundError:
+        pass
+    write_atomic(path, text)
+    return True

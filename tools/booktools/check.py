@@ -47,19 +47,10 @@ __all__ = ["CODE_LINE_LIMIT", "check_book", "saved_code_problems", "source_probl
 
 def _label_scope(path: str) -> str | None:
     """What a label must name after its prefix in this file: "ch03", "index", "appendix"."""
-    name = Path(path).name
-    match = MODULE_FILE.match(name)
+    name, match = Path(path).name, MODULE_FILE.match(Path(path).name)
     if match:
         return f"ch{match.group('number')}"
-    if Path(path).stem == "index":
-        return "index"
-    if name.startswith("appendix"):
-        return "appendix"
-    return None
-
-
-def _strip_code(text: str) -> str:
-    return CODE_SPAN.sub(lambda match: " " * len(match.group(0)), text)
+    return "index" if Path(path).stem == "index" else "appendix" if name.startswith("appendix") else None
 
 
 def check_book(book: Book, numbering: Numbering | None = None) -> list[str]:
@@ -88,6 +79,7 @@ def check_book(book: Book, numbering: Numbering | None = None) -> list[str]:
 
     bib_problems: list[str] = []
     bib = bibliography_keys(book.bibliography, bib_problems)
+    bib_names = ", ".join(path.name for path in book.bibliography) or "no bibliography in _quarto.yml"
     for text in bib_problems:
         path, line, message = text.split(":", 2)
         add(path, int(line or 0), message.strip())
@@ -126,14 +118,14 @@ def check_book(book: Book, numbering: Numbering | None = None) -> list[str]:
                 add(display, line, f"label {label} should name its chapter: {prefix}-{scope}-...")
 
         def check_references(text: str, line: int, display=display) -> None:
-            for match in REFERENCE.finditer(_strip_code(text)):
+            for match in REFERENCE.finditer(_blank_out(CODE_SPAN, text)):
                 key = match.group("key")
                 prefix = key.split("-", 1)[0]
                 if prefix in LABEL_KINDS and "-" in key:
                     if key not in targets:
                         add(display, line, f"cross-reference @{key} points at no label")
                 elif key not in bib:
-                    add(display, line, f"citation @{key} is not in the bibliography ({_bib_names(book)})")
+                    add(display, line, f"citation @{key} is not in the bibliography ({bib_names})")
 
         for item in items:
             if isinstance(item, CellItem):
@@ -190,10 +182,6 @@ def check_book(book: Book, numbering: Numbering | None = None) -> list[str]:
 
     unique = sorted(set(problems), key=lambda item: (item[0], item[1], item[2]))
     return [f"{path}:{line}: {message}" for path, line, message in unique]
-
-
-def _bib_names(book: Book) -> str:
-    return ", ".join(path.name for path in book.bibliography) or "no bibliography in _quarto.yml"
 
 
 # ---------------------------------------------------------------------------
@@ -262,83 +250,53 @@ def maths_with_space_before_closing_dollar(doc) -> list[tuple[int, str]]:
     return found
 
 
-def _string_templates(node: ast.AST) -> list[str]:
-    """The text every string literal inside `node` contributes; f-string values become `x`."""
-    found = []
-    for child in ast.walk(node):
-        if isinstance(child, ast.JoinedStr):
-            found.append(
-                "".join(
-                    part.value if isinstance(part, ast.Constant) and isinstance(part.value, str) else "x"
-                    for part in child.values
-                )
-            )
-        elif isinstance(child, ast.Constant) and isinstance(child.value, str):
-            found.append(child.value)
-    return found
-
-
-def _displayed_as_markdown(node: ast.AST) -> bool:
-    """Whether an expression is `Markdown(...)` (IPython.display.Markdown), which Quarto renders."""
-    if isinstance(node, ast.Call):
-        function = node.func
-        name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
-        return name == "Markdown"
-    return False
+def _markdown_kinds(value: ast.AST) -> list[str]:
+    """The Markdown a value's string literals carry (f-string values count as `x`); none for `Markdown(...)`."""
+    function = value.func if isinstance(value, ast.Call) else None
+    if getattr(function, "attr", getattr(function, "id", "")) == "Markdown":
+        return []  # IPython.display.Markdown: Quarto renders it as Markdown
+    texts = [node.value for node in ast.walk(value) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+    texts += ["".join(part.value if isinstance(part, ast.Constant) else "x" for part in node.values)
+              for node in ast.walk(value) if isinstance(node, ast.JoinedStr)]
+    return [kind for kind, pattern in _SRC_MARKDOWN_IN_TEXT if any(pattern.search(text) for text in texts)]
 
 
 def markdown_in_inline_values(doc) -> list[tuple[int, str]]:
     """An inline value that is a plain str holding Markdown: Quarto escapes it, so the marks show.
 
     Static: the expression itself, or the chapter's last assignment to the name before the
-    prose uses it, is searched for string literals carrying Markdown (f-string values count
-    as text). A value wrapped in `Markdown(...)` is rendered as Markdown and passes.
+    prose uses it, is searched for string literals carrying Markdown.
     """
-    assignments: list[tuple[int, str, ast.AST]] = []
+    assigned: dict[str, list[tuple[int, ast.AST]]] = {}
     for cell in doc.python_cells:
         try:
             tree = ast.parse("\n".join(cell.code_lines))
         except SyntaxError:
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Assign):
-                targets = [target.id for target in node.targets if isinstance(target, ast.Name)]
-            elif isinstance(node, ast.AnnAssign | ast.AugAssign) and isinstance(node.target, ast.Name):
-                targets = [node.target.id]
-            else:
-                continue
-            if node.value is not None:
-                for name in targets:
-                    assignments.append((cell.code_line + node.lineno - 1, name, node.value))
+            if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign) and node.value is not None:
+                for target in getattr(node, "targets", [getattr(node, "target", None)]):
+                    if isinstance(target, ast.Name):
+                        assigned.setdefault(target.id, []).append((cell.code_line + node.lineno - 1, node.value))
     found = []
     for block in doc.markdown:
-        for offset, text in enumerate(block.lines):
-            line = block.line + offset
+        for line, text in enumerate(block.lines, block.line):
             for match in INLINE_EXPRESSION.finditer(text):
-                expression = match.group("expr")
                 try:
-                    node = ast.parse(expression, mode="eval").body
+                    value = ast.parse(match.group("expr"), mode="eval").body
                 except SyntaxError:
                     continue
-                if _displayed_as_markdown(node):
-                    continue
-                values = [node]
-                if isinstance(node, ast.Name):
-                    before = [value for at, name, value in assignments if name == node.id and at < line]
-                    values = before[-1:] or [value for _, name, value in assignments if name == node.id][-1:]
-                for value in values:
-                    if _displayed_as_markdown(value):
+                if isinstance(value, ast.Name):
+                    values = assigned.get(value.id, [])
+                    values = [node for at, node in values if at < line] or [node for _, node in values]
+                    if not values:
                         continue
-                    kinds = [
-                        kind
-                        for kind, pattern in _SRC_MARKDOWN_IN_TEXT
-                        if any(pattern.search(template) for template in _string_templates(value))
-                    ]
-                    if kinds:
-                        found.append((line, f"inline value `{{python}} {expression}` is a str carrying Markdown "
-                            f"({', '.join(kinds)}); Quarto prints a str as plain text, so the reader "
-                            "sees the marks: make the value plain text, or wrap it in "
-                            "IPython.display.Markdown"))
+                    value = values[-1]
+                kinds = _markdown_kinds(value)
+                if kinds:
+                    found.append((line, f"inline value `{{python}} {match.group('expr')}` is a str carrying Markdown "
+                        f"({', '.join(kinds)}); Quarto prints a str as plain text, so the reader sees the "
+                        "marks: make the value plain text, or wrap it in IPython.display.Markdown"))
     return found
 
 
@@ -390,20 +348,8 @@ _SIDE_EFFECT_ROOTS = {"plt", "pyplot", "matplotlib", "subprocess", "shutil"}
 
 
 def _describe(node: ast.AST) -> str:
-    try:
-        text = ast.unparse(node)
-    except Exception:  # pragma: no cover - unparse handles every node we see
-        text = type(node).__name__
-    text = text.splitlines()[0] if text else type(node).__name__
+    text = ast.unparse(node).splitlines()[0]
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _call_root(func: ast.AST) -> str | None:
-    while isinstance(func, ast.Attribute):
-        func = func.value
-    if isinstance(func, ast.Call):
-        return _call_root(func.func)
-    return func.id if isinstance(func, ast.Name) else None
 
 
 def _side_effect_call(node: ast.AST) -> ast.Call | None:
@@ -415,71 +361,46 @@ def _side_effect_call(node: ast.AST) -> ast.Call | None:
             stack.extend(current.args.defaults + [d for d in current.args.kw_defaults if d is not None])
             continue
         if isinstance(current, ast.Call):
-            func = current.func
-            if isinstance(func, ast.Name) and func.id in _SIDE_EFFECT_CALLS:
-                return current
-            if isinstance(func, ast.Attribute) and (
-                func.attr in _SIDE_EFFECT_METHODS or _call_root(func) in _SIDE_EFFECT_ROOTS
-            ):
+            func, root = current.func, current.func
+            while isinstance(root, ast.Attribute | ast.Call):
+                root = root.value if isinstance(root, ast.Attribute) else root.func
+            if (isinstance(func, ast.Name) and func.id in _SIDE_EFFECT_CALLS) or (isinstance(func, ast.Attribute) and (
+                    func.attr in _SIDE_EFFECT_METHODS or getattr(root, "id", None) in _SIDE_EFFECT_ROOTS)):
                 return current
         stack.extend(ast.iter_child_nodes(current))
     return None
 
 
-def _import_time_parts(stmt: ast.stmt) -> list[ast.AST]:
-    """The expressions of a definition that run at import: decorators, defaults, bases."""
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        args = stmt.args
-        parts = list(stmt.decorator_list) + list(args.defaults) + [d for d in args.kw_defaults if d is not None]
-        return parts
-    if isinstance(stmt, ast.ClassDef):
-        return list(stmt.decorator_list) + list(stmt.bases) + [k.value for k in stmt.keywords]
-    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-        return [stmt.value] if stmt.value is not None else []
-    return []
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+_STATEMENT_NAMES = {ast.For: "this loop", ast.AsyncFor: "this loop", ast.While: "this loop",
+                    ast.With: "this `with` block", ast.AsyncWith: "this `with` block", ast.Assert: "this assert"}
 
 
-def _side_effects(statements: list[ast.stmt], in_class: bool = False) -> list[tuple[int, str]]:
+def _side_effects(statements: list[ast.stmt]) -> list[tuple[int, str]]:
     """(line, message) for each statement that does something when the module is imported."""
     found = []
     for stmt in statements:
-        if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass)):
-            continue
-        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
-            continue  # a docstring or `...`
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)):
-            for part in _import_time_parts(stmt):
-                call = _side_effect_call(part)
-                if call is not None:
-                    found.append(
-                        (stmt.lineno, f"`{_describe(call)}` runs when the module is imported; saved cells must not have side effects")
-                    )
-                    break
+        if isinstance(stmt, ast.If | ast.Try) or type(stmt).__name__ == "TryStar":
+            handlers = [line for handler in getattr(stmt, "handlers", []) for line in handler.body]
+            found += _side_effects(stmt.body + stmt.orelse + getattr(stmt, "finalbody", []) + handlers)
+        elif isinstance(stmt, _DEFINITIONS):
+            # what runs at import: decorators, defaults and bases of a definition, an assignment's value
+            args = getattr(stmt, "args", None)
+            parts = [*getattr(stmt, "decorator_list", []), *getattr(stmt, "bases", [])]
+            parts += [keyword.value for keyword in getattr(stmt, "keywords", [])] + [getattr(stmt, "value", None)]
+            parts += [*args.defaults, *args.kw_defaults] if args is not None else []
+            call = next((hit for part in parts if part is not None and (hit := _side_effect_call(part))), None)
+            if call is not None:
+                found.append((stmt.lineno, f"`{_describe(call)}` runs when the module is imported; saved cells "
+                              "must not have side effects"))
             if isinstance(stmt, ast.ClassDef):
-                found.extend(_side_effects(stmt.body, in_class=True))
-            continue
-        if type(stmt).__name__ == "TypeAlias":
-            continue
-        if isinstance(stmt, ast.If):
-            found.extend(_side_effects(stmt.body + stmt.orelse, in_class))
-            continue
-        if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
-            inner = stmt.body + stmt.orelse + stmt.finalbody
-            for handler in stmt.handlers:
-                inner = inner + handler.body
-            found.extend(_side_effects(inner, in_class))
-            continue
-        what = "this statement" if not isinstance(stmt, ast.Expr) else f"`{_describe(stmt)}`"
-        if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
-            what = "this loop"
-        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
-            what = "this `with` block"
-        elif isinstance(stmt, ast.Assert):
-            what = "this assert"
-        elif isinstance(stmt, ast.AugAssign):
-            what = f"`{_describe(stmt)}`"
-        found.append((stmt.lineno, f"{what} runs when the module is imported; saved cells hold only imports, "
-            "functions, classes and constants (move it to a cell without `# @save`)"))
+                found += _side_effects(stmt.body)
+        elif not (isinstance(stmt, ast.Import | ast.ImportFrom | ast.Pass) or type(stmt).__name__ == "TypeAlias"
+                  or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))):  # a docstring, `...`
+            what = _STATEMENT_NAMES.get(type(stmt)) or (
+                f"`{_describe(stmt)}`" if isinstance(stmt, ast.Expr | ast.AugAssign) else "this statement")
+            found.append((stmt.lineno, f"{what} runs when the module is imported; saved cells hold only imports, "
+                          "functions, classes and constants (move it to a cell without `# @save`)"))
     return found
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .book import Book
-from .notebooks import export_book
+from .notebooks import export_book, needs_kernel
 from .qmd import INLINE_EXPRESSION, inline_text
 
 __all__ = ["ChapterRun", "inline_text", "execute_notebook", "execute_book"]
@@ -37,8 +37,6 @@ class ChapterRun:
     """The outcome of executing one notebook."""
 
     source: str  # "chapters/ch03-long-context.qmd"
-    notebook: str  # path of the input notebook
-    output: str | None  # path written, None on failure
     seconds: float
     error: str | None = None  # "FILE:LINE: message" and the traceback's last lines
 
@@ -110,13 +108,8 @@ def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1)
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    meta = notebook.metadata.get("longctx", {})
-    source = meta.get("source", "<notebook>")
-    needs_kernel = any(
-        cell.cell_type == "code" or (cell.cell_type == "markdown" and INLINE_EXPRESSION.search(cell.source))
-        for cell in notebook.cells
-    )
-    if not needs_kernel:
+    source = notebook.metadata.get("longctx", {}).get("source", "<notebook>")
+    if not needs_kernel(notebook):
         return notebook
     client = NotebookClient(
         notebook,
@@ -125,13 +118,11 @@ def execute_notebook(notebook, root: Path, *, timeout: int = 600, jobs: int = 1)
         resources={"metadata": {"path": str(root)}},
         allow_errors=False,
     )
-    current = {"line": 0}
     # The kernel's own log (not cell output, which comes over the protocol) is noise here.
     with client.setup_kernel(env=kernel_env(jobs), stderr=subprocess.DEVNULL):
         for index, cell in enumerate(notebook.cells):
             if cell.cell_type == "code":
                 line = cell.metadata.get("longctx", {}).get("line", 0)
-                current["line"] = line
                 try:
                     client.execute_cell(cell, index)
                 except CellExecutionError as exc:
@@ -176,16 +167,16 @@ def _run_one(notebook_path: str, output_path: str, root: str, timeout: int, jobs
         execute_notebook(notebook, Path(root), timeout=timeout, jobs=jobs)
     except CellFailure as exc:
         output.unlink(missing_ok=True)
-        return ChapterRun(source, notebook_path, None, time.perf_counter() - started, str(exc))
+        return ChapterRun(source, time.perf_counter() - started, str(exc))
     except Exception as exc:  # the kernel could not start, ...
         output.unlink(missing_ok=True)
         message = f"{source}:0: execution failed: {type(exc).__name__}: {exc}"
-        return ChapterRun(source, notebook_path, None, time.perf_counter() - started, message)
+        return ChapterRun(source, time.perf_counter() - started, message)
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.tmp")
     nbformat.write(notebook, str(temporary))
     os.replace(temporary, output)
-    return ChapterRun(source, notebook_path, str(output), time.perf_counter() - started)
+    return ChapterRun(source, time.perf_counter() - started)
 
 
 def execute_book(

@@ -8,7 +8,7 @@ become "Figure 3.2", "Section 3.4"; a labelled equation gets `\\tag{3.1}`; capti
 "(Vaswani et al. 2017)" (one pandoc run for the book); callouts become titled `<div>` blocks
 (split around code cells, `callout-continued`); diagrams stay fenced, with caption and alt text.
 Each code cell keeps its `#|` lines and carries metadata `longctx` (`source`, `line`; a figure's
-or table's `label`, `number`, `caption`, `alt`, `kind`); inline `{python}` values are left for
+or table's `kind` and `label`; `collapsed` in a collapsed callout); inline `{python}` values are left for
 `execute`. The reader's notebooks drop the `#|` lines, fill in the values and open with a cell
 that installs `longctx` outside the repository.
 """
@@ -22,8 +22,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import nbformat
+
 from .bib import bibliography_keys, render_citations
-from .book import Book, repo_url, write_atomic
+from .book import Book, repo_url, write_if_changed
 from .numbering import ChapterInfo, Numbering, Target, compute_numbering
 from .qmd import (
     BRACKET,
@@ -47,7 +49,7 @@ from .qmd import (
 
 __all__ = [
     "export_book", "export_chapter", "export_notebooks", "finish_book", "finish_notebook",
-    "setup_cell_source", "translate_inline",
+    "needs_kernel", "setup_cell_source", "translate_inline",
 ]
 
 NOTEBOOK_KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -119,12 +121,6 @@ def _translate_prose(text: str, targets: dict[str, Target], cite: Cite) -> str:
 # one chapter
 
 
-def _notebook_module():
-    import nbformat
-
-    return nbformat
-
-
 class _Builder:
     def __init__(self, info: ChapterInfo, numbering: Numbering, cite: Cite):
         self.info = info
@@ -135,29 +131,15 @@ class _Builder:
         self.cells: list[dict] = []
         self.segments: list[tuple[str, str]] = []  # ("md", line) or ("raw", fenced text)
         self.context: Div | None = None  # the innermost open callout of the buffered lines
-        self.started: dict[int, str] = {}  # id(callout) -> callout id string
-        nbformat = _notebook_module()
+        self.started: set[int] = set()  # id() of each callout whose titled first part is out
         self.v4 = nbformat.v4
 
     # -- helpers -------------------------------------------------------------
     def inline(self, text: str) -> str:
         return translate_inline(text, self.targets, self.cite)
 
-    def callout_meta(self, callout: Div, part: str) -> dict:
-        ident = self.started.setdefault(id(callout), f"callout-{len(self.started) + 1}")
-        return {
-            "type": callout.callout_type,
-            "title": self.inline(callout.display_title),
-            "collapse": callout.collapse,
-            "id": ident,
-            "part": part,
-        }
-
-    def add_markdown(self, source: str, meta: dict | None = None) -> None:
-        cell = self.v4.new_markdown_cell(source)
-        if meta:
-            cell.metadata["longctx"] = meta
-        self.cells.append(cell)
+    def add_markdown(self, source: str) -> None:
+        self.cells.append(self.v4.new_markdown_cell(source))
 
     def open_callout(self, callout: Div, body: str) -> None:
         """Emit the titled first part of a callout (body may be empty)."""
@@ -166,15 +148,13 @@ class _Builder:
         title = html.escape(self.inline(callout.display_title), quote=False)
         head = f'<div class="{classes}">\n<p class="callout-title">{title}</p>'
         source = f"{head}\n\n{body}\n\n</div>" if body else f"{head}\n</div>"
-        self.add_markdown(source, {"callout": self.callout_meta(callout, "start")})
+        self.started.add(id(callout))
+        self.add_markdown(source)
 
     # -- markdown buffer ----------------------------------------------------------
     def flush(self) -> None:
-        parts = []
-        for kind, text in self.segments:
-            parts.append(text if kind == "raw" else self.inline(text))
+        body = "\n".join(text if kind == "raw" else self.inline(text) for kind, text in self.segments)
         self.segments = []
-        body = "\n".join(parts)
         body = self.block_rewrites(body).strip("\n")
         callout = self.context
         if not body.strip():
@@ -186,17 +166,15 @@ class _Builder:
         else:
             kind = callout.callout_type
             source = f'<div class="callout callout-{kind} callout-continued">\n\n{body}\n\n</div>'
-            self.add_markdown(source, {"callout": self.callout_meta(callout, "continued")})
+            self.add_markdown(source)
 
     def block_rewrites(self, text: str) -> str:
         def equation(match: re.Match) -> str:
             target = self.targets.get(match.group("label"))
-            if target is None or not target.number:
-                return f"$${match.group('body')}$$"
             body = match.group("body")
-            stripped = body.rstrip()
-            trailing = body[len(stripped) :]
-            return f"$${stripped} \\tag{{{target.number}}}{trailing}$$"
+            if target is None or not target.number:
+                return f"$${body}$$"
+            return f"$${body.rstrip()} \\tag{{{target.number}}}{body[len(body.rstrip()) :]}$$"
 
         return LABELLED_EQUATION.sub(equation, text)
 
@@ -271,32 +249,22 @@ class _Builder:
         code = self.v4.new_code_cell("\n".join(lines))
         meta: dict = {"source": self.doc.display, "line": cell.line}
         label = cell.label or ""
-        caption_cell = None
+        caption = None
         for prefix, kind, option in (("fig-", "figure", "fig-cap"), ("tbl-", "table", "tbl-cap")):
             if label.startswith(prefix) or (not label and option in cell.options):
-                target = self.targets.get(label) if label else None
-                caption = self.inline(str(cell.options.get(option, "") or ""))
-                meta.update(kind=kind, caption=caption)
-                if label:
-                    meta["label"] = label
-                if target is not None and target.number:
-                    meta["number"] = target.number
-                if kind == "figure":
-                    meta["alt"] = str(cell.options.get("fig-alt", "") or "")
-                name = target.text if target is not None and target.number else KIND_NAMES_SHORT[kind]
-                caption_meta = {"role": "caption", "kind": kind}
-                if label:
-                    caption_meta["label"] = label
-                caption_cell = (f"**{name}:** {caption}", caption_meta, kind)
+                meta.update(kind=kind, **({"label": label} if label else {}))
+                target = self.targets.get(label)
+                name = target.text if target is not None and target.number else kind.capitalize()
+                caption = f"**{name}:** {self.inline(str(cell.options.get(option, '') or ''))}"
                 break
-        if innermost is not None:
-            meta["callout"] = self.callout_meta(innermost, "code")
+        if innermost is not None and innermost.collapse:
+            meta["collapsed"] = True  # an exercise's solution: the reader's notebook folds its code
         code.metadata["longctx"] = meta
-        if caption_cell is not None and caption_cell[2] == "table":
-            self.add_markdown(caption_cell[0], caption_cell[1])
+        if caption is not None and meta["kind"] == "table":
+            self.add_markdown(caption)
         self.cells.append(code)
-        if caption_cell is not None and caption_cell[2] == "figure":
-            self.add_markdown(caption_cell[0], caption_cell[1])
+        if caption is not None and meta["kind"] == "figure":
+            self.add_markdown(caption)
 
     def fenced_text(self, cell: Cell) -> str:
         """A non-Python block as fenced code; a diagram (mermaid, ...) with its caption and alt text.
@@ -304,20 +272,14 @@ class _Builder:
         A notebook draws a mermaid fence only where its front end can (JupyterLab 4.1+); the
         caption and the alt text below the source give every reader the figure's content.
         """
-        if cell.executable:
-            body = cell.code_lines  # drop Quarto's `%%|` / `#|` options
-            info = cell.lang
-        else:
-            body = cell.lines
-            info = cell.info
-        fence = cell.fence
-        fenced = "\n".join([f"{cell.indent}{fence}{info}", *body, f"{cell.indent}{fence}"])
-        caption = str(cell.options.get("fig-cap", "") or "").strip() if cell.executable else ""
+        # an executable block loses Quarto's `%%|` / `#|` options
+        body, info = (cell.code_lines, cell.lang) if cell.executable else (cell.lines, cell.info)
+        fenced = "\n".join([f"{cell.indent}{cell.fence}{info}", *body, f"{cell.indent}{cell.fence}"])
+        caption = str(cell.options.get("fig-cap", "") or "").strip()
         if not caption:
             return fenced
-        label = cell.label or ""
-        target = self.targets.get(label) if label.startswith("fig-") else None
-        name = target.text if target is not None and target.number else KIND_NAMES_SHORT["figure"]
+        target = self.targets.get(cell.label or "")
+        name = target.text if target is not None and target.kind == "figure" and target.number else "Figure"
         parts = [fenced, "", f"{cell.indent}**{name}:** {self.inline(caption)}"]
         alt = str(cell.options.get("fig-alt", "") or "").strip()
         if alt:
@@ -325,7 +287,6 @@ class _Builder:
         return "\n".join(parts)
 
     def build(self):
-        nbformat = _notebook_module()
         items, _ = walk(self.doc)
         first_heading = next((i for i in items if isinstance(i, Line) and i.kind == "heading"), None)
         if (first_heading is None or first_heading.heading.level != 1) and self.info.title:
@@ -343,20 +304,9 @@ class _Builder:
         for index, cell in enumerate(self.cells):
             cell["id"] = f"cell-{index}"
         notebook.cells = self.cells
-        notebook.metadata = {
-            "kernelspec": dict(NOTEBOOK_KERNELSPEC),
-            "language_info": {"name": "python"},
-            "longctx": {
-                "source": self.doc.display,
-                "number": self.info.number,
-                "title": self.info.title,
-                "kind": self.info.kind,
-            },
-        }
+        notebook.metadata = {"kernelspec": dict(NOTEBOOK_KERNELSPEC), "language_info": {"name": "python"},
+                             "longctx": {"source": self.doc.display}}
         return notebook
-
-
-KIND_NAMES_SHORT = {"figure": "Figure", "table": "Table"}
 
 
 def export_chapter(info: ChapterInfo, numbering: Numbering, cite: Cite):
@@ -364,16 +314,6 @@ def export_chapter(info: ChapterInfo, numbering: Numbering, cite: Cite):
     if info.document is None:
         raise ValueError(f"{info.display} has no parsed document")
     return _Builder(info, numbering, cite).build()
-
-
-def _write_if_changed(path: Path, text: str) -> bool:
-    try:
-        if path.read_text(encoding="utf-8") == text:
-            return False
-    except FileNotFoundError:
-        pass
-    write_atomic(path, text)
-    return True
 
 
 def export_notebooks(
@@ -435,12 +375,11 @@ def export_book(
         (paths, problems): the notebooks (written or already current) and the problems
         ("FILE:LINE: message") that stopped a chapter from being exported.
     """
-    nbformat = _notebook_module()
     exported, problems = export_notebooks(book, files)
     paths = []
     for info, notebook in exported:
         path = out / f"{Path(info.display).stem}.ipynb"
-        _write_if_changed(path, nbformat.writes(notebook) + "\n")
+        write_if_changed(path, nbformat.writes(notebook) + "\n")
         paths.append(path)
     return paths, problems
 
@@ -485,18 +424,10 @@ def setup_cell_source(url: str) -> str:
     return SETUP_CELL.format(repo_url=json.dumps(url))
 
 
-def _split_options(source: str) -> tuple[list[str], str]:
-    lines = source.split("\n")
-    count = 0
-    while count < len(lines) and lines[count].startswith("#|"):
-        count += 1
-    return lines[:count], "\n".join(lines[count:])
-
-
 def _hide_source(cell, options: dict) -> bool:
     """Whether the book folds or hides this cell's code (an exercise's solution counts)."""
-    callout = cell.metadata.get("longctx", {}).get("callout") or {}
-    return bool(options.get("code-fold") is True or options.get("echo") is False or callout.get("collapse"))
+    collapsed = cell.metadata.get("longctx", {}).get("collapsed", False)
+    return bool(options.get("code-fold") is True or options.get("echo") is False or collapsed)
 
 
 class StaleNotebook(Exception):
@@ -533,9 +464,9 @@ def finish_notebook(notebook, executed, url: str, display: str):
                 raise StaleNotebook(f"{display}:{line}: " + stale.format("this cell changed since it ran"))
             cell.outputs = ran.get("outputs", [])
             cell.execution_count = ran.get("execution_count")
-            option_lines, body = _split_options(cell.source)
-            _, options = parse_options(option_lines, display, line + 1)
-            cell.source = body
+            lines = cell.source.split("\n")
+            option_lines, options = parse_options(lines, display, line + 1)
+            cell.source = "\n".join(lines[len(option_lines) :])
             if _hide_source(cell, options):
                 cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
         elif cell.cell_type == "markdown":
@@ -554,7 +485,6 @@ def finish_notebook(notebook, executed, url: str, display: str):
     if code_index != len(ran_code) or values:
         raise StaleNotebook(f"{display}:0: " + stale.format("it ran cells or values the chapter no longer has"))
     if code_index:
-        nbformat = _notebook_module()
         setup = nbformat.v4.new_code_cell(setup_cell_source(url))
         setup["id"] = "longctx-setup"
         setup.metadata["longctx"] = {"role": "setup"}
@@ -562,7 +492,8 @@ def finish_notebook(notebook, executed, url: str, display: str):
     return notebook
 
 
-def _needs_execution(notebook) -> bool:
+def needs_kernel(notebook) -> bool:
+    """Whether a notebook has code to run or inline values to compute."""
     return any(
         cell.cell_type == "code" or (cell.cell_type == "markdown" and INLINE_EXPRESSION.search(cell.source))
         for cell in notebook.cells
@@ -585,14 +516,13 @@ def finish_book(
     Raises:
         BookError: `_quarto.yml` has no usable `book.repo-url` (checked before anything is written).
     """
-    nbformat = _notebook_module()
     url = repo_url(book)
     exported, problems = export_notebooks(book, files)
     finished = []
     for info, notebook in exported:
         stem = Path(info.display).stem
         ran = None
-        if _needs_execution(notebook):
+        if needs_kernel(notebook):
             path = executed / f"{stem}.ipynb"
             if not path.is_file():
                 problems.append(
@@ -609,6 +539,6 @@ def finish_book(
     for stem, notebook in finished:
         nbformat.validate(notebook)
         path = out / f"{stem}.ipynb"
-        _write_if_changed(path, nbformat.writes(notebook) + "\n")
+        write_if_changed(path, nbformat.writes(notebook) + "\n")
         paths.append(path)
     return paths, problems

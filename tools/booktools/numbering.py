@@ -75,12 +75,6 @@ class ChapterInfo:
         return self.entry.path
 
     @property
-    def kind(self) -> str:
-        if self.number is None:
-            return "unnumbered"
-        return "appendix" if self.entry.appendix else "chapter"
-
-    @property
     def heading_prefix(self) -> str:
         """What precedes the title in the chapter's own heading: "3 ", "Appendix A: " or ""."""
         if self.number is None:
@@ -101,17 +95,6 @@ class Numbering:
             if info.display == path:
                 return info
         return None
-
-
-def _is_index(entry: ChapterEntry) -> bool:
-    return Path(entry.path).stem == "index" and not entry.appendix
-
-
-def _first_heading(doc: Document):
-    for heading in doc.headings():
-        if heading.level == 1:
-            return heading
-    return None
 
 
 def compute_numbering(book: Book, documents: dict[str, Document] | None = None) -> Numbering:
@@ -136,8 +119,8 @@ def compute_numbering(book: Book, documents: dict[str, Document] | None = None) 
                 doc = parse_file(path, book.root)
             except QmdError as exc:
                 numbering.problems.append(exc)
-        h1 = _first_heading(doc) if doc is not None else None
-        unnumbered = _is_index(entry) or (h1 is not None and h1.unnumbered)
+        h1 = next((heading for heading in doc.headings() if heading.level == 1), None) if doc is not None else None
+        unnumbered = (Path(entry.path).stem == "index" and not entry.appendix) or (h1 is not None and h1.unnumbered)
         if unnumbered:
             number = None
         elif entry.appendix:

@@ -109,10 +109,6 @@ class Markdown:
     lines: list[str]
 
     @property
-    def end_line(self) -> int:
-        return self.line + len(self.lines) - 1
-
-    @property
     def text(self) -> str:
         return "\n".join(self.lines)
 
@@ -136,11 +132,6 @@ class Cell:
     def is_python(self) -> bool:
         """Whether this is an executable Python cell (```` ```{python} ````)."""
         return self.executable and self.lang == "python"
-
-    @property
-    def source(self) -> str:
-        """The whole body, option lines included."""
-        return "\n".join(self.lines)
 
     @property
     def code_lines(self) -> list[str]:
@@ -192,7 +183,6 @@ class Heading:
     text: str  # heading text without the attribute block
     label: str | None  # `#sec-...` id, if any
     classes: list[str]
-    attributes: str  # the raw `{...}` attribute text ("" when none)
 
     @property
     def unnumbered(self) -> bool:
@@ -280,19 +270,18 @@ def parse_heading(text: str, line: int = 0) -> Heading | None:
     body = match.group("text")
     # Closing hashes ("## Title ##") are allowed by Pandoc.
     body = re.sub(r"[ \t]+#+[ \t]*$", "", body)
-    label, classes, attributes = None, [], ""
+    label, classes = None, []
     attrs = _ATTRS.search(body)
     if attrs is not None:
-        attributes = attrs.group("attrs")
         body = body[: attrs.start()].rstrip()
-        for token in attributes.split():
+        for token in attrs.group("attrs").split():
             if token.startswith("#"):
                 label = token[1:]
             elif token.startswith("."):
                 classes.append(token[1:])
             elif token == "-":
                 classes.append("-")
-    return Heading(line, len(match.group("hashes")), body, label, classes, attributes)
+    return Heading(line, len(match.group("hashes")), body, label, classes)
 
 
 def parse_options(lines: list[str], display: str, first_line: int) -> tuple[list[str], dict]:
@@ -321,18 +310,22 @@ def parse_options(lines: list[str], display: str, first_line: int) -> tuple[list
                 rest = stripped[len(prefix) :]
                 yaml_lines.append(rest[1:] if rest.startswith(" ") else rest)
                 break
+    options = _load_yaml(yaml_lines, display, first_line, "cell options (#| lines)", "`key: value` lines")
+    return option_lines, options
+
+
+def _load_yaml(lines: list[str], display: str, first_line: int, what: str, wanted: str) -> dict:
+    """`lines` (starting at file line `first_line`) read as a YAML mapping; {} when empty."""
     try:
-        options = yaml.load("\n".join(yaml_lines), Loader=_YAML_LOADER)
+        loaded = yaml.load("\n".join(lines), Loader=_YAML_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        line = first_line + min(mark.line if mark is not None else 0, len(option_lines) - 1)
+        line = first_line + min(mark.line if mark is not None else 0, max(len(lines) - 1, 0))
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise QmdError(display, line, f"cell options (#| lines) are not valid YAML: {problem}") from None
-    if options is None:
-        options = {}
-    if not isinstance(options, dict):
-        raise QmdError(display, first_line, "cell options (#| lines) must be `key: value` lines")
-    return option_lines, options
+        raise QmdError(display, line, f"{what} is not valid YAML: {problem}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise QmdError(display, first_line, f"{what} must be {wanted}")
+    return loaded or {}
 
 
 def _parse_info(info: str) -> tuple[str, bool]:
@@ -377,80 +370,35 @@ def parse(text: str, display: str = "<string>", path: Path | None = None) -> Doc
                 break
         else:
             raise QmdError(display, 1, "front matter opened with --- is never closed")
-        try:
-            loaded = yaml.load("\n".join(lines[1:end]), Loader=_YAML_LOADER)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = 2 + min(mark.line if mark is not None else 0, max(end - 2, 0))
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise QmdError(display, line, f"front matter is not valid YAML: {problem}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise QmdError(display, 1, "front matter must be a YAML mapping")
-        front_matter = loaded or {}
+        front_matter = _load_yaml(lines[1:end], display, 2, "front matter", "a YAML mapping")
         front_matter_lines = end + 1
         index = end + 1
 
     blocks: list[Markdown | Cell] = []
-    pending: list[str] = []
-    pending_start = index + 1
-
-    def flush(next_line: int) -> None:
-        nonlocal pending, pending_start
-        if pending:
-            blocks.append(Markdown(pending_start, pending))
-        pending = []
-        pending_start = next_line
-
-    while index < len(lines):
-        text_line = lines[index]
-        match = _OPEN_FENCE.match(text_line)
-        if match is not None and not (match.group("fence")[0] == "`" and "`" in match.group("info")):
-            fence = match.group("fence")
-            open_line = index + 1
-            close = None
-            for probe in range(index + 1, len(lines)):
-                stripped = lines[probe].strip()
-                if (
-                    stripped
-                    and set(stripped) == {fence[0]}
-                    and len(stripped) >= len(fence)
-                ):
-                    close = probe
-                    break
+    pending_start = index  # 0-based index of the first markdown line not yet in a block
+    while index <= len(lines):
+        match = _OPEN_FENCE.match(lines[index]) if index < len(lines) else None
+        if match is not None and (match.group("fence")[0] == "`" and "`" in match.group("info")):
+            match = None  # a line like ```a``` is inline code, not a fence
+        if index == len(lines) or match is not None:
+            if index > pending_start:
+                blocks.append(Markdown(pending_start + 1, lines[pending_start:index]))
+            if match is None:
+                break
+            fence, info = match.group("fence"), match.group("info").strip()
+            close = next((probe for probe in range(index + 1, len(lines)) if lines[probe].strip()
+                          and set(lines[probe].strip()) == {fence[0]} and len(lines[probe].strip()) >= len(fence)), None)
             if close is None:
-                raise QmdError(display, open_line, f"code fence {fence}{match.group('info').strip()} is never closed")
-            flush(close + 2)
-            info = match.group("info").strip()
+                raise QmdError(display, index + 1, f"code fence {fence}{info} is never closed")
             lang, executable = _parse_info(info)
-            body = lines[index + 1 : close]
-            cell = Cell(
-                line=open_line,
-                end_line=close + 1,
-                fence=fence,
-                indent=match.group("indent"),
-                info=info,
-                lang=lang,
-                executable=executable,
-                lines=body,
-            )
+            cell = Cell(index + 1, close + 1, fence, match.group("indent"), info, lang, executable, lines[index + 1 : close])
             if executable:
-                cell.option_lines, cell.options = parse_options(body, display, open_line + 1)
+                cell.option_lines, cell.options = parse_options(cell.lines, display, index + 2)
             blocks.append(cell)
-            index = close + 1
-            pending_start = index + 1
+            index = pending_start = close + 1
             continue
-        if not pending:
-            pending_start = index + 1
-        pending.append(text_line)
         index += 1
-    flush(index + 1)
-    return Document(
-        path=path or Path(display),
-        display=display,
-        front_matter=front_matter,
-        front_matter_lines=front_matter_lines,
-        blocks=blocks,
-    )
+    return Document(path or Path(display), display, front_matter, front_matter_lines, blocks)
 
 
 def parse_file(path: Path | str, root: Path | str | None = None) -> Document:

@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from .book import Book, BookError, load_book, repo_url, write_atomic
+from .notebooks import NOTEBOOK_KERNELSPEC
 from .qmd import INLINE_EXPRESSION, Document, QmdError, parse_file
 
 __all__ = [
@@ -87,23 +88,14 @@ def find_chromium(environ=None, which=shutil.which) -> str | None:
 
 def find_tex() -> str | None:
     """A TeX engine Quarto can render PDF with (on PATH, or Quarto's TinyTeX), else None."""
-    for name in ("lualatex", "xelatex", "pdflatex"):
-        found = shutil.which(name)
-        if found:
-            return found
+    found = [shutil.which(name) for name in ("lualatex", "xelatex", "pdflatex")]
     for pattern in ("~/.TinyTeX/bin/*/xelatex", "~/Library/TinyTeX/bin/*/xelatex"):
-        matches = sorted(glob.glob(os.path.expanduser(pattern)))
-        if matches:
-            return matches[0]
-    return None
+        found += sorted(glob.glob(os.path.expanduser(pattern)))
+    return next((path for path in found if path), None)
 
 
 # ---------------------------------------------------------------------------
 # staging: one Quarto notebook per listed file
-
-
-def _markdown_cell(text: str) -> dict:
-    return {"cell_type": "markdown", "metadata": {}, "source": text}
 
 
 def _option_value(value) -> str:
@@ -113,28 +105,22 @@ def _option_value(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def quarto_notebook(doc: Document, executed: dict | None) -> dict:
+def quarto_notebook(doc: Document, executed: dict) -> dict:
     """The notebook Quarto renders for one chapter (an nbformat-4 dict).
 
     Args:
         doc: the parsed `.qmd`.
-        executed: its executed notebook (nbformat dict) from `booktools execute`, or None for a
-            file without Python cells.
+        executed: its executed notebook (nbformat dict) from `booktools execute`.
 
     Raises:
         QuartoError: the executed notebook does not match the chapter (it is stale).
     """
     lines = doc.path.read_text(encoding="utf-8").replace("\r\n", "\n").split("\n")
-    outputs: dict[int, dict] = {}
-    values: list[dict] = []
-    if executed is not None:
-        for cell in executed.get("cells", []):
-            if cell.get("cell_type") == "code":
-                line = cell.get("metadata", {}).get("longctx", {}).get("line")
-                if line is not None:
-                    outputs[int(line)] = cell
-            elif cell.get("cell_type") == "markdown":
-                values.extend(cell.get("metadata", {}).get("user_expressions", []))
+    ran = executed.get("cells", [])
+    outputs = {int(cell["metadata"]["longctx"]["line"]): cell for cell in ran
+               if cell.get("cell_type") == "code" and "line" in cell.get("metadata", {}).get("longctx", {})}
+    values = [value for cell in ran if cell.get("cell_type") == "markdown"
+              for value in cell.get("metadata", {}).get("user_expressions", [])]
     cells: list[dict] = []
     start = 0  # 0-based index of the first line not yet placed
     if doc.front_matter:
@@ -142,27 +128,21 @@ def quarto_notebook(doc: Document, executed: dict | None) -> dict:
         # in the markdown, where Pandoc reads it as it reads the .qmd (`check` reports it).
         cells.append({"cell_type": "raw", "metadata": {}, "source": "\n".join(lines[: doc.front_matter_lines])})
         start = doc.front_matter_lines
-    pending = list(values)
+    pending = values
 
     def add_markdown(end: int) -> None:
         text = "\n".join(lines[start:end]).strip("\n")
         if not text.strip():
             return
-        cell = _markdown_cell(text)
-        found = [match.group("expr").strip() for match in INLINE_EXPRESSION.finditer(text)]
-        if found:
-            given: dict[str, dict] = {}
-            for expression in found:
-                if not pending or pending[0]["expression"] != expression:
-                    raise QuartoError(
-                        f"{doc.display}: the executed notebook has no value for `{{python}} {expression}` "
-                        "here; execute the chapter again (`make execute`)"
-                    )
-                given.setdefault(expression, pending.pop(0)["result"])
-            cell["metadata"]["user_expressions"] = [
-                {"expression": expression, "result": result} for expression, result in given.items()
-            ]
-        cells.append(cell)
+        given: dict[str, dict] = {}
+        for match in INLINE_EXPRESSION.finditer(text):
+            expression = match.group("expr").strip()
+            if not pending or pending[0]["expression"] != expression:
+                raise QuartoError(f"{doc.display}: the executed notebook has no value for `{{python}} "
+                                  f"{expression}` here; execute the chapter again (`make execute`)")
+            given.setdefault(expression, pending.pop(0)["result"])
+        metadata = {"user_expressions": [{"expression": key, "result": value} for key, value in given.items()]}
+        cells.append({"cell_type": "markdown", "metadata": metadata if given else {}, "source": text})
 
     for cell in doc.python_cells:
         add_markdown(cell.line - 1)
@@ -170,23 +150,12 @@ def quarto_notebook(doc: Document, executed: dict | None) -> dict:
         # Options go to Quarto one per line, whatever YAML spelling the chapter uses (a caption
         # folded over several lines to fit 80 columns reaches Quarto's notebook reader mangled).
         body = [f"#| {key}: {_option_value(value)}" for key, value in cell.options.items()] + body
-        code = {
-            "cell_type": "code",
-            "execution_count": None,
-            "metadata": {},
-            "outputs": [],
-            "source": "\n".join(body),
-        }
-        if executed is not None:
-            ran = outputs.get(cell.line)
-            if ran is None:
-                raise QuartoError(
-                    f"{doc.display}:{cell.line}: this cell is not in the executed notebook; execute the "
-                    "chapter again (`make execute`)"
-                )
-            code["outputs"] = copy.deepcopy(ran.get("outputs", []))
-            code["execution_count"] = ran.get("execution_count")
-        cells.append(code)
+        if cell.line not in outputs:
+            raise QuartoError(f"{doc.display}:{cell.line}: this cell is not in the executed notebook; execute "
+                              "the chapter again (`make execute`)")
+        cells.append({"cell_type": "code", "execution_count": outputs[cell.line].get("execution_count"),
+                      "metadata": {}, "outputs": copy.deepcopy(outputs[cell.line].get("outputs", [])),
+                      "source": "\n".join(body)})
         start = cell.end_line
     add_markdown(len(lines))
     if pending:
@@ -196,20 +165,8 @@ def quarto_notebook(doc: Document, executed: dict | None) -> dict:
         )
     for index, cell in enumerate(cells):
         cell["id"] = f"cell-{index}"
-    metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                "language_info": {"name": "python"}}
+    metadata = {"kernelspec": dict(NOTEBOOK_KERNELSPEC), "language_info": {"name": "python"}}
     return {"cells": cells, "metadata": metadata, "nbformat": 4, "nbformat_minor": 5}
-
-
-def _replace_paths(items, renamed: dict[str, str]):
-    """`book.chapters` with each renamed file replaced (parts and nested lists kept)."""
-    if isinstance(items, str):
-        return renamed.get(items, items)
-    if isinstance(items, list):
-        return [_replace_paths(item, renamed) for item in items]
-    if isinstance(items, dict):
-        return {key: _replace_paths(value, renamed) for key, value in items.items()}
-    return items
 
 
 def stage_project(book: Book, executed: Path, stage: Path, *, formats: list[str]) -> list[str]:
@@ -253,16 +210,16 @@ def stage_project(book: Book, executed: Path, stage: Path, *, formats: list[str]
         target.write_text(nbformat.writes(nbformat.from_dict(quarto_notebook(doc, ran))) + "\n", encoding="utf-8")
         renamed[entry.path] = staged
     config = copy.deepcopy(book.config)
-    config["book"] = _replace_paths(config.get("book") or {}, renamed)
+    config["book"] = dict(config.get("book") or {})
+    for key in set(config["book"]) & {"chapters", "appendices"}:
+        config["book"][key] = [renamed.get(path, path) for path in config["book"][key] or []]
     config["execute"] = {"enabled": False}
     # Quarto renders every format the project lists (its `--to a,b` does not work for books).
     given = config.get("format") or {}
     config["format"] = {name: (given.get(name) if isinstance(given, dict) else None) or {} for name in formats}
-    downloads = [name for name in ("pdf", "epub") if name in formats]
-    if downloads:
+    config["book"].pop("downloads", None)
+    if downloads := [name for name in ("pdf", "epub") if name in formats]:
         config["book"]["downloads"] = downloads
-    else:
-        config["book"].pop("downloads", None)
     config.setdefault("project", {})["output-dir"] = "_book"
     write_atomic(stage / "_quarto.yml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=100))
     if (book.root / ASSETS).is_dir():

@@ -22,7 +22,7 @@ import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .book import Book, ChapterEntry, write_atomic
+from .book import Book, ChapterEntry, write_if_changed
 from .qmd import Cell, Document, QmdError, parse_file
 
 __all__ = ["Problem", "TangleResult", "ModuleOutput", "tangle_book", "tangle_document", "write_outputs", "stale_outputs"]
@@ -53,7 +53,6 @@ class ModuleOutput:
     entry: ChapterEntry
     module: str  # "ch03"
     files: dict[Path, str] = field(default_factory=dict)  # absolute path -> text
-    public_names: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -267,7 +266,6 @@ def tangle_document(doc: Document, module: str, root: Path) -> tuple[ModuleOutpu
         entry=ChapterEntry(doc.display, 0, False),
         module=module,
         files={directory / GENERATED_NAME: generated, directory / INIT_NAME: "\n".join(init) + "\n"},
-        public_names=public,
     )
     return output, []
 
@@ -320,24 +318,12 @@ def tangle_book(book: Book, files: list[Path | str] | None = None) -> TangleResu
     return result
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-
-
 def stale_outputs(result: TangleResult) -> list[Path]:
     """Generated files whose contents on disk differ from what tangling gives."""
-    return [path for output in result.outputs for path, text in output.files.items() if _read(path) != text]
+    return [path for output in result.outputs for path, text in output.files.items()
+            if not path.is_file() or path.read_text(encoding="utf-8") != text]
 
 
 def write_outputs(result: TangleResult) -> list[Path]:
     """Write every changed file (temporary file, then rename); returns the paths written."""
-    written = []
-    for output in result.outputs:
-        for path, text in output.files.items():
-            if _read(path) != text:
-                write_atomic(path, text)
-                written.append(path)
-    return written
+    return [path for output in result.outputs for path, text in output.files.items() if write_if_changed(path, text)]
