@@ -31,7 +31,7 @@ D_MODEL = QUERY_HEADS * HEAD_DIM
 GQA_KV_HEADS = 8
 LATENT_RANK = 512
 WINDOW = 4096
-CHUNK = 4096  # split-KV chunk: positions whose state one batched pass computes
+CHUNK = 512  # split-KV chunk: a chunk of GQA-8 keys and values (512 KiB) stays in L2
 TILE = 4096  # the sequential walk's tile
 KIVI_GROUP, KIVI_RESIDUAL = 32, 32  # KIVI's key group G_t and full-precision residual R
 

@@ -334,12 +334,12 @@ def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
     values = values.reshape(batch, heads, count, chunk, values.shape[-1])
     scores = rows.unsqueeze(2) @ keys.transpose(-2, -1)  # (B, H, C, G, chunk)
     top = scores.amax(-1, keepdim=True)  # m_c
-    weights = torch.exp(scores - top)
+    weights = scores.sub_(top).exp_()  # in place: no second score tensor
     return top, weights.sum(-1, keepdim=True), weights @ values
 
 
 def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
-                    chunk: int = 4096, window: int | None = None,
+                    chunk: int = 512, window: int | None = None,
                     sinks: int = 0, scale: float | None = None) -> Tensor:
     """Return one decode step by Flash-Decoding's split-KV (Equation 5.3).
 
@@ -376,10 +376,10 @@ def two_byte_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     int8 digits of base 128, so that two int8 products carry 14 bits.
     """
     scale = (x.amax(-1, keepdim=True) / (127 * 128)).clamp_min(1e-30)
-    levels = torch.round(x / scale)  # integers 0 .. 127 * 128, as floats
-    high = torch.floor(levels / 128)
-    return (high.to(torch.int8), (levels - 128 * high).to(torch.int8),
-            scale.float())
+    levels = x.div(scale).round_()  # integers 0 .. 127 * 128, as floats
+    high = levels.div(128, rounding_mode="floor")
+    low = levels.sub_(high, alpha=128)  # in place: levels - 128 high
+    return high.to(torch.int8), low.to(torch.int8), scale.float()
 
 
 def code_halves(codes: Tensor, bits: int) -> list[tuple[Tensor, int]]:
@@ -397,45 +397,55 @@ def code_halves(codes: Tensor, bits: int) -> list[tuple[Tensor, int]]:
 
 
 def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
-                scale: float | None = None) -> Tensor:
+                tile: int = 8192, scale: float | None = None) -> Tensor:
     """Return one decode step from integer codes (Equation 5.4).
 
     query (B, H_q, 1, d); key and value QuantizedKV (B, H_kv, T, .) of 8
-    or 4 bits. Scores: int8 query rows times the key codes, summed in
+    or 4 bits. Scores: the key codes times int8 query rows, summed in
     int32 by torch._int_mm, times the two scales. Mix: the weights
-    w_j sigma_j as two int8 digits times the value codes, the same way.
-    Returns (B, H_q, 1, d).
+    w_j sigma_j as two int8 digits, stacked as 2G rows, times the value
+    codes, the same way. Each head is read in tiles of ``tile`` positions,
+    so that an int4 tile's shifted codes are still in cache when the
+    product reads them. Returns (B, H_q, 1, d).
     """
     batch, kv_heads, tokens, width = key.shape
     rows = stacked_rows(query, kv_heads, scale)  # (B, H_kv, G, d)
     row_codes, row_scale = int8_rows(rows)  # (B, H_kv, G, d), (.., G, 1)
+    groups = rows.shape[2]
     heads = [(b, h) for b in range(batch) for h in range(kv_heads)]
-    scores = []
-    for b, h in heads:  # (T, G) per head: codes (T, d') @ rows (d', G)
-        pieces = code_halves(key.codes[b, h], key.bits)
-        columns = row_codes[b, h].T.chunk(len(pieces))  # the matching d'
-        products = [torch._int_mm(piece, part.contiguous())
-                    for (piece, _), part in zip(pieces, columns, strict=True)]
-        scores.append(products[0] if len(products) == 1  # int8: one product
-                      else products[0] // 16 + products[1])  # int4: 16 low
-    scores = (torch.stack(scores).view(batch, kv_heads, tokens, -1)
-              .transpose(-2, -1).contiguous().float()  # (B, H_kv, G, T)
-              * key.scale.transpose(-2, -1) * row_scale)  # s_q s_j (q . c_j)
-    weights = (torch.softmax(scores, dim=-1)
-               * value.scale.transpose(-2, -1))  # w_j sigma_j
+    spans = [(start, min(start + tile, tokens))
+             for start in range(0, tokens, tile)]
+    dots = query.new_empty(batch, kv_heads, tokens, groups,
+                           dtype=torch.int32)  # q . c_j, (B, H_kv, T, G)
+    for b, h in heads:
+        columns = row_codes[b, h].T.chunk(2 if key.bits == 4 else 1)  # d'
+        for start, stop in spans:  # codes (n, d') @ rows (d', G)
+            pieces = code_halves(key.codes[b, h, start:stop], key.bits)
+            out = dots[b, h, start:stop]  # written in place
+            torch._int_mm(pieces[0][0], columns[0], out=out)
+            if len(pieces) == 2:  # int4: the first product is of 16 x low
+                out.floor_divide_(16).add_(
+                    torch._int_mm(pieces[1][0], columns[1]))
+    scores = query.new_empty(batch, kv_heads, groups, tokens)
+    torch.mul(dots.transpose(-2, -1), key.scale.transpose(-2, -1),
+              out=scores).mul_(row_scale)  # s_q s_j (q . c_j), (.., G, T)
+    weights = torch.softmax(scores, dim=-1).mul_(
+        value.scale.transpose(-2, -1))  # w_j sigma_j
     high, low, weight_scale = two_byte_rows(weights)
-    mixed = []
-    for b, h in heads:  # (G, d) per head: weights (G, T) @ codes (T, d')
-        pieces = code_halves(value.codes[b, h], value.bits)
-        mixed.append(torch.cat([
-            (torch._int_mm(high[b, h], piece).float() * (128 / divisor)
-             + torch._int_mm(low[b, h], piece).float() * (1 / divisor))
-            for piece, divisor in pieces], dim=-1))
-    out = torch.stack(mixed).view(batch, kv_heads, -1, width) * weight_scale
+    digits = torch.cat([high, low], dim=-2)  # (B, H_kv, 2G, T)
+    mixed = query.new_zeros(batch, kv_heads, 2 * groups, width)
+    for b, h in heads:  # digits (2G, n) @ codes (n, d'): one product a piece
+        for start, stop in spans:
+            pieces = code_halves(value.codes[b, h, start:stop], value.bits)
+            mixed[b, h] += torch.cat([
+                torch._int_mm(digits[b, h, :, start:stop], piece).float()
+                / divisor for piece, divisor in pieces], dim=-1)
+    high_sum, low_sum = mixed.chunk(2, dim=-2)  # (B, H_kv, G, d) each
+    out = (128 * high_sum + low_sum) * weight_scale
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:971
+# chapters/ch05-measured.qmd:981
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -608,9 +618,9 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1194
+# chapters/ch05-measured.qmd:1204
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
-                  value_up: Tensor, *, chunk: int = 4096,
+                  value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:
     """Return a latent-cache layer's decode step, absorbed, by split-KV.
 
@@ -631,7 +641,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1760
+# chapters/ch05-measured.qmd:1770
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
@@ -661,7 +671,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2166
+# chapters/ch05-measured.qmd:2176
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -694,7 +704,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2220
+# chapters/ch05-measured.qmd:2230
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -746,7 +756,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2317
+# chapters/ch05-measured.qmd:2327
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -807,7 +817,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2398
+# chapters/ch05-measured.qmd:2408
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -899,7 +909,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2605
+# chapters/ch05-measured.qmd:2615
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -940,7 +950,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2715
+# chapters/ch05-measured.qmd:2725
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:
