@@ -28,7 +28,7 @@ from longctx.support import (
 )
 
 
-# chapters/ch05-measured.qmd:63
+# chapters/ch05-measured.qmd:64
 def median_seconds(function, *, threads: int = 1,
                    min_run_time: float = 0.2) -> float:
     """Return the median seconds per call of ``function`` after a warm-up.
@@ -47,7 +47,7 @@ def median_seconds(function, *, threads: int = 1,
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
-# chapters/ch05-measured.qmd:340
+# chapters/ch05-measured.qmd:341
 #: The state of an online softmax: (m, l, a), shaped (..., R, 1),
 #: (..., R, 1) and (..., R, d_v) for R query rows.
 OnlineState = tuple[Tensor, Tensor, Tensor]
@@ -106,7 +106,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-measured.qmd:413
+# chapters/ch05-measured.qmd:414
 def visible_ranges(tokens: int, window: int | None = None,
                    sinks: int = 0) -> list[tuple[int, int]]:
     """Return the [start, stop) position runs the newest query may read.
@@ -141,7 +141,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:486
+# chapters/ch05-measured.qmd:487
 #: The bit widths the nibble and byte packers hold.
 PACKED_BITS = (4, 8)
 
@@ -257,7 +257,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out.mul_(cache.scale[..., start:stop, :])  # codes * scale
 
 
-# chapters/ch05-measured.qmd:619
+# chapters/ch05-measured.qmd:620
 def stacked_rows(query: Tensor, kv_heads: int, scale: float | None) -> Tensor:
     """Return the scaled query (B, H_q, 1, d) as rows (B, H_kv, G, d).
 
@@ -320,7 +320,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:743
+# chapters/ch05-measured.qmd:744
 def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
                  chunk: int) -> OnlineState:
     """Return the state (m, l, a) of every chunk of ``chunk`` keys at once.
@@ -363,7 +363,7 @@ def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
     return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
-# chapters/ch05-measured.qmd:853
+# chapters/ch05-measured.qmd:889
 def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Return int8 codes and float32 scales of each row of x (..., n)."""
     return ch02.quantize(x.float(), 8, dim=-1)
@@ -377,7 +377,7 @@ def two_byte_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """
     scale = (x.amax(-1, keepdim=True) / (127 * 128)).clamp_min(1e-30)
     levels = x.div(scale).round_()  # integers 0 .. 127 * 128, as floats
-    high = levels.div(128, rounding_mode="floor")
+    high = levels.div(128).floor_()  # exact: 128 is a power of two
     low = levels.sub_(high, alpha=128)  # in place: levels - 128 high
     return high.to(torch.int8), low.to(torch.int8), scale.float()
 
@@ -423,8 +423,8 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
             pieces = code_halves(key.codes[b, h, start:stop], key.bits)
             out = dots[b, h, start:stop]  # written in place
             torch._int_mm(pieces[0][0], columns[0], out=out)
-            if len(pieces) == 2:  # int4: the first product is of 16 x low
-                out.floor_divide_(16).add_(
+            if len(pieces) == 2:  # int4: the first product is of 16 x low,
+                out.bitwise_right_shift_(4).add_(  # so >> 4 divides exactly
                     torch._int_mm(pieces[1][0], columns[1]))
     scores = query.new_empty(batch, kv_heads, groups, tokens)
     torch.mul(dots.transpose(-2, -1), key.scale.transpose(-2, -1),
@@ -445,7 +445,7 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:981
+# chapters/ch05-measured.qmd:1033
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -618,7 +618,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1204
+# chapters/ch05-measured.qmd:1256
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:
@@ -641,7 +641,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1770
+# chapters/ch05-measured.qmd:1839
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
@@ -671,7 +671,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2176
+# chapters/ch05-measured.qmd:2245
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -704,7 +704,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2230
+# chapters/ch05-measured.qmd:2299
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -756,7 +756,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2327
+# chapters/ch05-measured.qmd:2396
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -817,7 +817,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2408
+# chapters/ch05-measured.qmd:2477
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -909,7 +909,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2615
+# chapters/ch05-measured.qmd:2684
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -950,7 +950,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2725
+# chapters/ch05-measured.qmd:2794
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:
