@@ -56,8 +56,10 @@ DESIGN_NOTES = {
     "mqa": f"1 KV head shared by 32 query heads; ch05.split_kv_decode, chunks of {CHUNK}",
     "window-4k": f"GQA-8 rolling buffer of the last {WINDOW} tokens; ch05.split_kv_decode",
     "latent-absorbed": f"latent cache of rank {LATENT_RANK}, up-projections absorbed; ch05.latent_decode",
-    "int8": "GQA-8 cache in int8, one float32 scale per vector; ch05.int8_decode (torch._int_mm)",
-    "int4": "GQA-8 cache in int4 (two codes a byte), one scale per vector; ch05.int8_decode on the packed bytes",
+    "int8": "GQA-8 cache in int8, one float32 scale per vector; ch05.int8_decode (torch._int_mm, head by head, "
+            "in tiles)",
+    "int4": "GQA-8 cache in int4 (two codes a byte), one scale per vector; ch05.int8_decode on the packed bytes, "
+            "shifted tile by tile",
     "kivi8": (f"KIVI-style int8 cache: keys per channel in groups of {KIVI_GROUP}, values per token, "
               f"last {KIVI_RESIDUAL}+ tokens in float32; ch05.KiviCache.attend"),
     "kivi4": "the same KIVI-style cache at 4 bits; ch05.KiviCache.attend",

@@ -97,7 +97,7 @@ def test_cache_sizes_grow_with_the_level_and_end_at_the_last_level_cache():
     if not sizes:
         pytest.skip("this machine does not describe its caches in sysfs")
     levels = sorted(sizes)
-    assert all(sizes[a] < sizes[b] for a, b in zip(levels, levels[1:]))
+    assert all(sizes[a] < sizes[b] for a, b in zip(levels, levels[1:], strict=False))
     assert sizes[levels[-1]] == common.last_level_cache_bytes()
 
 
