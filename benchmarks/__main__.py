@@ -13,6 +13,7 @@ from . import decode, floors, memory, prefill, ring, scan
 from .common import (
     DEVICE_CHOICES,
     Progress,
+    cache_sizes,
     default_results_path,
     last_level_cache_bytes,
     load_average,
@@ -118,6 +119,7 @@ def main(argv=None) -> int:
     started = time.monotonic()
     results = {"machine": machine_record(device, threads, "quick" if args.quick else "full"), "sizes": sizes}
     results["machine"]["llc_bytes"] = last_level_cache_bytes() if device.type == "cpu" else None
+    results["machine"]["l2_bytes"] = cache_sizes().get(2) if device.type == "cpu" else None
     progress(f"benchmarks on {results['machine']['device_name']} ({device.type}), {threads} threads, "
              f"{results['machine']['mode']} run")
     results["floors"] = floors.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)

@@ -31,7 +31,7 @@ D_MODEL = QUERY_HEADS * HEAD_DIM
 GQA_KV_HEADS = 8
 LATENT_RANK = 512
 WINDOW = 4096
-CHUNK = 4096  # split-KV chunk: positions whose state one batched pass computes
+CHUNK = 512  # split-KV chunk: a chunk of GQA-8 keys and values (512 KiB) stays in L2
 TILE = 4096  # the sequential walk's tile
 KIVI_GROUP, KIVI_RESIDUAL = 32, 32  # KIVI's key group G_t and full-precision residual R
 
@@ -56,8 +56,10 @@ DESIGN_NOTES = {
     "mqa": f"1 KV head shared by 32 query heads; ch05.split_kv_decode, chunks of {CHUNK}",
     "window-4k": f"GQA-8 rolling buffer of the last {WINDOW} tokens; ch05.split_kv_decode",
     "latent-absorbed": f"latent cache of rank {LATENT_RANK}, up-projections absorbed; ch05.latent_decode",
-    "int8": "GQA-8 cache in int8, one float32 scale per vector; ch05.int8_decode (torch._int_mm)",
-    "int4": "GQA-8 cache in int4 (two codes a byte), one scale per vector; ch05.int8_decode on the packed bytes",
+    "int8": "GQA-8 cache in int8, one float32 scale per vector; ch05.int8_decode (torch._int_mm, head by head, "
+            "in tiles)",
+    "int4": "GQA-8 cache in int4 (two codes a byte), one scale per vector; ch05.int8_decode on the packed bytes, "
+            "shifted tile by tile",
     "kivi8": (f"KIVI-style int8 cache: keys per channel in groups of {KIVI_GROUP}, values per token, "
               f"last {KIVI_RESIDUAL}+ tokens in float32; ch05.KiviCache.attend"),
     "kivi4": "the same KIVI-style cache at 4 bits; ch05.KiviCache.attend",

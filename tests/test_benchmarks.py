@@ -92,6 +92,15 @@ def test_ssm_decode_step_matches_ch04_sequential_scan():
 # --------------------------------------------------------------------------- smoke: every record has every field
 
 
+def test_cache_sizes_grow_with_the_level_and_end_at_the_last_level_cache():
+    sizes = common.cache_sizes()
+    if not sizes:
+        pytest.skip("this machine does not describe its caches in sysfs")
+    levels = sorted(sizes)
+    assert all(sizes[a] < sizes[b] for a, b in zip(levels, levels[1:], strict=False))
+    assert sizes[levels[-1]] == common.last_level_cache_bytes()
+
+
 def test_the_bandwidth_buffer_outgrows_the_last_level_cache():
     cache = common.last_level_cache_bytes()
     assert cache is None or cache > 0
@@ -424,6 +433,7 @@ def test_command_line_quick_run_writes_a_complete_results_file(tmp_path, monkeyp
     assert {r["design"] for r in results["decode"]} == set(decode.DESIGNS)
     assert len(results["prefill"]) == len(prefill.DESIGNS) and results["ring"]["runs"][0]["parts"] == 2
     assert results["machine"]["llc_bytes"] == common.last_level_cache_bytes()
+    assert results["machine"]["l2_bytes"] == common.cache_sizes().get(2)
     printed = capsys.readouterr().out
     assert "decode step at T=64" in printed and f"wrote {out}" in printed
     assert results["targets"] and isinstance(results["profiles"], list)

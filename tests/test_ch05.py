@@ -310,6 +310,27 @@ def test_integer_route_stays_within_its_rounding_of_dequantise_then_attend(bits)
     assert not torch.equal(got, want)  # it is an approximation, and the test says so
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("tile", [1, 7, 64, 700])
+def test_integer_route_gives_the_same_step_whatever_its_tile(bits, tile):
+    generator = torch.Generator().manual_seed(20 + bits)
+    query = torch.randn(2, 8, 1, 32, generator=generator)
+    key, value = (torch.randn(2, 2, 300, 32, generator=generator) for _ in "kv")
+    key_q, value_q = ch05.quantize_cache(key, bits), ch05.quantize_cache(value, bits)
+    whole = ch05.int8_decode(query, key_q, value_q, tile=300)
+    # integer sums are exact in any order; only the float sum of the tiles' mixes may round
+    assert torch.allclose(ch05.int8_decode(query, key_q, value_q, tile=tile), whole, rtol=1e-6, atol=1e-7)
+
+
+def test_two_byte_rows_carry_fourteen_bits_of_each_row():
+    x = torch.rand(3, 1000, generator=torch.Generator().manual_seed(21))
+    high, low, scale = ch05.two_byte_rows(x)
+    assert high.dtype == low.dtype == torch.int8
+    assert int(high.min()) >= 0 and int(high.max()) <= 127 and int(low.min()) >= 0 and int(low.max()) <= 127
+    rebuilt = (128 * high.float() + low.float()) * scale
+    assert ((rebuilt - x).abs() <= 0.5 * scale + 1e-6).all()  # half a level of 127 * 128, and float rounding
+
+
 def test_integer_products_are_exact_for_both_code_widths():
     generator = torch.Generator().manual_seed(17)
     codes = torch.randint(-8, 8, (50, 16), generator=generator, dtype=torch.int8)

@@ -28,7 +28,7 @@ from longctx.support import (
 )
 
 
-# chapters/ch05-measured.qmd:63
+# chapters/ch05-measured.qmd:64
 def median_seconds(function, *, threads: int = 1,
                    min_run_time: float = 0.2) -> float:
     """Return the median seconds per call of ``function`` after a warm-up.
@@ -47,7 +47,7 @@ def median_seconds(function, *, threads: int = 1,
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
-# chapters/ch05-measured.qmd:340
+# chapters/ch05-measured.qmd:341
 #: The state of an online softmax: (m, l, a), shaped (..., R, 1),
 #: (..., R, 1) and (..., R, d_v) for R query rows.
 OnlineState = tuple[Tensor, Tensor, Tensor]
@@ -106,7 +106,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-measured.qmd:413
+# chapters/ch05-measured.qmd:414
 def visible_ranges(tokens: int, window: int | None = None,
                    sinks: int = 0) -> list[tuple[int, int]]:
     """Return the [start, stop) position runs the newest query may read.
@@ -140,7 +140,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:485
+# chapters/ch05-measured.qmd:486
 #: The bit widths the nibble and byte packers hold.
 PACKED_BITS = (4, 8)
 
@@ -256,7 +256,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out.mul_(cache.scale[..., start:stop, :])  # codes * scale
 
 
-# chapters/ch05-measured.qmd:618
+# chapters/ch05-measured.qmd:619
 def stacked_rows(query: Tensor, kv_heads: int, scale: float | None) -> Tensor:
     """Return the scaled query (B, H_q, 1, d) as rows (B, H_kv, G, d).
 
@@ -319,7 +319,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:742
+# chapters/ch05-measured.qmd:743
 def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
                  chunk: int) -> OnlineState:
     """Return the state (m, l, a) of every chunk of ``chunk`` keys at once.
@@ -333,12 +333,12 @@ def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
     values = values.reshape(batch, heads, count, chunk, values.shape[-1])
     scores = rows.unsqueeze(2) @ keys.transpose(-2, -1)  # (B, H, C, G, chunk)
     top = scores.amax(-1, keepdim=True)  # m_c
-    weights = torch.exp(scores - top)
+    weights = scores.sub_(top).exp_()  # in place: no second score tensor
     return top, weights.sum(-1, keepdim=True), weights @ values
 
 
 def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
-                    chunk: int = 4096, window: int | None = None,
+                    chunk: int = 512, window: int | None = None,
                     sinks: int = 0, scale: float | None = None) -> Tensor:
     """Return one decode step by Flash-Decoding's split-KV (Equation 5.3).
 
@@ -362,7 +362,7 @@ def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
     return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
-# chapters/ch05-measured.qmd:852
+# chapters/ch05-measured.qmd:888
 def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Return int8 codes and float32 scales of each row of x (..., n)."""
     return ch02.quantize(x.float(), 8, dim=-1)
@@ -375,10 +375,10 @@ def two_byte_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     int8 digits of base 128, so that two int8 products carry 14 bits.
     """
     scale = (x.amax(-1, keepdim=True) / (127 * 128)).clamp_min(1e-30)
-    levels = torch.round(x / scale)  # integers 0 .. 127 * 128, as floats
-    high = torch.floor(levels / 128)
-    return (high.to(torch.int8), (levels - 128 * high).to(torch.int8),
-            scale.float())
+    levels = x.div(scale).round_()  # integers 0 .. 127 * 128, as floats
+    high = levels.div(128).floor_()  # exact: 128 is a power of two
+    low = levels.sub_(high, alpha=128)  # in place: levels - 128 high
+    return high.to(torch.int8), low.to(torch.int8), scale.float()
 
 
 def code_halves(codes: Tensor, bits: int) -> list[tuple[Tensor, int]]:
@@ -396,45 +396,55 @@ def code_halves(codes: Tensor, bits: int) -> list[tuple[Tensor, int]]:
 
 
 def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
-                scale: float | None = None) -> Tensor:
+                tile: int = 8192, scale: float | None = None) -> Tensor:
     """Return one decode step from integer codes (Equation 5.4).
 
     query (B, H_q, 1, d); key and value QuantizedKV (B, H_kv, T, .) of 8
-    or 4 bits. Scores: int8 query rows times the key codes, summed in
+    or 4 bits. Scores: the key codes times int8 query rows, summed in
     int32 by torch._int_mm, times the two scales. Mix: the weights
-    w_j sigma_j as two int8 digits times the value codes, the same way.
-    Returns (B, H_q, 1, d).
+    w_j sigma_j as two int8 digits, stacked as 2G rows, times the value
+    codes, the same way. Each head is read in tiles of ``tile`` positions,
+    so that an int4 tile's shifted codes are still in cache when the
+    product reads them. Returns (B, H_q, 1, d).
     """
     batch, kv_heads, tokens, width = key.shape
     rows = stacked_rows(query, kv_heads, scale)  # (B, H_kv, G, d)
     row_codes, row_scale = int8_rows(rows)  # (B, H_kv, G, d), (.., G, 1)
+    groups = rows.shape[2]
     heads = [(b, h) for b in range(batch) for h in range(kv_heads)]
-    scores = []
-    for b, h in heads:  # (T, G) per head: codes (T, d') @ rows (d', G)
-        pieces = code_halves(key.codes[b, h], key.bits)
-        columns = row_codes[b, h].T.chunk(len(pieces))  # the matching d'
-        products = [torch._int_mm(piece, part.contiguous())
-                    for (piece, _), part in zip(pieces, columns, strict=True)]
-        scores.append(products[0] if len(products) == 1  # int8: one product
-                      else products[0] // 16 + products[1])  # int4: 16 low
-    scores = (torch.stack(scores).view(batch, kv_heads, tokens, -1)
-              .transpose(-2, -1).contiguous().float()  # (B, H_kv, G, T)
-              * key.scale.transpose(-2, -1) * row_scale)  # s_q s_j (q . c_j)
-    weights = (torch.softmax(scores, dim=-1)
-               * value.scale.transpose(-2, -1))  # w_j sigma_j
+    spans = [(start, min(start + tile, tokens))
+             for start in range(0, tokens, tile)]
+    dots = query.new_empty(batch, kv_heads, tokens, groups,
+                           dtype=torch.int32)  # q . c_j, (B, H_kv, T, G)
+    for b, h in heads:
+        columns = row_codes[b, h].T.chunk(2 if key.bits == 4 else 1)  # d'
+        for start, stop in spans:  # codes (n, d') @ rows (d', G)
+            pieces = code_halves(key.codes[b, h, start:stop], key.bits)
+            out = dots[b, h, start:stop]  # written in place
+            torch._int_mm(pieces[0][0], columns[0], out=out)
+            if len(pieces) == 2:  # int4: the first product is of 16 x low,
+                out.bitwise_right_shift_(4).add_(  # so >> 4 divides exactly
+                    torch._int_mm(pieces[1][0], columns[1]))
+    scores = query.new_empty(batch, kv_heads, groups, tokens)
+    torch.mul(dots.transpose(-2, -1), key.scale.transpose(-2, -1),
+              out=scores).mul_(row_scale)  # s_q s_j (q . c_j), (.., G, T)
+    weights = torch.softmax(scores, dim=-1).mul_(
+        value.scale.transpose(-2, -1))  # w_j sigma_j
     high, low, weight_scale = two_byte_rows(weights)
-    mixed = []
-    for b, h in heads:  # (G, d) per head: weights (G, T) @ codes (T, d')
-        pieces = code_halves(value.codes[b, h], value.bits)
-        mixed.append(torch.cat([
-            (torch._int_mm(high[b, h], piece).float() * (128 / divisor)
-             + torch._int_mm(low[b, h], piece).float() * (1 / divisor))
-            for piece, divisor in pieces], dim=-1))
-    out = torch.stack(mixed).view(batch, kv_heads, -1, width) * weight_scale
+    digits = torch.cat([high, low], dim=-2)  # (B, H_kv, 2G, T)
+    mixed = query.new_zeros(batch, kv_heads, 2 * groups, width)
+    for b, h in heads:  # digits (2G, n) @ codes (n, d'): one product a piece
+        for start, stop in spans:
+            pieces = code_halves(value.codes[b, h, start:stop], value.bits)
+            mixed[b, h] += torch.cat([
+                torch._int_mm(digits[b, h, :, start:stop], piece).float()
+                / divisor for piece, divisor in pieces], dim=-1)
+    high_sum, low_sum = mixed.chunk(2, dim=-2)  # (B, H_kv, G, d) each
+    out = (128 * high_sum + low_sum) * weight_scale
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:970
+# chapters/ch05-measured.qmd:1032
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -607,9 +617,9 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1193
+# chapters/ch05-measured.qmd:1255
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
-                  value_up: Tensor, *, chunk: int = 4096,
+                  value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:
     """Return a latent-cache layer's decode step, absorbed, by split-KV.
 
@@ -630,7 +640,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1759
+# chapters/ch05-measured.qmd:1839
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
@@ -660,7 +670,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2165
+# chapters/ch05-measured.qmd:2245
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -693,7 +703,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2219
+# chapters/ch05-measured.qmd:2299
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -745,7 +755,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2316
+# chapters/ch05-measured.qmd:2396
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -806,7 +816,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2397
+# chapters/ch05-measured.qmd:2477
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -898,7 +908,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2604
+# chapters/ch05-measured.qmd:2684
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -939,7 +949,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2714
+# chapters/ch05-measured.qmd:2794
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:
