@@ -63,8 +63,8 @@ class ForgettingSettings:
     layers: int = 2
     heads: int = 2
     base: float = 10_000.0
-    short_steps: int = 1200
-    steps: int = 400
+    short_steps: int = 1500
+    steps: int = 700
     batch_size: int = 16
     learning_rate: float = 3e-3
     key_share: float = 1.0

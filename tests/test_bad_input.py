@@ -236,6 +236,9 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         "ch07.compressed_losses": Valid(
             lambda: dict(model=_rotary_model(), inputs=_byte_text(40).view(2, 20),
                          targets=_byte_text(41)[1:].view(2, 20), policy="window", budget=0.5, prompt=12)),
+        "ch07.read_with_cache": Valid(lambda: dict(model=_rotary_model(), tokens=_byte_text(24).view(2, 12),
+                                                   cache=_ch("ch07").make_cache(_rotary_model(), "h2o", 0.5,
+                                                                                prompt_tokens=12))),
         "ch07.load_forgetting_results": Valid(lambda: dict(folder=None)),  # run from the repository
     },
 }

@@ -193,7 +193,7 @@ def test_per_token_quantized_cache_error_stays_within_half_a_step(bits):
     x = torch.randn(2, 3, 40, 8, generator=torch.Generator().manual_seed(bits))
     cache = ch07.QuantizedCache(1, bits)
     cache.stored[0] = cache.store(x, x)
-    keys, _ = cache.read(0)
+    keys, _ = cache.floats(0)
     step = x.abs().amax(-1, keepdim=True) / (2 ** (bits - 1) - 1)  # absmax / q_max per vector
     assert ((keys - x).abs() <= step / 2 + 1e-6).all()
     assert (keys - x).abs().max() > 0
@@ -203,7 +203,7 @@ def test_kivi_cache_error_stays_within_half_a_step():
     x = torch.randn(1, 2, 48, 8, generator=torch.Generator().manual_seed(9))
     cache = ch07.QuantizedCache(1, 4, kivi=True, group=16, residual=16)
     cache.stored[0] = cache.store(x, x)
-    keys, values = cache.read(0)
+    keys, values = cache.floats(0)
     quantized = cache.stored[0].value_scale.shape[2]
     grouped = x[..., :quantized, :].reshape(1, 2, -1, 16, 8)
     key_step = (grouped.amax(3) - grouped.amin(3)) / 15  # per group and channel
@@ -306,3 +306,30 @@ def test_the_measurements_refuse_bad_windows():
         ch07.compressed_losses(model, ids, ids[:, :-1], "window", 0.5, prompt=10)
     with pytest.raises(TypeError, match="batch"):
         ch07.compressed_hits(model, ids, "window", 0.5)
+
+
+# --- the saved run's driver -----------------------------------------------------------------------
+
+
+def test_the_tiny_experiment_measures_every_policy_on_the_same_windows():
+    from experiments import forgetting
+
+    job = forgetting.run_job(forgetting.TINY, seed=0)
+    grid = [(e["policy"], e["budget"]) for e in job["entries"]]
+    assert grid == forgetting.settings_grid(forgetting.TINY)
+    assert len(grid) == 1 + 5 * 3 + 3  # full; five evictions at three budgets; three bit widths
+    full = job["entries"][0]
+    assert full["fraction"] == 1.0 and len(full["single"]) == len(full["multi"]) == 2 * 2
+    for e in job["entries"][1:]:
+        if e["budget"] is not None:
+            assert e["fraction"] <= e["budget"]  # floor(b t) entries of t
+        assert len(e["window_loss"]) == forgetting.TINY.windows
+    quarter = {e["policy"]: e["kept"] for e in job["entries"] if e["budget"] == 0.25}
+    assert sorted(quarter["window"][0][0]) == list(range(95 - 23, 95))  # floor(0.25 * 95) newest
+
+
+def test_the_experiment_settings_refuse_a_prompt_past_the_window():
+    from experiments import forgetting
+
+    with pytest.raises(ValueError, match="prompt"):
+        forgetting.ForgettingSettings(length=64, prompt=64)

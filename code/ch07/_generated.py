@@ -211,7 +211,7 @@ class QuantizedCache:
         return (ch05.quantize_cache(key, self.bits),
                 ch05.quantize_cache(value, self.bits))
 
-    def read(self, layer: int) -> tuple[Tensor, Tensor]:
+    def floats(self, layer: int) -> tuple[Tensor, Tensor]:
         """Return ``layer``'s keys and values as the floats they stand for."""
         if self.kivi:
             return self.stored[layer].dequantize()
@@ -234,7 +234,7 @@ class QuantizedCache:
                              torch.cat([old.scale, part.scale], 2), self.bits)
             for old, part in zip(self.stored[layer], self.store(key, value),
                                  strict=True))
-        keys, values = self.read(layer)
+        keys, values = self.floats(layer)
         return ch01.scaled_dot_product_attention(query, keys, values)[0]
 
     def compress(self) -> None:
@@ -253,7 +253,16 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
 
     The arithmetic of ``model(tokens)``, RoPE at each token's true
     position, with each layer's attention handed to the cache.
+
+    Raises:
+        TypeError, ValueError: For a model that is not a RotaryGPT,
+            ``tokens`` that are not (B, T) byte ids, or a cache that is
+            not one of this chapter's.
     """
+    support.check_type("model", model, ch06.RotaryGPT)
+    support.check_tensor("tokens", tokens, dims=2, dtype=torch.long,
+                         nonempty=True)
+    support.check_type("cache", cache, (EvictingCache, QuantizedCache))
     start, new = cache.length, tokens.shape[1]
     positions = torch.arange(start, start + new)
     x = model.token_embedding(tokens)  # (B, T, d)
@@ -276,7 +285,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model.lm_head(model.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch07-forgetting.qmd:467
+# chapters/ch07-forgetting.qmd:476
 #: Each policy: its keep function (None: stored in fewer bits), settings.
 POLICIES = {
     "full": (keep_all, {}),
@@ -378,7 +387,7 @@ def compressed_losses(model: ch06.RotaryGPT, inputs: Tensor, targets: Tensor,
                            targets[:, prompt:], reduction="none")
 
 
-# chapters/ch07-forgetting.qmd:674
+# chapters/ch07-forgetting.qmd:683
 def load_forgetting_results(folder: pathlib.Path | None = None
                             ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``experiments.forgetting`` and its path.
