@@ -67,8 +67,11 @@ def keep_heavy(seen: Seen, keep: int, recent_share: float = 0.5) -> Tensor:
 
 # chapters/ch07-forgetting.qmd:166
 def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
-    """Return SnapKV's votes (B, H, n): V_j of Equation 7.1 over the newest
-    ``window`` queries, averaged over ``pool`` neighbouring entries."""
+    """Return SnapKV's votes (B, H, n), pooled along the cache.
+
+    V_j of Equation 7.1 over the newest ``window`` queries, averaged over
+    ``pool`` neighbouring entries.
+    """
     votes = seen.recent[..., -window:, :].sum(-2)  # (B, H, n)
     batch, heads, entries = votes.shape
     pooled = F.avg_pool1d(votes.reshape(batch * heads, 1, entries), pool,
@@ -103,7 +106,7 @@ def pyramid_budgets(keep: int, layers: int, *, tokens: int,
     return budgets
 
 
-# chapters/ch07-forgetting.qmd:257
+# chapters/ch07-forgetting.qmd:260
 class EvictingCache:
     """Per-layer keys and values (B, H, k_l, d_h) that a policy keeps.
 
@@ -186,7 +189,7 @@ class EvictingCache:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:361
+# chapters/ch07-forgetting.qmd:364
 class QuantizedCache:
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -247,7 +250,7 @@ class QuantizedCache:
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:437
+# chapters/ch07-forgetting.qmd:440
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -268,24 +271,20 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     x = model.token_embedding(tokens)  # (B, T, d)
     for layer, block in enumerate(model.blocks):
         attention, h = block.attention, block.attention_norm(x)
-
-        def heads(projection, turn=True):
-            vectors = ch01.split_heads(projection(h), attention.heads)
-            if not turn:
-                return vectors  # (B, H, T, d_h)
-            return ch03.apply_rope(vectors, positions, attention.frequencies,
-                                   attention.magnitude)
-
-        mixed = cache.attend(layer, heads(attention.query),
-                             heads(attention.key),
-                             heads(attention.value, turn=False))
+        query, key, value = (ch01.split_heads(projection(h), attention.heads)
+                             for projection in (attention.query, attention.key,
+                                                attention.value))  # (B,H,T,d_h)
+        query, key = (ch03.apply_rope(vectors, positions, attention.frequencies,
+                                      attention.magnitude)
+                      for vectors in (query, key))  # R(m) of Chapter 3
+        mixed = cache.attend(layer, query, key, value)
         x = x + attention.output(ch01.merge_heads(mixed))
         x = x + block.mlp(block.mlp_norm(x))
     cache.length += new
     return model.lm_head(model.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch07-forgetting.qmd:476
+# chapters/ch07-forgetting.qmd:475
 #: Each policy: its keep function (None: stored in fewer bits), settings.
 POLICIES = {
     "full": (keep_all, {}),
@@ -307,8 +306,9 @@ def make_cache(model: ch06.RotaryGPT, policy: str,
     """Return an empty cache of ``policy`` for ``model``.
 
     Eviction policies take ``budget``, a fraction of the full cache's
-    bytes in (0, 1] (the full cache: 1 or None); quantized ones (int8,
-    int4, kivi4) take none, their bits set their size.
+    bytes in (0, 1]; the full cache and the quantized ones (int8, int4,
+    kivi4) take none (or 1): they keep every entry, and bits set the
+    size of a quantized one.
 
     Raises:
         TypeError, ValueError: For an unknown policy, a budget outside
@@ -319,19 +319,17 @@ def make_cache(model: ch06.RotaryGPT, policy: str,
     support.check_type("model", model, ch06.RotaryGPT)
     keep, settings = POLICIES[support.check_choice("policy", policy, POLICIES)]
     prompt_tokens = support.check_int("prompt_tokens", prompt_tokens, minimum=1)
-    if keep is None:
-        if budget is not None:
-            raise ValueError(f"policy {policy!r} is sized by its bits: pass "
-                             f"no budget (got {budget!r})")
-        return QuantizedCache(len(model.blocks), **settings)
-    if policy == "full" and budget is None:
-        budget = 1.0
+    sized = keep is None or policy == "full"  # the policy fixes its size
+    budget = 1.0 if sized and budget is None else budget
     budget = support.check_number("budget", budget, above=0, maximum=1)
     fixed = settings.get("sinks", 0) + settings.get("window", 0)
-    if policy == "full" and budget != 1 or math.floor(
-            budget * prompt_tokens + 1e-9) <= fixed:
+    if sized and budget != 1 or math.floor(budget * prompt_tokens
+                                           + 1e-9) <= fixed:
         raise ValueError(f"budget {budget} does not fit {policy!r} at "
-                         f"{prompt_tokens} tokens (fixed part {fixed})")
+                         f"{prompt_tokens} tokens (the full and quantized "
+                         f"caches take none; fixed part {fixed})")
+    if keep is None:
+        return QuantizedCache(len(model.blocks), **settings)
     return EvictingCache(keep, budget, len(model.blocks),
                          pyramid=policy == "pyramidkv", **settings)
 
@@ -387,7 +385,7 @@ def compressed_losses(model: ch06.RotaryGPT, inputs: Tensor, targets: Tensor,
                            targets[:, prompt:], reduction="none")
 
 
-# chapters/ch07-forgetting.qmd:683
+# chapters/ch07-forgetting.qmd:681
 def load_forgetting_results(folder: pathlib.Path | None = None
                             ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``experiments.forgetting`` and its path.
@@ -399,23 +397,14 @@ def load_forgetting_results(folder: pathlib.Path | None = None
 
     Raises:
         TypeError: If ``folder`` is not a pathlib.Path.
-        ValueError: If ``folder`` is not an existing folder.
-        FileNotFoundError: If there is no results file, or no repository
-            above the working directory when ``folder`` is None.
+        FileNotFoundError: If ``folder`` holds no results file.
     """
     if folder is None:
         here = pathlib.Path.cwd().resolve()
-        roots = [path for path in (here, *here.parents)
-                 if (path / "_quarto.yml").is_file()]
-        if not roots:
-            raise FileNotFoundError(f"no book repository at or above {here}:"
-                                    " pass folder=")
-        folder = roots[0] / "experiments" / "results"
-    else:
-        support.check_type("folder", folder, pathlib.Path)
-        if not folder.is_dir():
-            raise ValueError(f"folder must be an existing folder "
-                             f"(got {str(folder)!r})")
+        root = next((path for path in (here, *here.parents)
+                     if (path / "_quarto.yml").is_file()), here)
+        folder = root / "experiments" / "results"
+    support.check_type("folder", folder, pathlib.Path)
     runs = [(json.loads(path.read_text(encoding="utf-8")), path)
             for path in sorted(folder.glob("forgetting-*.json"))]
     if not runs:
