@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from longctx import ch01, ch02, ch05, ch06, ch07
+from longctx import ch01, ch02, ch06, ch07
 
 FAST = settings(max_examples=12, deadline=None)
 EVICTING = ("window", "sinks", "h2o", "snapkv", "pyramidkv")
