@@ -106,7 +106,7 @@ def pyramid_budgets(keep: int, layers: int, *, tokens: int,
     return budgets
 
 
-# chapters/ch07-forgetting.qmd:260
+# chapters/ch07-forgetting.qmd:265
 class EvictingCache:
     """Per-layer keys and values (B, H, k_l, d_h) that a policy keeps.
 
@@ -189,7 +189,7 @@ class EvictingCache:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:364
+# chapters/ch07-forgetting.qmd:369
 class QuantizedCache:
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -250,7 +250,7 @@ class QuantizedCache:
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:440
+# chapters/ch07-forgetting.qmd:445
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -284,7 +284,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model.lm_head(model.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch07-forgetting.qmd:475
+# chapters/ch07-forgetting.qmd:480
 #: Each policy: its keep function (None: stored in fewer bits), settings.
 POLICIES = {
     "full": (keep_all, {}),
@@ -385,7 +385,7 @@ def compressed_losses(model: ch06.RotaryGPT, inputs: Tensor, targets: Tensor,
                            targets[:, prompt:], reduction="none")
 
 
-# chapters/ch07-forgetting.qmd:681
+# chapters/ch07-forgetting.qmd:691
 def load_forgetting_results(folder: pathlib.Path | None = None
                             ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``experiments.forgetting`` and its path.
