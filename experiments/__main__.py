@@ -1,4 +1,8 @@
-"""python -m experiments: see experiments/extension.py (or --help)."""
+"""python -m experiments: see experiments/extension.py (or --help).
+
+Chapter 4's run is python -m experiments.copying, Chapter 7's python -m experiments.forgetting;
+`make experiment` runs all three.
+"""
 
 import sys
 

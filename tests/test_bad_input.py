@@ -230,6 +230,20 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         ),
         "ch06.load_extension_results": Valid(lambda: dict(folder=None)),  # run from the repository
     },
+    # ---------------------------------------------------------------- ch07: the checked way to a cache, the two measurements and the results reader
+    # (the experiment's settings and driver live in experiments/forgetting.py; tests/test_ch07.py runs them)
+    "ch07": {
+        "ch07.make_cache": Valid(lambda: dict(model=_rotary_model(), policy="h2o", budget=0.5, prompt_tokens=40)),
+        "ch07.compressed_hits": Valid(lambda: dict(model=_rotary_model(), batch=_key_batch(), policy="sinks",
+                                                   budget=0.5)),
+        "ch07.compressed_losses": Valid(
+            lambda: dict(model=_rotary_model(), inputs=_byte_text(40).view(2, 20),
+                         targets=_byte_text(41)[1:].view(2, 20), policy="window", budget=0.5, prompt=12)),
+        "ch07.read_with_cache": Valid(lambda: dict(model=_rotary_model(), tokens=_byte_text(24).view(2, 12),
+                                                   cache=_ch("ch07").make_cache(_rotary_model(), "h2o", 0.5,
+                                                                                prompt_tokens=12))),
+        "ch07.load_forgetting_results": Valid(lambda: dict(folder=None)),  # run from the repository
+    },
 }
 
 
@@ -251,6 +265,12 @@ class Silent:
 
 def _qkv(tokens: int = 4, width: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _randn(tokens, width), _randn(tokens, width, seed=1), _randn(tokens, width, seed=2)
+
+
+def _key_batch():
+    """Two windows of 24 bytes of filler, one planted record each (Chapter 6's task)."""
+    return _ch("ch06").key_batch(_byte_text(), torch.tensor([0.0, 1.0], dtype=torch.float64), 24,
+                                 torch.Generator().manual_seed(0))
 
 
 def _decode_step() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -323,6 +343,17 @@ SILENT: list[Silent] = [
     Silent("ch06", "a zero extension factor", lambda: _rotary_model().set_rope("pi", 0.0), "factor"),
     Silent("ch06", "a NaN extension factor", lambda: _rotary_model().set_rope("yarn", math.nan), "factor"),
     Silent("ch06", "a zero rotary base", lambda: _ch("ch06").RotaryGPT(_tiny_config(), base=0.0), "base"),
+    # Chapter 7
+    Silent("ch07", "a budget that keeps only the sinks",
+           lambda: _ch("ch07").make_cache(_rotary_model(), "sinks", 0.1, prompt_tokens=40), "budget"),
+    Silent("ch07", "a budget for a cache its bits size",
+           lambda: _ch("ch07").make_cache(_rotary_model(), "int4", 0.5, prompt_tokens=40), "budget"),
+    Silent("ch07", "a full cache below 100 %",
+           lambda: _ch("ch07").make_cache(_rotary_model(), "full", 0.5, prompt_tokens=40), "budget"),
+    Silent("ch07", "a prompt that leaves nothing to decode",
+           lambda: _ch("ch07").compressed_losses(_rotary_model(), _byte_text(40).view(2, 20),
+                                                 _byte_text(40).view(2, 20), "window", 0.5, prompt=20),
+           "prompt"),
 ]
 
 

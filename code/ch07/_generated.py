@@ -1,0 +1,414 @@
+# Generated from chapters/ch07-forgetting.qmd by `python -m booktools tangle`.
+# Do not edit: change the chapter's `# @save` cells, then tangle again.
+"""Code saved from chapters/ch07-forgetting.qmd ("What a cache can forget")."""
+
+import json
+import math
+import pathlib
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from longctx import ch01, ch03, ch05, ch06, support
+
+
+# chapters/ch07-forgetting.qmd:91
+class Seen(NamedTuple):
+    """What one layer's heads have attended to, for the cached entries.
+
+    ``positions`` (B, H, n): where each entry sits in the text;
+    ``accumulated`` (B, H, n): A_j of Equation 7.1, over every query so
+    far; ``recent`` (B, H, w, n): the attention rows of the w newest
+    queries, from which V_j is summed.
+    """
+
+    positions: Tensor
+    accumulated: Tensor
+    recent: Tensor
+
+
+def top_positions(score: Tensor, keep: int) -> Tensor:
+    """Return the indices (B, H, keep) of the highest scores, in order."""
+    return score.topk(keep, dim=-1).indices.sort(dim=-1).values
+
+
+def newest(seen: Seen, count: int) -> Tensor:
+    """Return a bool (B, H, n): is the entry among the ``count`` newest?"""
+    cutoff = seen.positions.amax(-1, keepdim=True) - count
+    return seen.positions > cutoff
+
+
+# chapters/ch07-forgetting.qmd:128
+def keep_all(seen: Seen, keep: int) -> Tensor:
+    """The full cache: every entry, whatever the budget."""
+    return top_positions(-seen.positions.double(), seen.positions.shape[-1])
+
+
+def keep_recent(seen: Seen, keep: int) -> Tensor:
+    """A sliding window: the ``keep`` newest entries."""
+    return top_positions(seen.positions.double(), keep)
+
+
+def keep_sinks(seen: Seen, keep: int, sinks: int = 4) -> Tensor:
+    """StreamingLLM: the first ``sinks`` positions and the newest rest."""
+    score = seen.positions.double()
+    score[seen.positions < sinks] = math.inf
+    return top_positions(score, keep)
+
+
+def keep_heavy(seen: Seen, keep: int, recent_share: float = 0.5) -> Tensor:
+    """H2O: the newest share of ``keep``, then the largest A_j of the rest."""
+    score = seen.accumulated.double().clone()
+    score[newest(seen, round(recent_share * keep))] = math.inf
+    return top_positions(score, keep)
+
+
+# chapters/ch07-forgetting.qmd:166
+def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
+    """Return SnapKV's votes (B, H, n), pooled along the cache.
+
+    V_j of Equation 7.1 over the newest ``window`` queries, averaged over
+    ``pool`` neighbouring entries.
+    """
+    votes = seen.recent[..., -window:, :].sum(-2)  # (B, H, n)
+    batch, heads, entries = votes.shape
+    pooled = F.avg_pool1d(votes.reshape(batch * heads, 1, entries), pool,
+                          stride=1, padding=pool // 2,
+                          count_include_pad=False)
+    return pooled.view(batch, heads, entries)
+
+
+def keep_snap(seen: Seen, keep: int, window: int, pool: int = 5) -> Tensor:
+    """SnapKV: the observation window itself and its best pooled votes."""
+    score = snap_votes(seen, window, pool).double()
+    score[newest(seen, window)] = math.inf
+    return top_positions(score, keep)
+
+
+def pyramid_budgets(keep: int, layers: int, *, tokens: int,
+                    floor: int, ratio: float = 3.0) -> list[int]:
+    """Return per-layer budgets falling linearly with depth.
+
+    They sum to ``layers * keep``; the deepest gets keep / ``ratio`` (at
+    least ``floor``), the first as much above ``keep``, none more than
+    ``tokens``; rounding is settled on the first layer.
+    """
+    last = max(floor, round(keep / ratio))
+    first = min(tokens, 2 * keep - last)
+    last = 2 * keep - first
+    if layers == 1:
+        return [keep]
+    budgets = [round(first + (last - first) * layer / (layers - 1))
+               for layer in range(layers)]
+    budgets[0] += layers * keep - sum(budgets)
+    return budgets
+
+
+# chapters/ch07-forgetting.qmd:265
+class EvictingCache:
+    """Per-layer keys and values (B, H, k_l, d_h) that a policy keeps.
+
+    After t tokens layer l holds k_l(t) entries a head, summing to
+    L floor(b t) (``layer_budgets``). The prompt is read with full
+    attention; ``compress`` cuts every layer to its budget; each later
+    token, read alone, attends over the kept entries and itself, is
+    appended, and the policy evicts back to the budget.
+    """
+
+    def __init__(self, policy, fraction: float, layers: int, *,
+                 pyramid: bool = False, **settings):
+        self.policy, self.settings = policy, settings
+        self.fraction, self.layers, self.pyramid = fraction, layers, pyramid
+        self.window = settings.get("window", 1)  # w rows kept for votes
+        self.keys, self.values = [None] * layers, [None] * layers
+        self.seen: list[Seen | None] = [None] * layers
+        self.length = 0  # tokens read so far: the next token's position
+
+    def layer_budgets(self, tokens: int) -> list[int]:
+        """Return k_l(t), the entries a head keeps in each layer."""
+        keep = max(1, math.floor(self.fraction * tokens + 1e-9))
+        if not self.pyramid:
+            return [keep] * self.layers
+        return pyramid_budgets(keep, self.layers, tokens=tokens,
+                               floor=self.window + 1)
+
+    def attend(self, layer: int, query: Tensor, key: Tensor,
+               value: Tensor) -> Tensor:
+        """Return attention (B, H, T, d_h) of T new tokens; cache them.
+
+        The prompt (into an empty cache) may be T tokens; after it, T = 1.
+        """
+        new, start = query.shape[2], self.length
+        positions = torch.arange(start, start + new).expand(*key.shape[:2],
+                                                            new)
+        if self.keys[layer] is None:  # the prompt: causal, in full
+            mask = torch.ones(new, new, dtype=torch.bool).tril()
+            mixed, weights = ch01.scaled_dot_product_attention(
+                query, key, value, mask)
+            self.keys[layer], self.values[layer] = key, value
+            self.seen[layer] = Seen(positions, weights.sum(-2),
+                                    weights[..., -self.window:, :])
+            return mixed
+        keys = torch.cat([self.keys[layer], key], dim=2)  # (B, H, k + 1, d_h)
+        values = torch.cat([self.values[layer], value], dim=2)
+        mixed, weights = ch01.scaled_dot_product_attention(query, keys, values)
+        seen = self.seen[layer]
+        self.keys[layer], self.values[layer] = keys, values
+        self.seen[layer] = Seen(
+            torch.cat([seen.positions, positions], dim=-1),
+            F.pad(seen.accumulated, (0, new)) + weights.sum(-2),  # A_j
+            torch.cat([F.pad(seen.recent, (0, new)), weights],
+                      dim=-2)[..., -self.window:, :])
+        self.evict(layer, self.layer_budgets(start + new)[layer])
+        return mixed
+
+    def evict(self, layer: int, keep: int) -> None:
+        """Cut ``layer`` to the ``keep`` entries a head its policy picks."""
+        seen = self.seen[layer]
+        if seen.positions.shape[-1] <= keep:
+            return
+        chosen = self.policy(seen, keep, **self.settings)  # (B, H, keep)
+        width = self.keys[layer].shape[-1]
+        rows = chosen[..., None].expand(-1, -1, -1, width)
+        self.keys[layer] = self.keys[layer].gather(2, rows)
+        self.values[layer] = self.values[layer].gather(2, rows)
+        columns = chosen[:, :, None].expand(-1, -1, seen.recent.shape[2], -1)
+        self.seen[layer] = Seen(seen.positions.gather(-1, chosen),
+                                seen.accumulated.gather(-1, chosen),
+                                seen.recent.gather(-1, columns))
+
+    def compress(self) -> None:
+        """Cut every layer to its budget: once, right after the prompt."""
+        for layer, keep in enumerate(self.layer_budgets(self.length)):
+            self.evict(layer, keep)
+
+    def nbytes(self) -> int:
+        """Return the bytes of the kept keys and values."""
+        return sum(t.nbytes for t in self.keys + self.values)
+
+
+# chapters/ch07-forgetting.qmd:369
+class QuantizedCache:
+    """Keys and values stored in ``bits`` bits, every entry kept.
+
+    Per token with absmax (Chapter 5's ``quantize_cache``), or KIVI-style
+    (``ch05.KiviCache``: keys per channel in groups of ``group`` tokens,
+    values per token, the newest ``residual`` or more in full precision).
+    """
+
+    def __init__(self, layers: int, bits: int, *, kivi: bool = False,
+                 group: int = 16, residual: int = 16):
+        self.bits, self.kivi = bits, kivi
+        self.group, self.residual = group, residual
+        self.stored = [None] * layers
+        self.length = 0
+
+    def store(self, key: Tensor, value: Tensor):
+        """Return keys and values (B, H, T, d_h) in this cache's format."""
+        if self.kivi:
+            return ch05.KiviCache.from_keys_values(
+                key, value, bits=self.bits, group=self.group,
+                residual=self.residual)
+        return (ch05.quantize_cache(key, self.bits),
+                ch05.quantize_cache(value, self.bits))
+
+    def floats(self, layer: int) -> tuple[Tensor, Tensor]:
+        """Return ``layer``'s keys and values as the floats they stand for."""
+        if self.kivi:
+            return self.stored[layer].dequantize()
+        return tuple(ch05.dequantize_cache(part) for part in self.stored[layer])
+
+    def attend(self, layer: int, query: Tensor, key: Tensor,
+               value: Tensor) -> Tensor:
+        """Return attention (B, H, T, d_h) of T new tokens; cache them."""
+        if self.stored[layer] is None:  # the prompt: full precision
+            mask = torch.ones(query.shape[2], query.shape[2],
+                              dtype=torch.bool).tril()
+            self.stored[layer] = self.store(key, value)
+            return ch01.scaled_dot_product_attention(query, key, value,
+                                                     mask)[0]
+        if self.kivi:
+            self.stored[layer].append(key, value)
+            return self.stored[layer].attend(query)
+        self.stored[layer] = tuple(
+            ch05.QuantizedKV(torch.cat([old.codes, part.codes], 2),
+                             torch.cat([old.scale, part.scale], 2), self.bits)
+            for old, part in zip(self.stored[layer], self.store(key, value),
+                                 strict=True))
+        keys, values = self.floats(layer)
+        return ch01.scaled_dot_product_attention(query, keys, values)[0]
+
+    def compress(self) -> None:
+        """Nothing to cut: the bits were chosen when the cache was made."""
+
+    def nbytes(self) -> int:
+        """Return the bytes of every code, scale, offset and residual."""
+        if self.kivi:
+            return sum(part.nbytes for part in self.stored)
+        return sum(part.nbytes for pair in self.stored for part in pair)
+
+
+# chapters/ch07-forgetting.qmd:445
+def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
+    """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
+
+    The arithmetic of ``model(tokens)``, RoPE at each token's true
+    position, with each layer's attention handed to the cache.
+
+    Raises:
+        TypeError, ValueError: For a model that is not a RotaryGPT,
+            ``tokens`` that are not (B, T) byte ids, or a cache that is
+            not one of this chapter's.
+    """
+    support.check_type("model", model, ch06.RotaryGPT)
+    support.check_tensor("tokens", tokens, dims=2, dtype=torch.long,
+                         nonempty=True)
+    support.check_type("cache", cache, (EvictingCache, QuantizedCache))
+    start, new = cache.length, tokens.shape[1]
+    positions = torch.arange(start, start + new)
+    x = model.token_embedding(tokens)  # (B, T, d)
+    for layer, block in enumerate(model.blocks):
+        attention, h = block.attention, block.attention_norm(x)
+        query, key, value = (ch01.split_heads(projection(h), attention.heads)
+                             for projection in (attention.query, attention.key,
+                                                attention.value))  # (B,H,T,d_h)
+        query, key = (ch03.apply_rope(vectors, positions, attention.frequencies,
+                                      attention.magnitude)
+                      for vectors in (query, key))  # R(m) of Chapter 3
+        mixed = cache.attend(layer, query, key, value)
+        x = x + attention.output(ch01.merge_heads(mixed))
+        x = x + block.mlp(block.mlp_norm(x))
+    cache.length += new
+    return model.lm_head(model.final_norm(x))  # (B, T, V)
+
+
+# chapters/ch07-forgetting.qmd:480
+#: Each policy: its keep function (None: stored in fewer bits), settings.
+POLICIES = {
+    "full": (keep_all, {}),
+    "window": (keep_recent, {}),
+    "sinks": (keep_sinks, {"sinks": 4}),
+    "h2o": (keep_heavy, {"recent_share": 0.5}),
+    "snapkv": (keep_snap, {"window": 4, "pool": 5}),
+    "pyramidkv": (keep_snap, {"window": 4, "pool": 5}),
+    "int8": (None, {"bits": 8}),
+    "int4": (None, {"bits": 4}),
+    "kivi4": (None, {"bits": 4, "kivi": True, "group": 16, "residual": 16}),
+}
+#: The budgets measured, as fractions of the full cache's bytes.
+BUDGETS = (0.1, 0.25, 0.5, 1.0)
+
+
+def make_cache(model: ch06.RotaryGPT, policy: str,
+               budget: float | None = None, *, prompt_tokens: int):
+    """Return an empty cache of ``policy`` for ``model``.
+
+    Eviction policies take ``budget``, a fraction of the full cache's
+    bytes in (0, 1]; the full cache and the quantized ones (int8, int4,
+    kivi4) take none (or 1): they keep every entry, and bits set the
+    size of a quantized one.
+
+    Raises:
+        TypeError, ValueError: For an unknown policy, a budget outside
+            (0, 1], a budget for a quantized cache or below 1 for the full
+            one, or a budget that keeps no more entries of
+            ``prompt_tokens`` than the policy's fixed part (sinks, window).
+    """
+    support.check_type("model", model, ch06.RotaryGPT)
+    keep, settings = POLICIES[support.check_choice("policy", policy, POLICIES)]
+    prompt_tokens = support.check_int("prompt_tokens", prompt_tokens, minimum=1)
+    sized = keep is None or policy == "full"  # the policy fixes its size
+    budget = 1.0 if sized and budget is None else budget
+    budget = support.check_number("budget", budget, above=0, maximum=1)
+    fixed = settings.get("sinks", 0) + settings.get("window", 0)
+    if sized and budget != 1 or math.floor(budget * prompt_tokens
+                                           + 1e-9) <= fixed:
+        raise ValueError(f"budget {budget} does not fit {policy!r} at "
+                         f"{prompt_tokens} tokens (the full and quantized "
+                         f"caches take none; fixed part {fixed})")
+    if keep is None:
+        return QuantizedCache(len(model.blocks), **settings)
+    return EvictingCache(keep, budget, len(model.blocks),
+                         pyramid=policy == "pyramidkv", **settings)
+
+
+@torch.no_grad()
+def compressed_hits(model: ch06.RotaryGPT, batch: ch06.KeyBatch,
+                    policy: str, budget: float | None = None) -> Tensor:
+    """Return a bool (B,): was the asked value the most likely byte?
+
+    The prompt is every input but the last (it ends on the question's
+    mark); after compression the asked name is decoded against the
+    cache, and its next byte is the answer.
+
+    Raises:
+        TypeError, ValueError: As ``make_cache``, or if ``batch`` is not
+            a ``ch06.KeyBatch``.
+    """
+    support.check_type("batch", batch, ch06.KeyBatch)
+    cache = make_cache(model, policy, budget,
+                       prompt_tokens=batch.inputs.shape[1] - 1)
+    read_with_cache(model, batch.inputs[:, :-1], cache)
+    cache.compress()
+    logits = read_with_cache(model, batch.inputs[:, -1:], cache)
+    return logits[:, -1].argmax(-1) == batch.targets[:, -1]
+
+
+@torch.no_grad()
+def compressed_losses(model: ch06.RotaryGPT, inputs: Tensor, targets: Tensor,
+                      policy: str, budget: float | None = None, *,
+                      prompt: int) -> Tensor:
+    """Return the next-byte losses (B, T - prompt) of a streamed decode.
+
+    The first ``prompt`` bytes of each window are read at once and the
+    cache compressed; each later byte is decoded alone, the budget held.
+
+    Raises:
+        TypeError, ValueError: As ``make_cache``, or for ``inputs`` and
+            ``targets`` that are not matching (B, T) byte ids, or a
+            ``prompt`` not in 1 .. T - 1.
+    """
+    support.check_tensor("inputs", inputs, dims=2, dtype=torch.long,
+                         nonempty=True)
+    support.check_tensor("targets", targets, dims=2, dtype=torch.long,
+                         sizes=dict(enumerate(inputs.shape)))
+    prompt = support.check_int("prompt", prompt, minimum=1,
+                               maximum=inputs.shape[1] - 1)
+    cache = make_cache(model, policy, budget, prompt_tokens=prompt)
+    read_with_cache(model, inputs[:, :prompt], cache)
+    cache.compress()
+    logits = [read_with_cache(model, inputs[:, at:at + 1], cache)
+              for at in range(prompt, inputs.shape[1])]
+    return F.cross_entropy(torch.cat(logits, 1).transpose(1, 2),
+                           targets[:, prompt:], reduction="none")
+
+
+# chapters/ch07-forgetting.qmd:711
+def load_forgetting_results(folder: pathlib.Path | None = None
+                            ) -> tuple[dict, pathlib.Path]:
+    """Return the newest full run of ``experiments.forgetting`` and its path.
+
+    Reads ``folder``, by default ``experiments/results`` of the book's
+    repository, found from the working directory up; takes the newest
+    ``forgetting-*.json`` whose machine record says ``mode: full``, else
+    the newest of any mode.
+
+    Raises:
+        TypeError: If ``folder`` is not a pathlib.Path.
+        FileNotFoundError: If ``folder`` holds no results file.
+    """
+    if folder is None:
+        here = pathlib.Path.cwd().resolve()
+        root = next((path for path in (here, *here.parents)
+                     if (path / "_quarto.yml").is_file()), here)
+        folder = root / "experiments" / "results"
+    support.check_type("folder", folder, pathlib.Path)
+    runs = [(json.loads(path.read_text(encoding="utf-8")), path)
+            for path in sorted(folder.glob("forgetting-*.json"))]
+    if not runs:
+        raise FileNotFoundError(f"no forgetting-*.json in {folder}; "
+                                "run `make experiment` first")
+    full = [run for run in runs if run[0]["machine"]["mode"] == "full"]
+    return max(full or runs, key=lambda run: run[0]["machine"]["date"])

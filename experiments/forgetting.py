@@ -1,0 +1,280 @@
+"""Chapter 7's experiment: python -m experiments.forgetting [--size full|tiny] [--jobs N] [--out PATH].
+
+For every seed, one job (``run_job``) trains Chapter 6's rotary TinyGPT on key-free text with
+planted records (first at a short length, then at the measured length T), then, for every cache
+policy of ``ch07.POLICIES`` and every budget of ``ch07.BUDGETS`` (the quantized caches at their
+own size), measures on the same held-out windows:
+
+* multi-key retrieval: a hit or a miss per planted window and depth (``ch07.compressed_hits``);
+* the next-byte loss of a streamed decode after a compressed prompt (``ch07.compressed_losses``);
+* the cache's bytes, as a share of the full cache's;
+* the median seconds of one decode step against the compressed cache;
+* for one window, which positions each policy keeps in each layer and head.
+
+The results, headed by a record of the machine, the date, the load average before and after and
+the wall and CPU time of every process, go to ``experiments/results/forgetting-<device>.json``
+(``-tiny`` appended for a tiny run). Chapter 7 reads the newest full run. Jobs run ``--jobs`` at a
+time (default 2), each in a fresh process of one torch thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import multiprocessing
+import os
+import pathlib
+import platform
+import resource
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import torch
+from longctx import ch02, ch06, ch07, support
+
+from benchmarks.common import machine_record, write_results
+
+RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+
+#: The seed of every held-out key window: the same trials for every model, policy and budget.
+EVALUATION_SEED = 2_000
+
+
+@dataclass(frozen=True)
+class ForgettingSettings:
+    """The sizes of one run; the defaults are those of ``make experiment``.
+
+    Training: ``short_steps`` steps at ``short_length``, then ``steps`` steps at ``length`` (T),
+    batches of ``batch_size`` windows at T (twice as many at the short length), ``key_share`` of
+    them with records, half one record and half ``keys``. Measuring: ``trials`` windows per depth,
+    each with ``keys`` records (one asked, the others distractors); ``windows`` held-out windows
+    for the loss, the first ``prompt`` bytes read at once.
+
+    Raises:
+        TypeError, ValueError: If a field has the wrong type or range.
+    """
+
+    length: int = 128
+    short_length: int = 64
+    d_model: int = 64
+    layers: int = 2
+    heads: int = 2
+    base: float = 10_000.0
+    short_steps: int = 1500
+    steps: int = 700
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    key_share: float = 1.0
+    keys: int = 2
+    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    trials: int = 16
+    windows: int = 16
+    prompt: int = 96
+    timing_repeats: int = 3
+    seeds: tuple[int, ...] = (0, 1, 2)
+
+    def __post_init__(self) -> None:
+        for name in ("depths", "seeds"):
+            value = support.check_type(name, getattr(self, name), (tuple, list))
+            if not value:
+                raise ValueError(f"{name} must not be empty")
+            object.__setattr__(self, name, tuple(value))
+        for name in ("d_model", "layers", "heads", "short_steps", "steps", "trials",
+                     "timing_repeats"):
+            support.check_int(name, getattr(self, name), minimum=1)
+        support.check_int("batch_size", self.batch_size, minimum=2)
+        support.check_int("keys", self.keys, minimum=1, maximum=len(ch06.KEY_SYMBOLS))
+        support.check_int("short_length", self.short_length, minimum=6 * self.keys + 1)
+        support.check_int("length", self.length, minimum=self.short_length)
+        support.check_int("windows", self.windows, minimum=2)
+        support.check_int("prompt", self.prompt, minimum=1, maximum=self.length - 1)
+        support.check_number("base", self.base, above=1)
+        support.check_number("learning_rate", self.learning_rate, above=0)
+        support.check_number("key_share", self.key_share, minimum=0, maximum=1)
+        for depth in self.depths:
+            support.check_number("each of depths", depth, minimum=0, maximum=1)
+        support.check_int_sequence("seeds", self.seeds, minimum=0)
+
+
+#: Toy sizes for the tests and ``--size tiny``: every step of the full run, in seconds.
+TINY = ForgettingSettings(length=96, short_length=48, d_model=16, layers=2, heads=2, short_steps=2,
+                          steps=2, batch_size=4, depths=(0.0, 1.0), trials=2, windows=2, prompt=90,
+                          timing_repeats=1, seeds=(0, 1))
+SIZES = {"full": ForgettingSettings(), "tiny": TINY}
+
+
+def texts() -> tuple[torch.Tensor, torch.Tensor]:
+    """Chapter 2's split of the novel (90 % to train), each part without key symbols."""
+    ids = torch.tensor(ch02.ByteTokenizer().encode(ch02.load_corpus()))
+    split = int(0.9 * ids.numel())
+    return ch06.key_free_text(ids[:split]), ch06.key_free_text(ids[split:])
+
+
+def _bits(hits: torch.Tensor) -> str:
+    return "".join("1" if h else "0" for h in hits.flatten().tolist())
+
+
+def settings_grid(settings: ForgettingSettings) -> list[tuple[str, float | None]]:
+    """Every (policy, budget) measured: the full cache once, evictions at every budget below 100 %
+    (at 100 % each equals the full cache exactly: tests/test_ch07.py), quantized caches once."""
+    grid = [("full", None)]
+    for policy, (keep, _) in ch07.POLICIES.items():
+        if policy == "full":
+            continue
+        if keep is None:
+            grid.append((policy, None))
+        else:
+            grid += [(policy, b) for b in ch07.BUDGETS if b < 1]
+    return grid
+
+
+def decode_seconds(model, ids: torch.Tensor, policy: str, budget: float | None, *, prompt: int,
+                   repeats: int) -> float:
+    """Median seconds of one decode step (batch 1): each repeat reads ``prompt`` bytes of ``ids``
+    (1, T), compresses, and times the decode of the rest, byte by byte."""
+    times = []
+    for _ in range(repeats):
+        cache = ch07.make_cache(model, policy, budget, prompt_tokens=prompt)
+        with torch.no_grad():
+            ch07.read_with_cache(model, ids[:, :prompt], cache)
+            cache.compress()
+            for at in range(prompt, ids.shape[1]):
+                clock = time.perf_counter()
+                ch07.read_with_cache(model, ids[:, at:at + 1], cache)
+                times.append(time.perf_counter() - clock)
+    return statistics.median(times)
+
+
+def kept_positions(model, batch: ch06.KeyBatch, policy: str, budget: float) -> list:
+    """For window 0 of ``batch``: the positions each layer and head keeps after compression."""
+    one = ch06.KeyBatch(*(part[:1] for part in batch))
+    cache = ch07.make_cache(model, policy, budget, prompt_tokens=one.inputs.shape[1] - 1)
+    with torch.no_grad():
+        ch07.read_with_cache(model, one.inputs[:, :-1], cache)
+        cache.compress()
+    return [seen.positions[0].tolist() for seen in cache.seen]
+
+
+def run_job(settings: ForgettingSettings, seed: int) -> dict:
+    """Train one model with ``seed``; measure every policy and budget on the shared windows."""
+    s = settings
+    torch.set_num_threads(1)
+    clock = time.perf_counter()
+    train_text, held_out = texts()
+    config = ch02.GPTConfig(vocab_size=256, context_length=s.length, d_model=s.d_model,
+                            layers=s.layers, heads=s.heads)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = ch06.RotaryGPT(config, base=s.base, fused=True)
+    losses = []
+    for length, steps, batch, data_seed in ((s.short_length, s.short_steps, 2 * s.batch_size, seed),
+                                            (s.length, s.steps, s.batch_size, seed + 10_000)):
+        losses += ch06.train_with_keys(model, train_text, steps=steps, batch_size=batch,
+                                       length=length, key_share=s.key_share,
+                                       learning_rate=s.learning_rate, seed=data_seed,
+                                       max_keys=s.keys)
+    train_seconds = time.perf_counter() - clock
+    for block in model.blocks:
+        block.attention.fused = False  # Chapter 1's attention, as the caches use
+    where = torch.tensor(s.depths, dtype=torch.float64).repeat_interleave(s.trials)
+    tasks = {task: ch06.key_batch(held_out, where, s.length,
+                                  torch.Generator().manual_seed(EVALUATION_SEED), keys=keys)
+             for task, keys in (("single", 1), ("multi", s.keys))}
+    keyed = tasks["multi"]
+    ends = torch.linspace(s.length, held_out.numel() - 2, s.windows).round().long()
+    offsets = torch.arange(-s.length, 0)
+    inputs, targets = held_out[ends[:, None] + offsets], held_out[ends[:, None] + offsets + 1]
+    full_bytes = None
+    entries = []
+    for policy, budget in settings_grid(s):
+        cache = ch07.make_cache(model, policy, budget, prompt_tokens=s.length - 1)
+        with torch.no_grad():
+            ch07.read_with_cache(model, keyed.inputs[:1, :-1], cache)
+            cache.compress()
+        size = cache.nbytes()
+        full_bytes = size if policy == "full" else full_bytes
+        hits = {task: _bits(ch07.compressed_hits(model, batch, policy, budget))
+                for task, batch in tasks.items()}
+        window_losses = ch07.compressed_losses(model, inputs, targets, policy, budget,
+                                               prompt=s.prompt).mean(1)
+        entry = {"policy": policy, "budget": budget, "bytes": size, "fraction": size / full_bytes,
+                 **hits, "window_loss": [round(float(v), 5) for v in window_losses],
+                 "decode_seconds": decode_seconds(model, inputs[:1], policy, budget,
+                                                  prompt=s.prompt, repeats=s.timing_repeats)}
+        if budget == 0.25 or policy == "full":
+            entry["kept"] = kept_positions(model, keyed, policy, 1.0 if budget is None else budget) \
+                if ch07.POLICIES[policy][0] is not None else None
+        entries.append(entry)
+    return {"seed": seed, "train_losses": [round(v, 4) for v in losses],
+            "train_seconds": train_seconds, "starts": keyed.starts[0].tolist(),
+            "answer_target": int(keyed.targets[0, -1]),
+            "entries": entries, "seconds": time.perf_counter() - clock}
+
+
+def run_experiment(settings: ForgettingSettings, *, jobs: int = 2, progress: bool = True) -> dict:
+    """Run one job per seed of ``settings``, ``jobs`` at a time, each in a fresh process.
+
+    Raises:
+        TypeError, ValueError: If ``settings`` is not a ForgettingSettings or ``jobs`` < 1.
+    """
+    support.check_type("settings", settings, ForgettingSettings)
+    jobs = support.check_int("jobs", jobs, minimum=1)
+    support.check_bool("progress", progress)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(settings.seeds)), mp_context=context) as pool:
+        futures = [pool.submit(run_job, settings, seed) for seed in settings.seeds]
+        runs = []
+        for seed, future in zip(settings.seeds, futures, strict=True):
+            runs.append(future.result())
+            if progress:
+                print(f"  seed {seed}: {runs[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
+    return {"settings": dataclasses.asdict(settings), "budgets": list(ch07.BUDGETS),
+            "policies": {name: settings for name, (_, settings) in ch07.POLICIES.items()},
+            "evaluation_seed": EVALUATION_SEED, "runs": runs}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m experiments.forgetting", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(SIZES), default="full",
+                        help="full: the run Chapter 7 reads; tiny: seconds")
+    parser.add_argument("--jobs", type=int, default=2, help="jobs run at once (default 2)")
+    parser.add_argument("--out", type=pathlib.Path, default=None,
+                        help="results file (default experiments/results/forgetting-<device>[-tiny].json)")
+    parser.add_argument("--quiet", action="store_true", help="no line per finished job")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.jobs < 1:
+        print(f"error: --jobs must be >= 1 (got {args.jobs})", file=sys.stderr)
+        return 2
+    settings = SIZES[args.size]
+    machine = machine_record(torch.device("cpu"), 1, args.size)
+    machine["processes"] = min(args.jobs, len(settings.seeds))
+    machine["host"] = platform.node()
+    machine["load_average_start"] = [round(x, 2) for x in os.getloadavg()]
+    out = args.out or RESULTS_DIR / (f"forgetting-{machine['device_slug']}"
+                                     f"{'' if args.size == 'full' else '-tiny'}.json")
+    wall = time.perf_counter()
+    results = run_experiment(settings, jobs=args.jobs, progress=not args.quiet)
+    machine["wall_seconds"] = time.perf_counter() - wall
+    cpu = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        cpu += usage.ru_utime + usage.ru_stime
+    machine["cpu_seconds"] = cpu
+    machine["idle_wall_estimate_seconds"] = cpu / max(1, min(machine["processes"], os.cpu_count() or 1))
+    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    write_results({"machine": machine, **results}, out)
+    print(f"wrote {out} ({machine['wall_seconds']:.0f} s wall, {cpu:.0f} s CPU, "
+          f"{machine['processes']} process(es) of 1 thread)")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
