@@ -175,6 +175,11 @@ INLINE_CELL = '```{python}\nwords = ", ".join(f"*{w}*" for w in ["hate", "love"]
             "chapters/ch01-alpha.qmd:82: code line is 86 characters",
             id="long-line-in-a-shown-block",
         ),
+        pytest.param(
+            lambda root: edit(chapter(root), "### A detail\n", "### A detail with $k$\n"),
+            "chapters/ch01-alpha.qmd:36: maths in a heading: the EPUB's contents would hold MathML",
+            id="maths-in-a-heading",
+        ),
     ],
 )
 def test_each_source_problem_quarto_trips_on_is_caught(clean_book, booktools, breakage, expected):

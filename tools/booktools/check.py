@@ -152,6 +152,8 @@ def check_book(book: Book, numbering: Numbering | None = None) -> list[str]:
             if line.kind == "heading":
                 if line.heading.label and not line.callout_title:
                     check_label(line.heading.label, line.line, ("sec",))
+                if "$" in line.heading.text and not line.callout_title:  # EPUBCheck refuses MathML in nav
+                    add(display, line.line, "maths in a heading: the EPUB's contents would hold MathML")
             elif line.kind == "div_open" and line.div is not None and line.div.identifier:
                 check_label(line.div.identifier, line.line, ("fig", "tbl"))
             elif line.kind == "text":
