@@ -439,10 +439,10 @@ def load_extension_results(folder: pathlib.Path | None = None
                            ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``make experiment`` and its path.
 
-    Reads ``folder``, by default ``experiments/results`` of the book's
-    repository, found from the working directory up (the repository root,
-    or its notebooks/ folder); takes the newest ``extension-*.json`` whose
-    machine record says ``mode: full``, else the newest of any mode.
+    ``support.load_results("extension", folder)``: the newest
+    ``extension-*.json`` of ``folder`` (by default the repository's
+    experiments/results) whose machine record says ``mode: full``, else
+    the newest of any mode.
 
     Raises:
         TypeError: If ``folder`` is not a pathlib.Path.
@@ -450,17 +450,4 @@ def load_extension_results(folder: pathlib.Path | None = None
         FileNotFoundError: If there is no results file, or no repository
             above the working directory when ``folder`` is None.
     """
-    if folder is None:
-        folder = support.book_root() / "experiments" / "results"
-    else:
-        support.check_type("folder", folder, pathlib.Path)
-        if not folder.is_dir():
-            raise ValueError(f"folder must be an existing folder "
-                             f"(got {str(folder)!r})")
-    runs = [(json.loads(path.read_text(encoding="utf-8")), path)
-            for path in sorted(folder.glob("extension-*.json"))]
-    if not runs:
-        raise FileNotFoundError(f"no extension-*.json in {folder}; "
-                                "run `make experiment` first")
-    full = [run for run in runs if run[0]["machine"]["mode"] == "full"]
-    return max(full or runs, key=lambda run: run[0]["machine"]["date"])
+    return support.load_results("extension", folder)

@@ -390,25 +390,15 @@ def load_forgetting_results(folder: pathlib.Path | None = None
                             ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``experiments.forgetting`` and its path.
 
-    Reads ``folder``, by default ``experiments/results`` of the book's
-    repository, found from the working directory up; takes the newest
-    ``forgetting-*.json`` whose machine record says ``mode: full``, else
+    ``support.load_results("forgetting", folder)``: the newest
+    ``forgetting-*.json`` of ``folder`` (by default the repository's
+    experiments/results) whose machine record says ``mode: full``, else
     the newest of any mode.
 
     Raises:
         TypeError: If ``folder`` is not a pathlib.Path.
-        FileNotFoundError: If ``folder`` holds no results file.
+        ValueError: If ``folder`` is not an existing folder.
+        FileNotFoundError: If there is no results file, or no repository
+            above the working directory when ``folder`` is None.
     """
-    if folder is None:
-        here = pathlib.Path.cwd().resolve()
-        root = next((path for path in (here, *here.parents)
-                     if (path / "_quarto.yml").is_file()), here)
-        folder = root / "experiments" / "results"
-    support.check_type("folder", folder, pathlib.Path)
-    runs = [(json.loads(path.read_text(encoding="utf-8")), path)
-            for path in sorted(folder.glob("forgetting-*.json"))]
-    if not runs:
-        raise FileNotFoundError(f"no forgetting-*.json in {folder}; "
-                                "run `make experiment` first")
-    full = [run for run in runs if run[0]["machine"]["mode"] == "full"]
-    return max(full or runs, key=lambda run: run[0]["machine"]["date"])
+    return support.load_results("forgetting", folder)

@@ -31,7 +31,7 @@ from .checks import (
     check_type,
     describe,
 )
-from .data import book_root, data_path
+from .data import book_root, data_path, load_results
 from .style import PALETTE, apply_book_style
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "PALETTE",
     "apply_book_style",
     "book_root",
+    "load_results",
     "check_arguments",
     "check_attention_inputs",
     "check_bits",
