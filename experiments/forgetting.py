@@ -9,7 +9,7 @@ own size), measures on the same held-out windows:
 * the next-byte loss of a streamed decode after a compressed prompt (``ch07.compressed_losses``);
 * the cache's bytes, as a share of the full cache's;
 * the median seconds of one decode step against the compressed cache;
-* for one window, which positions each policy keeps in each layer and head.
+* for one window (records mid-prompt), which positions each policy keeps in each layer and head.
 
 The results, headed by a record of the machine, the date, the load average before and after and
 the wall and CPU time of every process, go to ``experiments/results/forgetting-<device>.json``
@@ -60,7 +60,7 @@ class ForgettingSettings:
     length: int = 128
     short_length: int = 64
     d_model: int = 64
-    layers: int = 2
+    layers: int = 4
     heads: int = 2
     base: float = 10_000.0
     short_steps: int = 1500
@@ -148,9 +148,9 @@ def decode_seconds(model, ids: torch.Tensor, policy: str, budget: float | None, 
     return statistics.median(times)
 
 
-def kept_positions(model, batch: ch06.KeyBatch, policy: str, budget: float) -> list:
-    """For window 0 of ``batch``: the positions each layer and head keeps after compression."""
-    one = ch06.KeyBatch(*(part[:1] for part in batch))
+def kept_positions(model, batch: ch06.KeyBatch, policy: str, budget: float, window: int) -> list:
+    """For one window of ``batch``: the positions each layer and head keeps after compression."""
+    one = ch06.KeyBatch(*(part[window:window + 1] for part in batch))
     cache = ch07.make_cache(model, policy, budget, prompt_tokens=one.inputs.shape[1] - 1)
     with torch.no_grad():
         ch07.read_with_cache(model, one.inputs[:, :-1], cache)
@@ -184,6 +184,8 @@ def run_job(settings: ForgettingSettings, seed: int) -> dict:
                                   torch.Generator().manual_seed(EVALUATION_SEED), keys=keys)
              for task, keys in (("single", 1), ("multi", s.keys))}
     keyed = tasks["multi"]
+    # the window whose positions are drawn: the first with its records mid-prompt, if measured
+    shown = s.depths.index(0.5) * s.trials if 0.5 in s.depths else 0
     ends = torch.linspace(s.length, held_out.numel() - 2, s.windows).round().long()
     offsets = torch.arange(-s.length, 0)
     inputs, targets = held_out[ends[:, None] + offsets], held_out[ends[:, None] + offsets + 1]
@@ -205,12 +207,14 @@ def run_job(settings: ForgettingSettings, seed: int) -> dict:
                  "decode_seconds": decode_seconds(model, inputs[:1], policy, budget,
                                                   prompt=s.prompt, repeats=s.timing_repeats)}
         if budget == 0.25 or policy == "full":
-            entry["kept"] = kept_positions(model, keyed, policy, 1.0 if budget is None else budget) \
+            entry["kept"] = kept_positions(model, keyed, policy, 1.0 if budget is None else budget,
+                                           shown) \
                 if ch07.POLICIES[policy][0] is not None else None
         entries.append(entry)
     return {"seed": seed, "train_losses": [round(v, 4) for v in losses],
-            "train_seconds": train_seconds, "starts": keyed.starts[0].tolist(),
-            "answer_target": int(keyed.targets[0, -1]),
+            "train_seconds": train_seconds, "kept_window": shown,
+            "starts": keyed.starts[shown].tolist(),
+            "answer_target": int(keyed.targets[shown, -1]),
             "entries": entries, "seconds": time.perf_counter() - clock}
 
 
