@@ -108,6 +108,9 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
     # ---------------------------------------------------------------- support: the reader of the book's data files
     "support": {
         "support.data_path": Valid(lambda: dict(parts=DATA)),
+        # An unknown prefix is a name like any other: no such file is FileNotFoundError, not a bad argument.
+        "support.load_results": Valid(lambda: dict(prefix="extension", folder=None),
+                                      accepts={"prefix": {"unknown-name"}}),
     },
     # ---------------------------------------------------------------- ch01: the attention layer's constructor and the counts
     "ch01": {

@@ -2,7 +2,6 @@
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
 """Code saved from chapters/ch07-forgetting.qmd ("What a cache can forget")."""
 
-import json
 import math
 import pathlib
 from typing import NamedTuple
@@ -14,7 +13,7 @@ from torch import Tensor
 from longctx import ch01, ch03, ch05, ch06, support
 
 
-# chapters/ch07-forgetting.qmd:91
+# chapters/ch07-forgetting.qmd:90
 class Seen(NamedTuple):
     """What one layer's heads have attended to, for the cached entries.
 
@@ -40,7 +39,7 @@ def newest(seen: Seen, count: int) -> Tensor:
     return seen.positions > cutoff
 
 
-# chapters/ch07-forgetting.qmd:128
+# chapters/ch07-forgetting.qmd:127
 def keep_all(seen: Seen, keep: int) -> Tensor:
     """The full cache: every entry, whatever the budget."""
     return top_positions(-seen.positions.double(), seen.positions.shape[-1])
@@ -65,7 +64,7 @@ def keep_heavy(seen: Seen, keep: int, recent_share: float = 0.5) -> Tensor:
     return top_positions(score, keep)
 
 
-# chapters/ch07-forgetting.qmd:166
+# chapters/ch07-forgetting.qmd:165
 def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
     """Return SnapKV's votes (B, H, n), pooled along the cache.
 
@@ -106,7 +105,7 @@ def pyramid_budgets(keep: int, layers: int, *, tokens: int,
     return budgets
 
 
-# chapters/ch07-forgetting.qmd:265
+# chapters/ch07-forgetting.qmd:264
 class EvictingCache:
     """Per-layer keys and values (B, H, k_l, d_h) that a policy keeps.
 
@@ -189,7 +188,7 @@ class EvictingCache:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:369
+# chapters/ch07-forgetting.qmd:368
 class QuantizedCache:
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -250,7 +249,7 @@ class QuantizedCache:
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:445
+# chapters/ch07-forgetting.qmd:444
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -284,7 +283,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model.lm_head(model.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch07-forgetting.qmd:480
+# chapters/ch07-forgetting.qmd:479
 #: Each policy: its keep function (None: stored in fewer bits), settings.
 POLICIES = {
     "full": (keep_all, {}),
@@ -385,7 +384,7 @@ def compressed_losses(model: ch06.RotaryGPT, inputs: Tensor, targets: Tensor,
                            targets[:, prompt:], reduction="none")
 
 
-# chapters/ch07-forgetting.qmd:711
+# chapters/ch07-forgetting.qmd:710
 def load_forgetting_results(folder: pathlib.Path | None = None
                             ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``experiments.forgetting`` and its path.
