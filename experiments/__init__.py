@@ -1,1 +1,3 @@
-"""Chapter 6's experiment: stretching a trained rotary TinyGPT's context (``python -m experiments``)."""
+"""The trained-model runs the chapters read: Chapter 4's selective copying (``experiments.copying``),
+Chapter 6's context extension (``python -m experiments``) and Chapter 7's cache policies
+(``experiments.forgetting``)."""

@@ -26,10 +26,7 @@ import argparse
 import copy
 import dataclasses
 import multiprocessing
-import os
 import pathlib
-import platform
-import resource
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -39,6 +36,7 @@ import torch
 from longctx import ch02, ch03, ch06, support
 
 from benchmarks.common import machine_record, write_results
+from experiments.record import timed_run
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -330,26 +328,13 @@ def main(argv=None) -> int:
         return 2
     machine = machine_record(torch.device("cpu"), 1, args.size)
     machine["processes"] = min(args.jobs, len(settings.seeds) * (len(settings.bases) + 1))
-    machine["host"] = platform.node()
-    # The machine may be shared: the load before and after (1, 5 and 15 minutes) and the
-    # CPU time of every process say how far the wall time is from an idle machine's.
-    machine["load_average_start"] = [round(x, 2) for x in os.getloadavg()]
     out = args.out or RESULTS_DIR / (f"extension-{machine['device_slug']}"
                                      f"{'' if args.size == 'full' else '-tiny'}.json")
-    wall = time.perf_counter()
-    results = run_experiment(settings, jobs=args.jobs, progress=not args.quiet)
-    machine["wall_seconds"] = time.perf_counter() - wall
-    cpu = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):  # workers are reaped by now
-        usage = resource.getrusage(who)
-        cpu += usage.ru_utime + usage.ru_stime
-    machine["cpu_seconds"] = cpu
-    # on an idle machine the run's CPU time would be spread over its logical CPUs
-    machine["idle_wall_estimate_seconds"] = cpu / max(1, min(machine["processes"],
-                                                             os.cpu_count() or 1))
-    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    results = timed_run(machine, lambda: run_experiment(settings, jobs=args.jobs,
+                                                        progress=not args.quiet))
     write_results({"machine": machine, **results}, out)
-    print(f"wrote {out} ({machine['wall_seconds']:.0f} s wall, {cpu:.0f} s CPU, "
+    print(f"wrote {out} ({machine['wall_seconds']:.0f} s wall, "
+          f"{machine['cpu_seconds']:.0f} s CPU, "
           f"{machine['processes']} process(es) of 1 thread)")
     return 0
 

@@ -22,10 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import multiprocessing
-import os
 import pathlib
-import platform
-import resource
 import statistics
 import sys
 import time
@@ -36,6 +33,7 @@ import torch
 from longctx import ch02, ch06, ch07, support
 
 from benchmarks.common import machine_record, write_results
+from experiments.record import timed_run
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -260,22 +258,13 @@ def main(argv=None) -> int:
     settings = SIZES[args.size]
     machine = machine_record(torch.device("cpu"), 1, args.size)
     machine["processes"] = min(args.jobs, len(settings.seeds))
-    machine["host"] = platform.node()
-    machine["load_average_start"] = [round(x, 2) for x in os.getloadavg()]
     out = args.out or RESULTS_DIR / (f"forgetting-{machine['device_slug']}"
                                      f"{'' if args.size == 'full' else '-tiny'}.json")
-    wall = time.perf_counter()
-    results = run_experiment(settings, jobs=args.jobs, progress=not args.quiet)
-    machine["wall_seconds"] = time.perf_counter() - wall
-    cpu = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        cpu += usage.ru_utime + usage.ru_stime
-    machine["cpu_seconds"] = cpu
-    machine["idle_wall_estimate_seconds"] = cpu / max(1, min(machine["processes"], os.cpu_count() or 1))
-    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    results = timed_run(machine, lambda: run_experiment(settings, jobs=args.jobs,
+                                                        progress=not args.quiet))
     write_results({"machine": machine, **results}, out)
-    print(f"wrote {out} ({machine['wall_seconds']:.0f} s wall, {cpu:.0f} s CPU, "
+    print(f"wrote {out} ({machine['wall_seconds']:.0f} s wall, "
+          f"{machine['cpu_seconds']:.0f} s CPU, "
           f"{machine['processes']} process(es) of 1 thread)")
     return 0
 

@@ -438,15 +438,6 @@ def load_extension_results(folder: pathlib.Path | None = None
                            ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``make experiment`` and its path.
 
-    ``support.load_results("extension", folder)``: the newest
-    ``extension-*.json`` of ``folder`` (by default the repository's
-    experiments/results) whose machine record says ``mode: full``, else
-    the newest of any mode.
-
-    Raises:
-        TypeError: If ``folder`` is not a pathlib.Path.
-        ValueError: If ``folder`` is not an existing folder.
-        FileNotFoundError: If there is no results file, or no repository
-            above the working directory when ``folder`` is None.
+    ``support.load_results("extension", folder)``, which says what it raises.
     """
     return support.load_results("extension", folder)

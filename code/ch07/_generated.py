@@ -389,15 +389,6 @@ def load_forgetting_results(folder: pathlib.Path | None = None
                             ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``experiments.forgetting`` and its path.
 
-    ``support.load_results("forgetting", folder)``: the newest
-    ``forgetting-*.json`` of ``folder`` (by default the repository's
-    experiments/results) whose machine record says ``mode: full``, else
-    the newest of any mode.
-
-    Raises:
-        TypeError: If ``folder`` is not a pathlib.Path.
-        ValueError: If ``folder`` is not an existing folder.
-        FileNotFoundError: If there is no results file, or no repository
-            above the working directory when ``folder`` is None.
+    ``support.load_results("forgetting", folder)``, which says what it raises.
     """
     return support.load_results("forgetting", folder)
