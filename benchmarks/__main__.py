@@ -19,6 +19,7 @@ from .common import (
     load_average,
     machine_record,
     resolve_device,
+    set_allocator,
     write_results,
 )
 
@@ -32,6 +33,7 @@ FULL = {
     "ring_overlap_tokens": 4096,
     "sharded_tokens": 16384,
     "warm_cold": decode.WARM_COLD,
+    "allocator_control": decode.ALLOCATOR_CONTROL,
     "min_run_time": 0.2,
 }
 QUICK = {
@@ -44,6 +46,7 @@ QUICK = {
     "ring_overlap_tokens": 1024,
     "sharded_tokens": 2048,
     "warm_cold": (("gqa8", 1024), ("gqa8", 16384)),
+    "allocator_control": (("int8", 4096),),
     "min_run_time": 0.05,
 }
 
@@ -124,6 +127,11 @@ def main(argv=None) -> int:
              f"{results['machine']['mode']} run")
     results["floors"] = floors.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)
     mrt = sizes["min_run_time"]
+    if "decode" not in args.skip:  # the allocator's lesson first; every later step keeps freed memory
+        results["allocator"] = decode.run_allocator_control(sizes["allocator_control"], device=device,
+                                                            threads=threads, progress=progress,
+                                                            min_run_time=mrt)
+    results["machine"]["allocator"] = set_allocator(True)
     if "decode" not in args.skip:
         results["warm_cold"] = decode.run_warm_cold(sizes["warm_cold"], device=device, threads=threads,
                                                     progress=progress, min_run_time=mrt)

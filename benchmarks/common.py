@@ -138,6 +138,34 @@ def _libc_malloc_trim() -> Callable[[], object] | None:
     return lambda: trim(0)
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
+RETURNED_THRESHOLD = 128 * 2**10  # glibc's starting mmap and trim thresholds
+KEPT_MMAP_THRESHOLD = 32 * 2**20  # the largest mmap threshold glibc accepts on 64-bit machines
+KEPT_TRIM_THRESHOLD = 2**30
+
+
+def set_allocator(keep: bool) -> dict | None:
+    """Fix how glibc's malloc treats a freed block, and return the setting (None where malloc is not glibc's).
+
+    keep=False fixes glibc's starting thresholds (128 KiB): every block larger than that is mapped
+    fresh and handed back when freed, so the next call's temporaries touch new pages, one page fault
+    per 4 KiB. (Left alone, glibc raises the thresholds as it sees blocks freed, and trims the heap
+    when its top is free, so which temporaries fault depends on the history of the process.)
+    keep=True serves blocks up to 32 MiB from the heap and never trims it, so a step's temporaries
+    reuse pages that are already mapped, as a serving process's working memory would.
+    """
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return None
+    mmap_threshold = KEPT_MMAP_THRESHOLD if keep else RETURNED_THRESHOLD
+    trim_threshold = KEPT_TRIM_THRESHOLD if keep else RETURNED_THRESHOLD
+    if not (mallopt(M_MMAP_THRESHOLD, mmap_threshold) and mallopt(M_TRIM_THRESHOLD, trim_threshold)):
+        return None  # mallopt returns 0 when it refuses a setting
+    return {"allocator": "glibc malloc", "keep_freed": keep, "mmap_threshold": mmap_threshold,
+            "trim_threshold": trim_threshold}
+
+
 def _status_bytes(*fields: str) -> dict[str, int]:
     """Return the named fields of /proc/self/status in bytes (VmRSS, VmHWM, ...)."""
     values = {}

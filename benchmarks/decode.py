@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from longctx import ch03, ch05
 
 from . import fast
-from .common import last_level_cache_bytes, peak_extra_bytes, time_median
+from .common import last_level_cache_bytes, peak_extra_bytes, set_allocator, time_median
 
 QUERY_HEADS = 32
 HEAD_DIM = 128
@@ -288,7 +288,8 @@ def run_decode(token_counts, designs=DESIGNS, *, device, threads, progress, min_
     return records
 
 
-WARM_COLD = (("gqa8", 4096), ("gqa8", 32768), ("int8", 32768), ("int4", 32768))
+WARM_COLD = (("gqa8", 4096), ("gqa8", 65536), ("int8", 32768), ("int4", 32768))
+ALLOCATOR_CONTROL = (("gqa8", 32768), ("int8", 32768), ("int4", 32768))
 
 
 def run_warm_cold(pairs=WARM_COLD, *, device, threads, progress, min_run_time: float = 0.2) -> list[dict]:
@@ -309,6 +310,30 @@ def run_warm_cold(pairs=WARM_COLD, *, device, threads, progress, min_run_time: f
                      "cold_copies": runs[1]["copies"], "llc_bytes": last_level_cache_bytes()})
         warm, cold = {"seconds": warm}, {"seconds": cold}
         progress(f"warm/cold {design} T={tokens}: {warm['seconds'] * 1e3:.2f} / {cold['seconds'] * 1e3:.2f} ms")
+    return rows
+
+
+def run_allocator_control(pairs=ALLOCATOR_CONTROL, *, device, threads, progress,
+                          min_run_time: float = 0.2) -> list[dict]:
+    """Return, for each (design, T), the cold step with freed memory handed back and with it kept.
+
+    The two allocator settings (common.set_allocator) alternate in the order returned, kept, kept,
+    returned, and each time is the mean of its two medians, as in run_warm_cold. The allocator is
+    left keeping freed memory. Returns [] where the allocator cannot be set (not glibc's malloc).
+    """
+    rows = []
+    for design, tokens in pairs:
+        times = {False: [], True: []}
+        for keep in (False, True, True, False):
+            if set_allocator(keep) is None:
+                return []
+            times[keep].append(measure_decode(design, tokens, device=device, threads=threads,
+                                              min_run_time=min_run_time, memory=False)["seconds"])
+        returned, kept = (sum(times[keep]) / 2 for keep in (False, True))
+        rows.append({"design": design, "tokens": tokens, "returned_seconds": returned, "kept_seconds": kept})
+        progress(f"allocator {design} T={tokens}: freed memory returned {returned * 1e3:.2f} ms, "
+                 f"kept {kept * 1e3:.2f} ms")
+    set_allocator(True)
     return rows
 
 

@@ -7,7 +7,7 @@ import pathlib
 
 from . import decode
 
-PARTS = ("floors", "warm_cold", "decode", "targets", "prefill", "scan", "memory", "ring")
+PARTS = ("floors", "allocator", "warm_cold", "decode", "targets", "prefill", "scan", "memory", "ring")
 
 
 def is_complete(run: dict) -> bool:

@@ -149,6 +149,39 @@ def test_warm_and_cold_rows_time_the_same_step_both_ways():
     assert rows[0]["warm_seconds"] > 0 and rows[0]["cold_seconds"] > 0 and rows[0]["cold_copies"] >= 2
 
 
+def _resident_after_a_freed_block(block_bytes: int) -> int:
+    """Return how far the resident size stays up after a touched block of `block_bytes` is freed."""
+    common.release_memory(CPU)
+    before = common.rss_bytes()
+    block = torch.ones(block_bytes // 4)
+    del block
+    return common.rss_bytes() - before
+
+
+def test_set_allocator_returns_or_keeps_a_freed_block():
+    returned = common.set_allocator(False)
+    if returned is None:
+        pytest.skip("malloc is not glibc's here: the allocator cannot be set")
+    try:
+        assert returned["mmap_threshold"] == returned["trim_threshold"] == 128 * 2**10
+        assert _resident_after_a_freed_block(16 * 2**20) < 4 * 2**20  # mapped, then handed back
+        kept = common.set_allocator(True)
+        assert kept["keep_freed"] and kept["mmap_threshold"] == 32 * 2**20
+        assert _resident_after_a_freed_block(16 * 2**20) > 15 * 2**20  # from the heap, which stays
+    finally:
+        common.set_allocator(True)
+        common.release_memory(CPU)
+
+
+@pytest.mark.slow  # runs a benchmark
+def test_allocator_control_times_the_same_step_with_both_settings():
+    rows = decode.run_allocator_control((("int8", 64),), device=CPU, threads=1, progress=common.Progress(False),
+                                        min_run_time=0.001)
+    if not rows:
+        pytest.skip("malloc is not glibc's here: the allocator cannot be set")
+    assert rows[0]["design"] == "int8" and rows[0]["returned_seconds"] > 0 and rows[0]["kept_seconds"] > 0
+
+
 def test_roofline_is_the_slower_of_reading_and_computing():
     record = {"cache_bytes": 2e9, "flops": 1e11, "operations": 3e11, "seconds": 0.5}
     decode.add_roofline(record, {"bytes_per_s": 1e10, "flop_per_s": 1e12})  # 0.2 s to read, 0.3 s to compute
@@ -419,7 +452,7 @@ def test_command_line_quick_run_writes_a_complete_results_file(tmp_path, monkeyp
 
     tiny = {"decode_tokens": [64], "prefill_tokens": [64], "scan_tokens": [16], "memory_tokens": [32],
             "ring_parts": [2], "ring_tokens": 9, "ring_overlap_tokens": 16, "sharded_tokens": 16,
-            "warm_cold": (("gqa8", 64),), "min_run_time": 0.001}
+            "warm_cold": (("gqa8", 64),), "allocator_control": (("int8", 64),), "min_run_time": 0.001}
     for key, value in tiny.items():
         monkeypatch.setitem(cli.QUICK, key, value)
     out = tmp_path / "tiny.json"
@@ -437,6 +470,9 @@ def test_command_line_quick_run_writes_a_complete_results_file(tmp_path, monkeyp
     printed = capsys.readouterr().out
     assert "decode step at T=64" in printed and f"wrote {out}" in printed
     assert results["targets"] and isinstance(results["profiles"], list)
+    if results["machine"]["allocator"] is not None:  # glibc: the control ran, and the run kept freed memory
+        assert results["machine"]["allocator"]["keep_freed"] is True
+        assert [(r["design"], r["tokens"]) for r in results["allocator"]] == [("int8", 64)]
     assert {r["design"] for r in results["decode"] if r["percent_of_roofline"] > 0} == set(decode.DESIGNS)
 
 

@@ -78,7 +78,7 @@ def online_softmax_update(state: OnlineState, scores: Tensor,
     # a row that has seen no key keeps m' = -inf: shift it by 0 instead
     shift = torch.where(new_max.isfinite(), new_max, 0.0)
     correction = torch.exp(running_max - shift)  # e^(m - m')
-    weights = torch.exp(scores - shift)  # e^(s_j - m'), 0 where hidden
+    weights = (scores - shift).exp_()  # e^(s_j - m'), 0 where hidden
     mixed = values(weights) if callable(values) else weights @ values
     running_sum = running_sum * correction + weights.sum(-1, keepdim=True)
     return new_max, running_sum, accumulator * correction + mixed
@@ -663,7 +663,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                 future = (torch.arange(k_start, k_stop, device=query.device)
                           > torch.arange(q_start, q_stop,
                                          device=query.device)[:, None])
-                scores = scores.masked_fill(future, -math.inf)
+                scores.masked_fill_(future, -math.inf)  # the product's own
             state = online_softmax_update(state, scores,
                                           value[..., k_start:k_stop, :])
         out[..., q_start:q_stop, :] = finish_online_softmax(state)
