@@ -29,7 +29,7 @@ help:
 	@echo "make execute     run every chapter as a notebook into _build/executed/"
 	@echo "make check       book integrity: references, labels, captions, generated code current"
 	@echo "make lint        ruff on code/ (the generated modules' style), tools/, tests/, benchmarks/, experiments/"
-	@echo "make bench       the measured benchmarks (about 8 minutes on 2 quiet cores)"
+	@echo "make bench       the measured benchmarks (4 to 8 minutes on 2 quiet cores)"
 	@echo "make bench-quick a smoke run of the benchmarks (about 3 minutes)"
 	@echo "make experiment  the trained-model runs of Chapters 4, 6 and 7, saved to experiments/results/ (about 24 minutes on 2 idle cores)"
 	@echo "make preview     Quarto's live preview, where Quarto is installed"
