@@ -149,28 +149,42 @@ def test_warm_and_cold_rows_time_the_same_step_both_ways():
     assert rows[0]["warm_seconds"] > 0 and rows[0]["cold_seconds"] > 0 and rows[0]["cold_copies"] >= 2
 
 
-def _resident_after_a_freed_block(block_bytes: int) -> int:
-    """Return how far the resident size stays up after a touched block of `block_bytes` is freed."""
-    common.release_memory(CPU)
+ALLOCATOR_PROBE = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from benchmarks import common
+
+
+def resident_after_a_freed_block():
     before = common.rss_bytes()
-    block = torch.ones(block_bytes // 4)
+    block = torch.ones(16 * 2**20 // 4)  # 16 MiB, touched
     del block
     return common.rss_bytes() - before
 
 
+returned = common.set_allocator(False)
+report = {"returned": returned}
+if returned is not None:
+    report["stays_returned"] = resident_after_a_freed_block()
+    report["kept"] = common.set_allocator(True)
+    report["stays_kept"] = resident_after_a_freed_block()
+print(json.dumps(report))
+"""
+
+
 def test_set_allocator_returns_or_keeps_a_freed_block():
-    returned = common.set_allocator(False)
-    if returned is None:
+    # a fresh process, so that no free block of an earlier test's heap serves the 16 MiB
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE, str(REPO)], capture_output=True, text=True,
+                          check=True, timeout=120)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if report["returned"] is None:
         pytest.skip("malloc is not glibc's here: the allocator cannot be set")
-    try:
-        assert returned["mmap_threshold"] == returned["trim_threshold"] == 128 * 2**10
-        assert _resident_after_a_freed_block(16 * 2**20) < 4 * 2**20  # mapped, then handed back
-        kept = common.set_allocator(True)
-        assert kept["keep_freed"] and kept["mmap_threshold"] == 32 * 2**20
-        assert _resident_after_a_freed_block(16 * 2**20) > 15 * 2**20  # from the heap, which stays
-    finally:
-        common.set_allocator(True)
-        common.release_memory(CPU)
+    assert report["returned"]["mmap_threshold"] == report["returned"]["trim_threshold"] == 128 * 2**10
+    assert report["stays_returned"] < 4 * 2**20  # mapped, then handed back
+    assert report["kept"]["keep_freed"] and report["kept"]["mmap_threshold"] == 32 * 2**20
+    assert report["stays_kept"] > 15 * 2**20  # from the heap, which stays
 
 
 @pytest.mark.slow  # runs a benchmark
