@@ -47,7 +47,7 @@ def median_seconds(function, *, threads: int = 1,
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
-# chapters/ch05-measured.qmd:401
+# chapters/ch05-measured.qmd:413
 #: The state of an online softmax: (m, l, a), shaped (..., R, 1),
 #: (..., R, 1) and (..., R, d_v) for R query rows.
 OnlineState = tuple[Tensor, Tensor, Tensor]
@@ -106,7 +106,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-measured.qmd:474
+# chapters/ch05-measured.qmd:486
 def visible_ranges(tokens: int, window: int | None = None,
                    sinks: int = 0) -> list[tuple[int, int]]:
     """Return the [start, stop) position runs the newest query may read.
@@ -140,7 +140,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:546
+# chapters/ch05-measured.qmd:558
 #: The bit widths the nibble and byte packers hold.
 PACKED_BITS = (4, 8)
 
@@ -256,7 +256,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out.mul_(cache.scale[..., start:stop, :])  # codes * scale
 
 
-# chapters/ch05-measured.qmd:679
+# chapters/ch05-measured.qmd:691
 def stacked_rows(query: Tensor, kv_heads: int, scale: float | None) -> Tensor:
     """Return the scaled query (B, H_q, 1, d) as rows (B, H_kv, G, d).
 
@@ -319,7 +319,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:803
+# chapters/ch05-measured.qmd:815
 def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
                  chunk: int) -> OnlineState:
     """Return the state (m, l, a) of every chunk of ``chunk`` keys at once.
@@ -362,7 +362,7 @@ def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
     return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
-# chapters/ch05-measured.qmd:948
+# chapters/ch05-measured.qmd:961
 def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Return int8 codes and float32 scales of each row of x (..., n)."""
     return ch02.quantize(x.float(), 8, dim=-1)
@@ -444,7 +444,7 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1092
+# chapters/ch05-measured.qmd:1105
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -617,7 +617,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1315
+# chapters/ch05-measured.qmd:1328
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:
@@ -640,7 +640,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1899
+# chapters/ch05-measured.qmd:1959
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
@@ -670,7 +670,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2305
+# chapters/ch05-measured.qmd:2362
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -703,7 +703,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2359
+# chapters/ch05-measured.qmd:2416
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -755,7 +755,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2456
+# chapters/ch05-measured.qmd:2513
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -816,7 +816,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2537
+# chapters/ch05-measured.qmd:2594
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -908,7 +908,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2744
+# chapters/ch05-measured.qmd:2801
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -949,7 +949,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2854
+# chapters/ch05-measured.qmd:2913
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:
