@@ -465,6 +465,7 @@ def test_generate_can_fill_the_table_exactly():
         (([1], 3), {"temperature": 1.0, "top_k": 257, "seed": 0}, "top_k"),
         (([1], 3), {"temperature": 1.0}, "needs a seed"),
         (([1] * 30, 3), {}, r"^max_new_tokens must be an integer <= 2 \(got 3\)"),  # 30 + 3 > 32 positions
+        (([1] * 35, 0), {}, r"^prompt_ids must hold at most 32 entries \(got 35\)"),  # longer than the table
     ],
 )
 def test_generate_rejects_bad_arguments(args, kwargs, message):

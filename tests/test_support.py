@@ -228,6 +228,12 @@ def test_check_attention_inputs_refuses_integer_tensors_and_mixed_dtypes():
         support.check_attention_inputs(torch.zeros(3, 8), torch.zeros(5, 8), [[0.0, 0.0]])
 
 
+def test_check_int_sequence_max_length_refuses_a_prompt_longer_than_the_context():
+    assert support.check_int_sequence("prompt_ids", [1, 2, 3], max_length=3).tolist() == [1, 2, 3]
+    with pytest.raises(ValueError, match=r"prompt_ids must hold at most 3 entries \(got 4\)"):
+        support.check_int_sequence("prompt_ids", [1, 2, 3, 4], max_length=3)
+
+
 def test_check_int_sequence_min_length_refuses_a_text_too_short_for_a_window():
     assert support.check_int_sequence("token_ids", [1, 2, 3], min_length=3).tolist() == [1, 2, 3]
     with pytest.raises(ValueError, match=r"^token_ids must hold at least 4 entries \(got 3\)$"):

@@ -470,7 +470,8 @@ def generate(
     config = model.config
     vocab = config.vocab_size
     prompt = check_int_sequence("prompt_ids", prompt_ids, minimum=0,
-                                maximum=vocab - 1, nonempty=True).tolist()
+                                maximum=vocab - 1, nonempty=True,
+                                max_length=config.context_length).tolist()
     room = config.context_length - len(prompt)  # positions the table has left
     max_new_tokens, temperature, top_k, seed, use_cache = check_arguments(
         max_new_tokens=(max_new_tokens, Field(minimum=0, maximum=room)),
@@ -502,7 +503,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:994
+# chapters/ch02-tinygpt.qmd:995
 class KVCache:
     """The keys and values a TinyGPT has computed: (B, H, T, d_h) per layer.
 
@@ -588,7 +589,7 @@ def attend_with_cache(
     return attention.output(ch01.merge_heads(mixed))  # (B, T_new, d)
 
 
-# chapters/ch02-tinygpt.qmd:1179
+# chapters/ch02-tinygpt.qmd:1180
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -614,7 +615,7 @@ def kv_cache_bytes(
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1525
+# chapters/ch02-tinygpt.qmd:1526
 # The bit widths quantize's codes can hold: int8 up to 8 bits, int16 up to 16.
 QUANTIZE_BITS = range(2, 17)
 

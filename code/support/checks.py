@@ -266,13 +266,15 @@ def check_int_sequence(
     maximum: int | None = None,
     nonempty: bool = False,
     min_length: int = 0,
+    max_length: int | None = None,
 ) -> Tensor:
     """Return a sequence of integers (token ids, say) as a 1-d int64 tensor.
 
     A list, a tuple, a ``range``, a NumPy array or a 1-d integer tensor will do;
     floats, bools and strings are refused rather than rounded. Entries must lie
-    in ``[minimum, maximum]``; ``nonempty`` refuses an empty sequence and
-    ``min_length`` a shorter one (a text too short for one training window).
+    in ``[minimum, maximum]``; ``nonempty`` refuses an empty sequence,
+    ``min_length`` a shorter one (a text too short for one training window)
+    and ``max_length`` a longer one (a prompt longer than the model's context).
     """
     wanted = f"{name} must be a sequence of integers"
     if isinstance(value, Tensor):
@@ -293,6 +295,8 @@ def check_int_sequence(
         raise ValueError(f"{name} must not be empty")
     if ids.numel() < min_length:
         raise ValueError(f"{name} must hold at least {min_length} entries (got {ids.numel()})")
+    if max_length is not None and ids.numel() > max_length:
+        raise ValueError(f"{name} must hold at most {max_length} entries (got {ids.numel()})")
     if ids.numel() and minimum is not None and int(ids.min()) < minimum:
         raise ValueError(f"{name} must hold integers >= {minimum} (got {int(ids.min())})")
     if ids.numel() and maximum is not None and int(ids.max()) > maximum:
