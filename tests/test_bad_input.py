@@ -329,6 +329,11 @@ SILENT: list[Silent] = [
     Silent("ch05", "a zero window in split-KV decoding",
            lambda: _ch("ch05").split_kv_decode(*_decode_step(), chunk=2, window=0), "window"),
     Silent("ch05", "a zero tile in the tiled walk", lambda: _ch("ch05").tiled_decode(*_decode_step(), tile=0), "tile"),
+    Silent("ch05", "a negative tile in the integer route (no tile read: zeros)",
+           lambda: _ch("ch05").int8_decode(_decode_step()[0], *(_ch("ch05").quantize_cache(t) for t in
+                                                                _decode_step()[1:]), tile=-1), "tile"),
+    Silent("ch05", "a zero chunk in split-KV decoding", lambda: _ch("ch05").split_kv_decode(*_decode_step(), chunk=0),
+           "chunk"),
     Silent("ch05", "a zero key group in the KIVI cache",
            lambda: _ch("ch05").KiviCache.from_keys_values(_randn(1, 2, 6, 4), _randn(1, 2, 6, 4), group=0), "group"),
     Silent("ch05", "3 bits for the KIVI cache's packer",

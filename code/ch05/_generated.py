@@ -319,7 +319,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:815
+# chapters/ch05-measured.qmd:817
 def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
                  chunk: int) -> OnlineState:
     """Return the state (m, l, a) of every chunk of ``chunk`` keys at once.
@@ -347,6 +347,7 @@ def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
     in one batched pass (a shorter last chunk of each run in one more)
     and merged by log-sum-exp. Returns (B, H_q, 1, d_v).
     """
+    chunk = check_int("chunk", chunk, minimum=1)
     rows = stacked_rows(query, key.shape[1], scale)  # (B, H_kv, G, d)
     parts = []
     for start, stop in visible_ranges(key.shape[2], window, sinks):
@@ -362,7 +363,7 @@ def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
     return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
-# chapters/ch05-measured.qmd:961
+# chapters/ch05-measured.qmd:964
 def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Return int8 codes and float32 scales of each row of x (..., n)."""
     return ch02.quantize(x.float(), 8, dim=-1)
@@ -412,8 +413,7 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     row_codes, row_scale = int8_rows(rows)  # (B, H_kv, G, d), (.., G, 1)
     groups = rows.shape[2]
     heads = [(b, h) for b in range(batch) for h in range(kv_heads)]
-    spans = [(start, min(start + tile, tokens))
-             for start in range(0, tokens, tile)]
+    spans = tile_ranges([(0, tokens)], tile)
     dots = query.new_empty(batch, kv_heads, tokens, groups,
                            dtype=torch.int32)  # q . c_j, (B, H_kv, T, G)
     for b, h in heads:
@@ -444,7 +444,7 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1105
+# chapters/ch05-measured.qmd:1107
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -617,7 +617,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1328
+# chapters/ch05-measured.qmd:1330
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:
@@ -640,7 +640,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1959
+# chapters/ch05-measured.qmd:1961
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
@@ -670,7 +670,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2362
+# chapters/ch05-measured.qmd:2364
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -703,7 +703,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2416
+# chapters/ch05-measured.qmd:2418
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -755,7 +755,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2513
+# chapters/ch05-measured.qmd:2515
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -816,7 +816,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2594
+# chapters/ch05-measured.qmd:2596
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -908,7 +908,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2801
+# chapters/ch05-measured.qmd:2803
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -949,7 +949,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2913
+# chapters/ch05-measured.qmd:2915
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:
