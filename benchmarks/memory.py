@@ -75,7 +75,7 @@ def build_cache(design: str, tokens: int, *, device, seed: int = 0) -> list[torc
             for codes_at, scale_at in ((0, 1), (2, 3)):
                 chunk = torch.randn(1, kv_heads, stop - start, HEAD_DIM, generator=generator, device=device)
                 codes, scale = ch02.quantize(chunk, 8 if design == "int8" else 4)
-                tensors[codes_at][:, :, where] = codes if design == "int8" else ch05.pack_int4(codes)
+                tensors[codes_at][:, :, where] = codes if design == "int8" else ch05.pack_codes(codes, 4)
                 tensors[scale_at][:, :, where] = scale
         else:
             for tensor in tensors:

@@ -238,7 +238,7 @@ def test_the_quantised_cache_is_the_chapter_two_and_four_codes():
     assert torch.equal(ch05.dequantize_cache(cache), ch02.dequantize(codes, scale))
     packed = ch05.quantize_cache(key, 4)
     codes4, scale4 = ch04.quantize_kv(key, 4)
-    assert torch.equal(ch05.unpack_int4(packed.codes), codes4) and packed.shape == key.shape
+    assert torch.equal(ch05.unpack_codes(packed.codes, 4), codes4) and packed.shape == key.shape
     assert packed.nbytes == codes4.numel() // 2 + scale4.nbytes
 
 
@@ -255,20 +255,32 @@ def test_read_tile_gives_a_view_of_a_float_cache_and_reuses_the_buffer_of_a_quan
         assert torch.equal(tile, ch05.dequantize_cache(cache)[..., 5:17, :])
 
 
-def test_pack_int4_round_trips_every_code():
-    every = torch.arange(-8, 8, dtype=torch.int8).repeat(3, 2)  # (3, 32)
-    packed = ch05.pack_int4(every)
-    assert packed.dtype == torch.uint8 and packed.shape == (3, 16)
-    assert torch.equal(ch05.unpack_int4(packed), every)
-    low, high = ch05.int4_halves(packed)
-    assert torch.equal(low, every[:, :16]) and torch.equal(high, every[:, 16:])
+@pytest.mark.parametrize("bits", [4, 2])
+def test_pack_codes_round_trips_every_code(bits):
+    half, per_byte = 2 ** (bits - 1), 8 // bits
+    every = torch.arange(-half, half, dtype=torch.int8).repeat(3, 2 * per_byte)  # (3, 2^b * 2 * 8/b)
+    packed = ch05.pack_codes(every, bits)
+    assert packed.dtype == torch.uint8 and packed.shape == (3, every.shape[1] // per_byte)
+    assert torch.equal(ch05.unpack_codes(packed, bits), every)
+    parts = ch05.code_parts(packed, bits)
+    assert len(parts) == per_byte
+    assert all(torch.equal(part, want) for part, want in zip(parts, every.chunk(per_byte, -1), strict=True))
 
 
-@pytest.mark.parametrize(("codes", "match"), [(torch.zeros(2, 3, dtype=torch.int8), "even"),
-                                              (torch.full((2, 4), 9, dtype=torch.int8), r"\[-8, 7\]")])
-def test_pack_int4_refuses_codes_it_cannot_hold(codes, match):
+def test_pack_codes_places_part_i_in_bits_i_b_and_up():
+    codes = torch.tensor([[1, -1, 0, -2]], dtype=torch.int8)  # four 2-bit codes: 01, 11, 00, 10
+    assert ch05.pack_codes(codes, 2).tolist() == [[0b10_00_11_01]]
+    assert ch05.pack_codes(torch.tensor([[3, -8]], dtype=torch.int8), 4).tolist() == [[0b1000_0011]]
+
+
+@pytest.mark.parametrize(("codes", "bits", "match"), [(torch.zeros(2, 3, dtype=torch.int8), 4, "divisible by 2"),
+                                                      (torch.zeros(2, 6, dtype=torch.int8), 2, "divisible by 4"),
+                                                      (torch.full((2, 4), 9, dtype=torch.int8), 4, r"\[-8, 7\]"),
+                                                      (torch.full((2, 4), 2, dtype=torch.int8), 2, r"\[-2, 1\]"),
+                                                      (torch.zeros(2, 4, dtype=torch.int8), 3, "bits")])
+def test_pack_codes_refuses_codes_it_cannot_hold(codes, bits, match):
     with pytest.raises(ValueError, match=match):
-        ch05.pack_int4(codes)
+        ch05.pack_codes(codes, bits)
 
 
 def test_quantized_kv_rejects_inconsistent_parts():
@@ -289,7 +301,7 @@ def test_quantized_kv_rejects_inconsistent_parts():
 def test_four_bit_bytes_read_as_signed_give_both_codes_by_shifts():
     every = torch.arange(-8, 8, dtype=torch.int8)
     low, high = torch.meshgrid(every, every, indexing="ij")
-    packed = ch05.pack_int4(torch.stack([low.flatten(), high.flatten()], -1))  # (256, 1): every byte
+    packed = ch05.pack_codes(torch.stack([low.flatten(), high.flatten()], -1), 4)  # (256, 1): every byte
     (low16, sixteen), (high_code, one) = ch05.code_halves(packed, 4)
     assert sixteen == 16 and one == 1
     assert torch.equal(low16.int(), 16 * low.flatten()[:, None].int())
@@ -336,7 +348,7 @@ def test_integer_products_are_exact_for_both_code_widths():
     codes = torch.randint(-8, 8, (50, 16), generator=generator, dtype=torch.int8)
     rows = torch.randint(-127, 128, (16, 3), generator=generator, dtype=torch.int8)
     exact = codes.int() @ rows.int()
-    for bits, stored in ((8, codes), (4, ch05.pack_int4(codes))):
+    for bits, stored in ((8, codes), (4, ch05.pack_codes(codes, 4))):
         pieces = ch05.code_halves(stored, bits)
         parts = rows.chunk(len(pieces))
         got = sum(torch._int_mm(piece, part.contiguous()) // divisor
@@ -347,7 +359,7 @@ def test_integer_products_are_exact_for_both_code_widths():
 # --------------------------------------------------------------------------- the KIVI-style cache
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 4, 2])
 @pytest.mark.parametrize(("tokens", "group", "residual"), [(1, 4, 2), (9, 4, 0), (50, 8, 8), (131, 16, 5)])
 def test_kivi_cache_appended_one_token_at_a_time_equals_one_built_at_once(bits, tokens, group, residual):
     _, key, value = _decode_case(1, 2, 1, tokens, 8, seed=tokens + bits)
@@ -364,7 +376,7 @@ def test_kivi_cache_appended_one_token_at_a_time_equals_one_built_at_once(bits, 
     assert recent == tokens if tokens < residual + group else residual <= recent < residual + group
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 4, 2])
 def test_kivi_cache_quantises_keys_per_channel_and_values_per_token(bits):
     _, key, value = _decode_case(1, 2, 1, 64, 8, seed=18)
     key[..., 2] *= 50  # an outlier channel: per-channel scales keep the other channels fine
@@ -379,13 +391,13 @@ def test_kivi_cache_quantises_keys_per_channel_and_values_per_token(bits):
     assert ((values - value.float()).abs() <= value_range / levels / 2 * 1.001 + 1e-6).all()
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 4, 2])
 @given(kv_heads=st.integers(1, 2), groups=st.integers(1, 3), tokens=st.integers(1, 90), group=st.integers(1, 20),
        residual=st.integers(0, 10), per_pass=st.integers(1, 5), seed=st.integers(0, 999))
 @settings(max_examples=10, deadline=None)
 def test_kivi_step_equals_attention_over_its_dequantised_cache(bits, kv_heads, groups, tokens, group, residual,
                                                                per_pass, seed):
-    query, key, value = _decode_case(1, kv_heads, groups, tokens, 6, seed)
+    query, key, value = _decode_case(1, kv_heads, groups, tokens, 8, seed)  # width 8: whole bytes at 2 bits
     cache = ch05.KiviCache.from_keys_values(key, value, bits=bits, group=group, residual=residual)
     keys, values = cache.dequantize()
     want = _dense(query, keys.double(), values.double())
@@ -396,15 +408,17 @@ def test_kivi_step_equals_attention_over_its_dequantised_cache(bits, kv_heads, g
 def test_kivi_cache_refuses_what_it_cannot_hold():
     _, key, value = _decode_case(1, 2, 1, 8, 8, seed=19)
     with pytest.raises(ValueError, match="bits"):
-        ch05.KiviCache.from_keys_values(key, value, bits=2)
+        ch05.KiviCache.from_keys_values(key, value, bits=3)
     with pytest.raises(ValueError, match="group"):
         ch05.KiviCache.from_keys_values(key, value, group=0)
     with pytest.raises(ValueError, match="residual"):
         ch05.KiviCache.from_keys_values(key, value, residual=-1)
     with pytest.raises(ValueError, match="value"):
         ch05.KiviCache.from_keys_values(key, value[..., :4, :])
-    with pytest.raises(ValueError, match="even"):
+    with pytest.raises(ValueError, match="divisible by 2"):
         ch05.KiviCache.from_keys_values(key[..., :7], value[..., :7], bits=4)
+    with pytest.raises(ValueError, match="divisible by 4"):
+        ch05.KiviCache.from_keys_values(key[..., :6], value[..., :6], bits=2)
 
 
 # --------------------------------------------------------------------------- the latent cache

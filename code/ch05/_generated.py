@@ -140,43 +140,57 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:558
-#: The bit widths the nibble and byte packers hold.
+# chapters/ch05-measured.qmd:560
+#: The bit widths the per-vector cache holds (the integer route's 4 and 8).
 PACKED_BITS = (4, 8)
+#: The bit widths the packer holds: 8/b codes of b bits share a byte.
+SUBBYTE_BITS = (2, 4)
 
 
-def pack_int4(codes: Tensor) -> Tensor:
-    """Return 4-bit codes packed two a byte: (..., d) int8 -> (..., d/2).
+def pack_codes(codes: Tensor, bits: int) -> Tensor:
+    """Return b-bit codes packed 8/b a byte: (..., d) int8 -> (..., d b/8).
 
-    The codes, integers in [-8, 7], of the first half of the last
-    dimension go into the low nibbles and those of the second half into
-    the high nibbles of a uint8 tensor.
+    The codes, integers in [-2^(b-1), 2^(b-1) - 1], are cut into 8/b equal
+    parts along the last dimension; part i goes into bits i b to
+    (i + 1) b - 1 of each byte of a uint8 tensor, in two's complement.
 
     Raises:
-        ValueError: if d is odd or a code lies outside [-8, 7].
+        ValueError: if bits is not 2 or 4, d is not a multiple of 8/b, or
+            a code does not fit b bits.
     """
-    if codes.shape[-1] % 2:
-        raise ValueError(f"codes must have an even last dimension to pack "
-                         f"two a byte (got {tuple(codes.shape)})")
-    if codes.numel() and not -8 <= int(codes.min()) <= int(codes.max()) <= 7:
-        raise ValueError("4-bit codes must lie in [-8, 7] (got "
-                         f"{int(codes.min())} to {int(codes.max())})")
-    half = codes.shape[-1] // 2
-    low = codes[..., :half].to(torch.uint8) & 0xF  # two's complement nibble
-    high = codes[..., half:].to(torch.uint8) & 0xF
-    return low | (high << 4)
+    bits = check_bits("bits", bits, SUBBYTE_BITS)
+    per_byte, half = 8 // bits, 2 ** (bits - 1)
+    if codes.shape[-1] % per_byte:
+        raise ValueError(f"codes must have a last dimension divisible by "
+                         f"{per_byte} to pack {per_byte} a byte (got "
+                         f"{tuple(codes.shape)})")
+    if codes.numel() and not (-half <= int(codes.min())
+                              <= int(codes.max()) <= half - 1):
+        raise ValueError(f"{bits}-bit codes must lie in [{-half}, {half - 1}]"
+                         f" (got {int(codes.min())} to {int(codes.max())})")
+    parts = (codes.to(torch.uint8) & (2**bits - 1)).chunk(per_byte, dim=-1)
+    packed = torch.zeros_like(parts[0])
+    for place, part in enumerate(parts):
+        packed |= part << (place * bits)
+    return packed
 
 
-def int4_halves(packed: Tensor) -> tuple[Tensor, Tensor]:
-    """Return the signed codes in the low and high nibbles, each (..., d/2)."""
+def code_parts(packed: Tensor, bits: int) -> list[Tensor]:
+    """Return the signed codes of each of the 8/b parts, each (..., d b/8).
+
+    Part i of a byte read as signed: shifting left by 8 - (i + 1) b drops
+    the higher codes, and shifting right by 8 - b brings part i down with
+    its sign, since the right shift of a signed byte repeats the sign bit.
+    """
     signed = packed.view(torch.int8)
-    low = torch.bitwise_right_shift(torch.bitwise_left_shift(signed, 4), 4)
-    return low, torch.bitwise_right_shift(signed, 4)  # shifts keep the sign
+    return [torch.bitwise_right_shift(
+                torch.bitwise_left_shift(signed, 8 - (place + 1) * bits),
+                8 - bits) for place in range(8 // bits)]
 
 
-def unpack_int4(packed: Tensor) -> Tensor:
-    """Return the int8 codes that pack_int4 packed, (..., d)."""
-    return torch.cat(int4_halves(packed), dim=-1)
+def unpack_codes(packed: Tensor, bits: int) -> Tensor:
+    """Return the int8 codes that pack_codes packed, (..., d)."""
+    return torch.cat(code_parts(packed, bits), dim=-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +199,7 @@ class QuantizedKV:
 
     Attributes:
         codes: (B, H, T, d) int8 when ``bits`` is 8; (B, H, T, d/2) uint8
-            when ``bits`` is 4, two codes a byte (see pack_int4).
+            when ``bits`` is 4, two codes a byte (see pack_codes).
         scale: float32 (B, H, T, 1).
         bits: 8 or 4.
 
@@ -225,12 +239,14 @@ def quantize_cache(x: Tensor, bits: int = 8) -> QuantizedKV:
     vector); at 4 bits the codes are packed two a byte.
     """
     codes, scale = ch04.quantize_kv(x, check_bits("bits", bits, PACKED_BITS))
-    return QuantizedKV(pack_int4(codes) if bits == 4 else codes, scale, bits)
+    return QuantizedKV(pack_codes(codes, 4) if bits == 4 else codes, scale,
+                       bits)
 
 
 def dequantize_cache(cache: QuantizedKV) -> Tensor:
     """Return the float32 keys or values a QuantizedKV stands for."""
-    codes = unpack_int4(cache.codes) if cache.bits == 4 else cache.codes
+    codes = (unpack_codes(cache.codes, 4) if cache.bits == 4
+             else cache.codes)
     return ch02.dequantize(codes, cache.scale)
 
 
@@ -250,13 +266,13 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
         out.copy_(codes)  # int8 -> float, straight into the buffer
     else:
         half = out.shape[-1] // 2
-        low, high = int4_halves(codes)  # (B, H, n, d/2) each
+        low, high = code_parts(codes, 4)  # (B, H, n, d/2) each
         out[..., :half].copy_(low)
         out[..., half:].copy_(high)
     return out.mul_(cache.scale[..., start:stop, :])  # codes * scale
 
 
-# chapters/ch05-measured.qmd:691
+# chapters/ch05-measured.qmd:709
 def stacked_rows(query: Tensor, kv_heads: int, scale: float | None) -> Tensor:
     """Return the scaled query (B, H_q, 1, d) as rows (B, H_kv, G, d).
 
@@ -319,7 +335,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:817
+# chapters/ch05-measured.qmd:835
 def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
                  chunk: int) -> OnlineState:
     """Return the state (m, l, a) of every chunk of ``chunk`` keys at once.
@@ -363,7 +379,7 @@ def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
     return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
-# chapters/ch05-measured.qmd:964
+# chapters/ch05-measured.qmd:982
 def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Return int8 codes and float32 scales of each row of x (..., n)."""
     return ch02.quantize(x.float(), 8, dim=-1)
@@ -444,14 +460,14 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1107
+# chapters/ch05-measured.qmd:1126
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
 
     The range [min, max] along ``dim`` is cut into 2^bits - 1 steps; the
     codes are stored signed (shifted by 2^(bits-1)) so that they fit
-    int8 and pack_int4, and the offset absorbs the shift.
+    int8 and pack_codes, and the offset absorbs the shift.
     """
     low = x.amin(dim, keepdim=True)
     levels = 2**bits - 1
@@ -461,15 +477,20 @@ def asymmetric_codes(x: Tensor, bits: int,
     return codes.to(torch.int8), step, low + half * step
 
 
+#: The bit widths a KIVI-style cache holds: bytes, or codes packed in them.
+KIVI_BITS = (2, 4, 8)
+
+
 @dataclasses.dataclass
 class KiviCache:
     """A KIVI-style cache: keys per channel in groups, values per token.
 
     Attributes:
-        bits: 8 or 4; group: G_t tokens per key group; residual: R, the
+        bits: 8, 4 or 2; group: G_t tokens per key group; residual: R, the
             fewest newest tokens kept in full precision.
-        key_codes, value_codes: (B, H, T_q, d) int8, or packed
-            (B, H, T_q, d/2) uint8 at 4 bits, for the T_q quantised tokens.
+        key_codes, value_codes: (B, H, T_q, d) int8, or packed by
+            pack_codes, (B, H, T_q, d b/8) uint8 below 8 bits, for the T_q
+            quantised tokens.
         key_scale, key_offset: (B, H, T_q / G_t, d) float32, per group.
         value_scale, value_offset: (B, H, T_q, 1) float32, per token.
         key_recent, value_recent: (B, H, T_r, d) float32, R <= T_r < R + G_t
@@ -495,27 +516,27 @@ class KiviCache:
 
         Raises:
             TypeError: if an argument has the wrong type.
-            ValueError: for bits other than 4 or 8, group < 1, residual < 0,
-                or key and value of different shapes.
+            ValueError: for bits other than 2, 4 or 8, group < 1,
+                residual < 0, or key and value of different shapes.
         """
         check_tensor("key", key, dims=4, floating=True, nonempty=True)
         check_tensor("value", value, dims=4, floating=True,
                      sizes=dict(enumerate(key.shape)))
-        bits = check_bits("bits", bits, PACKED_BITS)
+        bits = check_bits("bits", bits, KIVI_BITS)
         group = check_int("group", group, minimum=1)
         residual = check_int("residual", residual, minimum=0)
         empty = key[..., :0, :].float()
         no_codes = torch.zeros(empty.shape, dtype=torch.int8)
-        stored = pack_int4(no_codes) if bits == 4 else no_codes
+        stored = no_codes if bits == 8 else pack_codes(no_codes, bits)
         cache = cls(bits, group, residual, stored, empty, empty, stored,
                     empty[..., :1], empty[..., :1], empty, empty)
         cache.append(key, value)
         return cache
 
     def pack(self, codes: Tensor) -> Tensor:
-        """Return int8 codes as stored: as they are, or two a byte."""
+        """Return int8 codes as stored: as they are, or 8/b a byte."""
         codes = codes.to(torch.int8)
-        return pack_int4(codes) if self.bits == 4 else codes
+        return codes if self.bits == 8 else pack_codes(codes, self.bits)
 
     def append(self, key: Tensor, value: Tensor) -> None:
         """Add tokens (B, H, n, d) and quantise every whole group past R."""
@@ -557,7 +578,8 @@ class KiviCache:
 
     def codes_as_floats(self, codes: Tensor) -> Tensor:
         """Return stored codes as float32 (..., n, d)."""
-        return (unpack_int4(codes) if self.bits == 4 else codes).float()
+        return (codes if self.bits == 8
+                else unpack_codes(codes, self.bits)).float()
 
     def dequantize(self) -> tuple[Tensor, Tensor]:
         """Return the float32 keys and values (B, H, T, d) it stands for."""
@@ -617,7 +639,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1330
+# chapters/ch05-measured.qmd:1355
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:
@@ -640,7 +662,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1961
+# chapters/ch05-measured.qmd:1986
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
@@ -670,7 +692,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2364
+# chapters/ch05-measured.qmd:2389
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -703,7 +725,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2418
+# chapters/ch05-measured.qmd:2443
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -755,7 +777,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2515
+# chapters/ch05-measured.qmd:2540
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -816,7 +838,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2596
+# chapters/ch05-measured.qmd:2621
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -908,7 +930,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2803
+# chapters/ch05-measured.qmd:2828
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -949,7 +971,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2915
+# chapters/ch05-measured.qmd:2940
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:
