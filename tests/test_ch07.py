@@ -13,7 +13,7 @@ from longctx import ch01, ch02, ch06, ch07
 
 FAST = settings(max_examples=12, deadline=None)
 EVICTING = ("window", "sinks", "h2o", "snapkv", "pyramidkv")
-QUANTIZED = ("int8", "int4", "kivi4")
+QUANTIZED = ("int8", "int4", "kivi4", "kivi2")
 
 
 def rotary(layers: int = 2, heads: int = 2, d_model: int = 16, *, seed: int = 0) -> ch06.RotaryGPT:
@@ -182,8 +182,9 @@ def test_the_quantized_caches_bytes_are_counted_with_scales_and_residual(policy)
         recent = stored.key_recent.shape[2]
         quantized = 50 - recent
         assert 16 <= recent < 32 and quantized % 16 == 0
-        per_head = (quantized * 4 + quantized // 16 * 8 * 8  # key codes; scale and offset a group x channel
-                    + quantized * (4 + 8)  # value codes; scale and offset a token
+        code_bytes = 8 * int(policy[-1]) // 8  # 8 channels of 4 or 2 bits
+        per_head = (quantized * code_bytes + quantized // 16 * 8 * 8  # key codes; scale and offset a group x channel
+                    + quantized * (code_bytes + 8)  # value codes; scale and offset a token
                     + 2 * recent * 8 * 4)  # the full-precision residual of keys and values
         assert cache.nbytes() == 2 * 2 * per_head
 
@@ -199,17 +200,18 @@ def test_per_token_quantized_cache_error_stays_within_half_a_step(bits):
     assert (keys - x).abs().max() > 0
 
 
-def test_kivi_cache_error_stays_within_half_a_step():
+@pytest.mark.parametrize("bits", [4, 2])
+def test_kivi_cache_error_stays_within_half_a_step(bits):
     x = torch.randn(1, 2, 48, 8, generator=torch.Generator().manual_seed(9))
-    cache = ch07.QuantizedCache(1, 4, kivi=True, group=16, residual=16)
+    cache = ch07.QuantizedCache(1, bits, kivi=True, group=16, residual=16)
     cache.stored[0] = cache.store(x, x)
     keys, values = cache.floats(0)
     quantized = cache.stored[0].value_scale.shape[2]
     grouped = x[..., :quantized, :].reshape(1, 2, -1, 16, 8)
-    key_step = (grouped.amax(3) - grouped.amin(3)) / 15  # per group and channel
+    key_step = (grouped.amax(3) - grouped.amin(3)) / (2**bits - 1)  # per group and channel
     key_error = (keys[..., :quantized, :] - x[..., :quantized, :]).reshape(1, 2, -1, 16, 8).abs()
     assert (key_error <= key_step[:, :, :, None] / 2 + 1e-6).all()
-    value_step = (x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / 15  # per token
+    value_step = (x.amax(-1, keepdim=True) - x.amin(-1, keepdim=True)) / (2**bits - 1)  # per token
     assert ((values - x).abs()[..., :quantized, :] <= value_step[..., :quantized, :] / 2 + 1e-6).all()
     assert torch.equal(keys[..., quantized:, :], x[..., quantized:, :])  # the residual is exact
 
@@ -221,7 +223,7 @@ def test_quantized_decoding_stays_close_to_the_full_cache():
         full, _ = stream(model, "full", None, ids, 20)
         errors = {p: (stream(model, p, None, ids, 20)[0] - full).abs().max().item() for p in QUANTIZED}
     assert errors["int8"] < errors["int4"] < 0.5
-    assert errors["kivi4"] < 0.5
+    assert errors["kivi4"] < errors["kivi2"] and errors["kivi4"] < 0.5
 
 
 # --- the measurements -----------------------------------------------------------------------------
@@ -317,7 +319,7 @@ def test_the_tiny_experiment_measures_every_policy_on_the_same_windows():
     job = forgetting.run_job(forgetting.TINY, seed=0)
     grid = [(e["policy"], e["budget"]) for e in job["entries"]]
     assert grid == forgetting.settings_grid(forgetting.TINY)
-    assert len(grid) == 1 + 5 * 3 + 3  # full; five evictions at three budgets; three bit widths
+    assert len(grid) == 1 + 5 * 3 + 4  # full; five evictions at three budgets; four quantized caches
     full = job["entries"][0]
     assert full["fraction"] == 1.0 and len(full["single"]) == len(full["multi"]) == 2 * 2
     for e in job["entries"][1:]:

@@ -13,7 +13,7 @@ from torch import Tensor
 from longctx import ch01, ch03, ch05, ch06, support
 
 
-# chapters/ch07-forgetting.qmd:90
+# chapters/ch07-forgetting.qmd:91
 class Seen(NamedTuple):
     """What one layer's heads have attended to, for the cached entries.
 
@@ -39,7 +39,7 @@ def newest(seen: Seen, count: int) -> Tensor:
     return seen.positions > cutoff
 
 
-# chapters/ch07-forgetting.qmd:127
+# chapters/ch07-forgetting.qmd:128
 def keep_all(seen: Seen, keep: int) -> Tensor:
     """The full cache: every entry, whatever the budget."""
     return top_positions(-seen.positions.double(), seen.positions.shape[-1])
@@ -64,7 +64,7 @@ def keep_heavy(seen: Seen, keep: int, recent_share: float = 0.5) -> Tensor:
     return top_positions(score, keep)
 
 
-# chapters/ch07-forgetting.qmd:165
+# chapters/ch07-forgetting.qmd:166
 def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
     """Return SnapKV's votes (B, H, n), pooled along the cache.
 
@@ -105,7 +105,7 @@ def pyramid_budgets(keep: int, layers: int, *, tokens: int,
     return budgets
 
 
-# chapters/ch07-forgetting.qmd:264
+# chapters/ch07-forgetting.qmd:265
 class EvictingCache:
     """Per-layer keys and values (B, H, k_l, d_h) that a policy keeps.
 
@@ -188,7 +188,7 @@ class EvictingCache:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:368
+# chapters/ch07-forgetting.qmd:369
 class QuantizedCache:
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -249,7 +249,7 @@ class QuantizedCache:
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:444
+# chapters/ch07-forgetting.qmd:445
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -283,7 +283,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model.lm_head(model.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch07-forgetting.qmd:479
+# chapters/ch07-forgetting.qmd:480
 #: Each policy: its keep function (None: stored in fewer bits), settings.
 POLICIES = {
     "full": (keep_all, {}),
@@ -295,6 +295,7 @@ POLICIES = {
     "int8": (None, {"bits": 8}),
     "int4": (None, {"bits": 4}),
     "kivi4": (None, {"bits": 4, "kivi": True, "group": 16, "residual": 16}),
+    "kivi2": (None, {"bits": 2, "kivi": True, "group": 16, "residual": 16}),
 }
 #: The budgets measured, as fractions of the full cache's bytes.
 BUDGETS = (0.1, 0.25, 0.5, 1.0)
@@ -306,7 +307,7 @@ def make_cache(model: ch06.RotaryGPT, policy: str,
 
     Eviction policies take ``budget``, a fraction of the full cache's
     bytes in (0, 1]; the full cache and the quantized ones (int8, int4,
-    kivi4) take none (or 1): they keep every entry, and bits set the
+    kivi4, kivi2) take none (or 1): they keep every entry, and bits set the
     size of a quantized one.
 
     Raises:
@@ -384,7 +385,7 @@ def compressed_losses(model: ch06.RotaryGPT, inputs: Tensor, targets: Tensor,
                            targets[:, prompt:], reduction="none")
 
 
-# chapters/ch07-forgetting.qmd:710
+# chapters/ch07-forgetting.qmd:712
 def load_forgetting_results(folder: pathlib.Path | None = None
                             ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``experiments.forgetting`` and its path.
