@@ -188,7 +188,7 @@ class EvictingCache:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:369
+# chapters/ch07-forgetting.qmd:370
 class QuantizedCache:
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -249,7 +249,7 @@ class QuantizedCache:
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:445
+# chapters/ch07-forgetting.qmd:446
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -283,7 +283,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model.lm_head(model.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch07-forgetting.qmd:480
+# chapters/ch07-forgetting.qmd:481
 #: Each policy: its keep function (None: stored in fewer bits), settings.
 POLICIES = {
     "full": (keep_all, {}),
@@ -385,7 +385,7 @@ def compressed_losses(model: ch06.RotaryGPT, inputs: Tensor, targets: Tensor,
                            targets[:, prompt:], reduction="none")
 
 
-# chapters/ch07-forgetting.qmd:712
+# chapters/ch07-forgetting.qmd:713
 def load_forgetting_results(folder: pathlib.Path | None = None
                             ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``experiments.forgetting`` and its path.
