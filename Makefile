@@ -31,7 +31,7 @@ help:
 	@echo "make lint        ruff on code/ (the generated modules' style), tools/, tests/, benchmarks/, experiments/"
 	@echo "make bench       the measured benchmarks (4 to 8 minutes on 2 quiet cores)"
 	@echo "make bench-quick a smoke run of the benchmarks (about 3 minutes)"
-	@echo "make experiment  the trained-model runs of Chapters 4, 6 and 7, saved to experiments/results/ (about 24 minutes on 2 idle cores)"
+	@echo "make experiment  the trained-model runs of Chapters 4, 6 and 7, saved to experiments/results/ (20 to 24 minutes on 2 idle cores)"
 	@echo "make preview     Quarto's live preview, where Quarto is installed"
 	@echo "make clean       remove built output (keeps .venv); make distclean also removes .venv"
 
@@ -121,7 +121,7 @@ bench-quick: $(ENV_STAMP)
 
 # Chapter 4's selective copying (5 seeds x 3 mixers, about a minute) and Chapter 6's extension study
 # (3 seeds x 2 rotary bases, and 3 long controls, about 15 minutes), then Chapter 7's cache policies
-# (3 seeds of a 4-layer model, about 8 minutes); each job a process of one torch thread, two at a
+# (3 seeds of a 4-layer model, 4 to 8 minutes by the machine); each job a process of one torch thread, two at a
 # time (Chapter 7's three at once, one per seed); nice, because the machine may be shared.
 experiment: $(ENV_STAMP)
 	nice -n 5 $(PY) -m experiments.copying
