@@ -35,7 +35,8 @@ CHUNK = 512  # split-KV chunk: a chunk of GQA-8 keys and values (512 KiB) stays 
 TILE = 4096  # the sequential walk's tile
 KIVI_GROUP, KIVI_RESIDUAL = 32, 32  # KIVI's key group G_t and full-precision residual R
 
-FLASH_DESIGNS = ("mha", "gqa8", "mqa", "window-4k", "latent-absorbed", "int8", "int4", "kivi8", "kivi4")
+FLASH_DESIGNS = ("mha", "gqa8", "mqa", "window-4k", "latent-absorbed", "int8", "int4", "kivi8", "kivi4",
+                 "kivi2")
 BASELINES = ("gqa8-sdpa", "gqa8-tiled", "gqa8-materialised", "gqa8-dense-teaching", "latent-expanded",
              "int8-tiled")
 DESIGNS = FLASH_DESIGNS + BASELINES
@@ -63,6 +64,7 @@ DESIGN_NOTES = {
     "kivi8": (f"KIVI-style int8 cache: keys per channel in groups of {KIVI_GROUP}, values per token, "
               f"last {KIVI_RESIDUAL}+ tokens in float32; ch05.KiviCache.attend"),
     "kivi4": "the same KIVI-style cache at 4 bits; ch05.KiviCache.attend",
+    "kivi2": "the same KIVI-style cache at 2 bits (KIVI's own), four codes a byte; ch05.KiviCache.attend",
     "gqa8-sdpa": "the gqa8 cache; torch's fused SDPA kernel, a group's 4 query heads stacked as rows",
     "gqa8-tiled": f"the gqa8 cache; ch05.tiled_decode, one tile of {TILE} after another",
     "gqa8-materialised": "the gqa8 cache repeated to 32 heads with ch03.repeat_kv, then torch SDPA",
@@ -175,10 +177,10 @@ def decode_case(design: str, tokens: int, *, device: torch.device, seed: int = 0
         return _case(lambda c: ch05.int8_decode(query, *c), cache, size, size, flops,
                      integer + scaling + unpack, cold)
     if design.startswith("kivi"):
-        bits = 8 if design == "kivi8" else 4
+        bits = int(design.removeprefix("kivi"))
         cache = ch05.KiviCache.from_keys_values(key, value, bits=bits, group=KIVI_GROUP,
                                                 residual=KIVI_RESIDUAL)
-        converting = 2 * elements * (2 if bits == 4 else 1)  # unpack (4 bits) and convert every code
+        converting = 2 * elements * (1 if bits == 8 else 2)  # unpack (below 8 bits) and convert every code
         scaling = 2 * elements // KIVI_GROUP + 4 * query_heads * kept  # fold scales into rows, scale weights
         return _case(lambda c: c.attend(query), cache, cache.nbytes, cache.nbytes, flops,
                      flops + converting + scaling, cold)
