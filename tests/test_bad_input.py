@@ -15,8 +15,9 @@ checks each from a list written out by hand:
   which documents them.
 - ``SILENT`` lists values that would give a wrong answer without any error (a zero
   window, a zero chunk, a bit width the packer cannot hold, negative sinks, a
-  negative count), each with the call through which it can enter. Every one must be
-  refused with ValueError, kernels included.
+  negative count, a fractional length), each with the call through which it can
+  enter. Every one must be refused, kernels included: a wrong value with ValueError,
+  a value of the wrong type (a length of 2.5) with TypeError.
 
 Kernels and helpers (attention, masks, RoPE, scans, tile readers) are not swept: their
 shape contract is their docstring and PyTorch's own error is fine there.
@@ -258,13 +259,15 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
 class Silent:
     """A value that would give a wrong answer without an error, and a call through which it enters.
 
-    ``call`` must raise ValueError whose message matches ``names`` (the argument).
+    ``call`` must raise ``error`` (ValueError, or TypeError for a value of the wrong
+    type) whose message matches ``names`` (the argument).
     """
 
     chapter: str
     what: str
     call: Callable[[], object]
     names: str
+    error: type[Exception] = ValueError
 
 
 def _qkv(tokens: int = 4, width: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -305,6 +308,8 @@ SILENT: list[Silent] = [
     Silent("ch03", "KV heads that do not divide the query heads",
            lambda: _ch("ch03").GroupedQueryAttention(16, 4, 3), "kv_heads"),
     Silent("ch03", "negative sinks", lambda: _ch("ch03").visibility_mask(6, 2, -1), "sinks"),
+    # 2.5 tokens: the mask had 3 rows (torch.arange rounds the length up), a mask for no real length
+    Silent("ch03", "a fractional length in a mask", lambda: _ch("ch03").visibility_mask(2.5), "seq_len", TypeError),
     Silent("ch03", "negative tokens in the cache's bytes", lambda: _ch("ch03").kv_bytes(_kv_config(), -1), "tokens"),
     # Chapter 4
     Silent("ch04", "a zero window while decoding", lambda: _ch("ch04").sliding_window_decode(*_qkv(), 0), "window"),
@@ -586,7 +591,7 @@ def _silent_cases() -> list:
 
 @pytest.mark.parametrize("case", _silent_cases())
 def test_a_value_that_would_give_a_silent_wrong_answer_is_refused(case):
-    with pytest.raises(ValueError, match=case.names):
+    with pytest.raises(case.error, match=case.names):
         case.call()
 
 
@@ -601,5 +606,5 @@ def test_the_silent_list_covers_every_chapter_and_every_kind_the_rule_names():
     code = pathlib.Path(__file__).resolve().parents[1] / "code"
     assert chapters == {path.parent.name for path in code.glob("ch*/_generated.py")}
     kinds = " ".join(case.what for case in SILENT)
-    for kind in ("zero window", "zero chunk", "bits", "negative sinks", "negative"):
+    for kind in ("zero window", "zero chunk", "bits", "negative sinks", "negative", "fractional length"):
         assert kind in kinds, f"the silent list names no case of {kind!r}"

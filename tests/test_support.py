@@ -55,12 +55,9 @@ def test_check_number_bounds_and_non_finite_values():
         support.check_number("p", 1.5, maximum=1)
     with pytest.raises(ValueError, match=r"^p must be < 1"):
         support.check_number("p", 1.0, below=1)
-    for bad in (float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="must be a finite number"):
-            support.check_number("scale", bad)
-    assert support.check_number("limit", float("inf"), finite=False) == float("inf")
-    with pytest.raises(ValueError, match="finite"):
-        support.check_number("limit", float("nan"), finite=False)
+    for bad in (float("nan"), float("inf"), -float("inf"), np.float32("nan")):
+        with pytest.raises(ValueError, match=r"^scale must be a finite number \(got "):
+            support.check_number("scale", bad, minimum=0)
 
 
 def test_check_choice_and_check_bool():
@@ -164,11 +161,9 @@ def test_check_divides_names_both_counts():
         support.check_divides("kv_heads", 5, "query_heads", 32)
 
 
-def test_check_dtype_refuses_non_dtypes_and_integer_dtypes_when_floating():
-    assert support.check_dtype("dtype", torch.bfloat16, floating=True) is torch.bfloat16
+def test_check_dtype_refuses_what_is_not_a_dtype():
+    assert support.check_dtype("dtype", torch.bfloat16) is torch.bfloat16
     assert support.check_dtype("dtype", torch.int8) is torch.int8
-    with pytest.raises(TypeError, match=r"^dtype must be a floating-point torch.dtype \(got torch.int64\)$"):
-        support.check_dtype("dtype", torch.int64, floating=True)
     with pytest.raises(TypeError, match=r"^dtype must be a torch.dtype \(got str 'float32'\)$"):
         support.check_dtype("dtype", "float32")
 
@@ -249,93 +244,41 @@ def test_check_int_optional_passes_none_through_and_checks_everything_else():
         support.check_int("window", None, minimum=1)
 
 
-def test_check_fields_reads_each_field_as_its_kind_and_fills_defaults():
-    fields = {"layers": support.Field(minimum=1), "share": support.Field("number", above=0, maximum=1, default=1.0),
-              "dtype": support.Field("choice", choices=("float16", "bfloat16"), default=None),
-              "tie": support.Field("bool", default=False), "scaling": support.Field("mapping", default={})}
-    config = {"layers": np.int64(32), "share": 0.5, "dtype": "bfloat16", "tie": True, "scaling": {"factor": 8}}
-    assert support.check_fields(config, fields) == {"layers": 32, "share": 0.5, "dtype": "bfloat16",
-                                                    "tie": True, "scaling": {"factor": 8}}
-    assert type(support.check_fields(config, fields)["layers"]) is int
-    # absent and null both take the default
-    assert support.check_fields({"layers": 2, "share": None}, fields) == {
-        "layers": 2, "share": 1.0, "dtype": None, "tie": False, "scaling": {}}
+def test_check_number_choice_and_type_pass_none_only_when_optional():
+    assert support.check_number("mscale", None, above=0, optional=True) is None
+    assert support.check_choice("torch_dtype", None, ("float16",), optional=True) is None
+    assert support.check_type("rope_scaling", None, dict, optional=True) is None
+    assert support.check_number("mscale", np.float64(0.7), above=0, optional=True) == 0.7
+    with pytest.raises(ValueError, match=r"^mscale must be > 0 \(got 0\)$"):
+        support.check_number("mscale", 0, above=0, optional=True)
+    with pytest.raises(ValueError, match=r"^torch_dtype must be one of 'float16' \(got 'int3'\)$"):
+        support.check_choice("torch_dtype", "int3", ("float16",), optional=True)
+    with pytest.raises(TypeError, match=r"^rope_scaling must be a dict \(got str 'yarn'\)$"):
+        support.check_type("rope_scaling", "yarn", dict, optional=True)
+    with pytest.raises(TypeError, match=r"^mscale must be a real number \(got NoneType\)$"):
+        support.check_number("mscale", None, above=0)
+    with pytest.raises(TypeError, match=r"^torch_dtype must be one of 'float16' \(got NoneType\)$"):
+        support.check_choice("torch_dtype", None, ("float16",))
+    with pytest.raises(TypeError, match=r"^rope_scaling must be a dict \(got NoneType\)$"):
+        support.check_type("rope_scaling", None, dict)
 
 
-@pytest.mark.parametrize(
-    ("config", "error", "message"),
-    [
-        ([("layers", 2)], TypeError, r"^config must be a Mapping \(got list\)$"),
-        ({}, ValueError, r"^config is missing required field 'layers'$"),
-        ({"layers": None}, ValueError, r"^config is missing required field 'layers'$"),
-        ({"layers": 0}, ValueError, r"^layers must be a positive integer \(got 0\)$"),
-        ({"layers": 2.0}, TypeError, r"^layers must be an int \(got float 2.0\)$"),
-        ({"layers": 2, "share": 0}, ValueError, r"^share must be > 0 \(got 0\)$"),
-        ({"layers": 2, "dtype": "int3"}, ValueError, r"^dtype must be one of 'float16', 'bfloat16' \(got 'int3'\)$"),
-        ({"layers": 2, "tie": 1}, TypeError, r"^tie must be True or False \(got int 1\)$"),
-        ({"layers": 2, "scaling": 8}, TypeError, r"^scaling must be a Mapping \(got int 8\)$"),
-    ],
-)
-def test_check_fields_names_the_field_that_is_missing_or_wrong(config, error, message):
-    fields = {"layers": support.Field(minimum=1), "share": support.Field("number", above=0, default=1.0),
-              "dtype": support.Field("choice", choices=("float16", "bfloat16"), default=None),
-              "tie": support.Field("bool", default=False), "scaling": support.Field("mapping", default={})}
-    with pytest.raises(error, match=message):
-        support.check_fields(config, fields, name="config")
-
-
-def test_check_fields_names_the_mapping_it_reads_in_a_missing_field():
+def test_required_returns_a_field_and_names_the_mapping_that_lacks_it():
+    config = {"num_hidden_layers": 32, "head_dim": None, "bias": False}
+    assert support.required(config, "num_hidden_layers") == 32
+    assert support.required(config, "bias") is False  # a falsy value is present
+    for key in ("head_dim", "hidden_size"):  # null and absent alike
+        with pytest.raises(ValueError, match=rf"^config is missing required field '{key}'$"):
+            support.required(config, key)
     with pytest.raises(ValueError, match=r"^rope_scaling is missing required field 'factor'$"):
-        support.check_fields({}, {"factor": support.Field("number", above=0)}, source="rope_scaling")
+        support.required({}, "factor", "rope_scaling")
 
 
-def test_check_fields_checks_a_dataclass_in_place_and_stores_canonical_values():
-    from dataclasses import dataclass
-
-    @dataclass(frozen=True)
-    class Sizes:
-        width: int
-        heads: int
-        window: int | None = None
-        share: float = 0.5
-
-    fields = {"width": support.COUNT, "heads": support.Field(minimum=1, divides="width"),
-              "window": support.Field(minimum=1, default=None), "share": support.Field("number", maximum=1)}
-    sizes = Sizes(np.int64(8), torch.tensor(2), None, 1)
-    assert support.check_fields(sizes, fields) == {"width": 8, "heads": 2, "window": None, "share": 1.0}
-    assert (type(sizes.width), type(sizes.heads), type(sizes.share)) == (int, int, float)
-    with pytest.raises(ValueError, match=r"^heads must divide width \(got heads=3 and width=8\)$"):
-        support.check_fields(Sizes(8, 3), fields)
-    with pytest.raises(TypeError, match=r"^width must be an int \(got NoneType\)$"):  # no default: None refused
-        support.check_fields(Sizes(None, 2), fields)
-    with pytest.raises(TypeError, match=r"^config must be a Mapping \(got Sizes\)$"):  # not its fields: no record
-        support.check_fields(Sizes(8, 2), {"layers": support.COUNT}, name="config")
-
-
-def test_check_arguments_returns_the_values_in_order_and_checks_relations_by_name():
-    steps, copies, length, rate, seed, name = support.check_arguments(
-        steps=(np.int64(3), support.COUNT), copies=(4, support.Field(minimum=1, maximum="length")),
-        length=(6, support.COUNT), rate=(1, support.POSITIVE), seed=(None, support.Field(minimum=0, default=None)),
-        name=("x", support.Field("str")))
-    assert (steps, copies, length, rate, seed, name) == (3, 4, 6, 1.0, None, "x") and type(steps) is int
-    with pytest.raises(ValueError, match=r"^copies must be at most length \(got copies=7 and length=6\)$"):
-        support.check_arguments(copies=(7, support.Field(minimum=1, maximum="length")), length=(6, support.COUNT))
-    with pytest.raises(ValueError, match=r"^dim must be even \(got 5\)$"):
-        support.check_arguments(dim=(5, support.Field(multiple_of=2)))
-    with pytest.raises(ValueError, match=r"^dim must be a multiple of 4 \(got 6\)$"):
-        support.check_arguments(dim=(6, support.Field(multiple_of=4)))
-    with pytest.raises(ValueError, match=r"^fill must be an integer > 0 \(got 0\)$"):
-        support.check_arguments(fill=(0, support.Field(above=0)))
-    with pytest.raises(TypeError, match=r"^model must be a torch\.nn\.Module or str \(got int 3\)$"):
-        support.check_arguments(model=(3, support.Field("type", types=(torch.nn.Module, str))))
-    with pytest.raises(TypeError, match=r"^steps must be an int \(got NoneType\)$"):
-        support.check_arguments(steps=(None, support.COUNT))
-    with pytest.raises(ValueError, match=r"^bits must be one of 4, 8, a width the packer can hold \(got 3\)$"):
-        support.check_arguments(bits=(3, support.Field("bits", choices=(4, 8))))
-    layers = support.Field(minimum=0, needs="window")
-    assert support.check_arguments(layers=(0, layers), window=(None, support.Field(default=None))) == (0, None)
-    with pytest.raises(ValueError, match=r"^layers=2 needs window \(got window=None\)$"):
-        support.check_arguments(layers=(2, layers), window=(None, support.Field(default=None)))
+def test_the_check_language_is_gone():
+    """Checks are plain functions: no Field tables, no check_fields or check_arguments."""
+    for name in ("Field", "REQUIRED", "COUNT", "SIZE", "SEED", "FLAG", "POSITIVE", "check_fields",
+                 "check_arguments"):
+        assert not hasattr(support, name), name
 
 
 def test_the_checks_module_has_one_helper_per_kind_and_no_self_checks():

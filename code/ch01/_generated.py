@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from longctx.support import COUNT, FLAG, SIZE, Field, check_arguments
+from longctx.support import check_bool, check_divides, check_int
 
 
 # chapters/ch01-attention.qmd:194
@@ -95,7 +95,7 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(batch, tokens, heads * head_dim)
 
 
-# chapters/ch01-attention.qmd:605
+# chapters/ch01-attention.qmd:604
 class MultiHeadAttention(nn.Module):
     """Multi-head self-attention: H heads of Equation 1.2 side by side.
 
@@ -116,10 +116,10 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, heads: int, *, bias: bool = False):
         super().__init__()
-        d_model, heads, bias = check_arguments(
-            d_model=(d_model, COUNT),
-            heads=(heads, Field(minimum=1, divides="d_model")),
-            bias=(bias, FLAG))
+        d_model = check_int("d_model", d_model, minimum=1)
+        heads = check_int("heads", heads, minimum=1)
+        check_divides("heads", heads, "d_model", d_model)
+        bias = check_bool("bias", bias)
         self.d_model = d_model
         self.heads = heads
         self.head_dim = d_model // heads
@@ -143,7 +143,7 @@ class MultiHeadAttention(nn.Module):
         return self.output(merge_heads(attended))  # (B, T, d)
 
 
-# chapters/ch01-attention.qmd:747
+# chapters/ch01-attention.qmd:746
 def attention_pairs(seq_len: int, *, causal: bool = True) -> int:
     """Return how many (query, key) pairs attention scores, per head and layer.
 
@@ -151,8 +151,8 @@ def attention_pairs(seq_len: int, *, causal: bool = True) -> int:
     scores itself and every earlier token), ``T*T`` without it. A negative
     length, which would give a count that looks right, is refused.
     """
-    tokens, causal = check_arguments(seq_len=(seq_len, SIZE),
-                                     causal=(causal, FLAG))
+    tokens = check_int("seq_len", seq_len, minimum=0)
+    causal = check_bool("causal", causal)
     return tokens * (tokens + 1) // 2 if causal else tokens * tokens
 
 
@@ -163,6 +163,7 @@ def kv_cache_scalars(seq_len: int, d_model: int, *, layers: int = 1) -> int:
     ``d_model`` (all heads together) in every layer, so the count grows in
     proportion to ``T``. Negative sizes are refused.
     """
-    seq_len, d_model, layers = check_arguments(
-        seq_len=(seq_len, SIZE), d_model=(d_model, SIZE), layers=(layers, SIZE))
+    seq_len = check_int("seq_len", seq_len, minimum=0)
+    d_model = check_int("d_model", d_model, minimum=0)
+    layers = check_int("layers", layers, minimum=0)
     return 2 * layers * d_model * seq_len

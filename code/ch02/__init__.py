@@ -4,7 +4,6 @@
 
 from ._generated import (
     CORPUS_FILE,
-    GPT_FIELDS,
     QUANTIZE_BITS,
     Block,
     ByteTokenizer,
@@ -29,7 +28,6 @@ from ._generated import (
 
 __all__ = [
     "CORPUS_FILE",
-    "GPT_FIELDS",
     "QUANTIZE_BITS",
     "Block",
     "ByteTokenizer",

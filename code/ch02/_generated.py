@@ -5,6 +5,7 @@
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -13,20 +14,16 @@ from tqdm import tqdm
 
 from longctx import ch01, support
 from longctx.support import (
-    COUNT,
-    FLAG,
-    POSITIVE,
-    SEED,
-    SIZE,
-    Field,
-    check_arguments,
     check_bits,
-    check_fields,
+    check_bool,
+    check_divides,
+    check_int,
     check_int_sequence,
+    check_number,
     check_type,
 )
 
-# chapters/ch02-tinygpt.qmd:79
+# chapters/ch02-tinygpt.qmd:76
 CORPUS_FILE = "pride-and-prejudice-ch01-30.txt"
 
 
@@ -63,14 +60,7 @@ def load_corpus() -> str:
     return support.data_path(CORPUS_FILE).read_text(encoding="utf-8")
 
 
-# chapters/ch02-tinygpt.qmd:194
-#: How a GPTConfig checks its fields: positive sizes, heads that divide the
-#: width, a dropout probability below 1.
-GPT_FIELDS = {"vocab_size": COUNT, "context_length": COUNT, "d_model": COUNT,
-              "layers": COUNT, "heads": Field(minimum=1, divides="d_model"),
-              "dropout": Field("number", minimum=0, below=1)}
-
-
+# chapters/ch02-tinygpt.qmd:191
 @dataclass(frozen=True)
 class GPTConfig:
     """The sizes that fix a TinyGPT, checked when the config is created.
@@ -98,7 +88,16 @@ class GPTConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        check_fields(self, GPT_FIELDS)  # stored back as plain ints, a float
+        store = partial(object.__setattr__, self)  # frozen: plain values back
+        store("vocab_size", check_int("vocab_size", self.vocab_size, minimum=1))
+        store("context_length",
+              check_int("context_length", self.context_length, minimum=1))
+        store("d_model", check_int("d_model", self.d_model, minimum=1))
+        store("layers", check_int("layers", self.layers, minimum=1))
+        store("heads", check_int("heads", self.heads, minimum=1))
+        check_divides("heads", self.heads, "d_model", self.d_model)
+        store("dropout",
+              check_number("dropout", self.dropout, minimum=0, below=1))
 
     @property
     def head_dim(self) -> int:
@@ -106,7 +105,7 @@ class GPTConfig:
         return self.d_model // self.heads
 
 
-# chapters/ch02-tinygpt.qmd:244
+# chapters/ch02-tinygpt.qmd:243
 class CausalSelfAttention(ch01.MultiHeadAttention):
     """Chapter 1's causal multi-head attention, able to continue a KV cache."""
 
@@ -133,8 +132,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, dropout: float = 0.0) -> None:
         super().__init__()
-        d_model, dropout = check_arguments(
-            d_model=(d_model, COUNT), dropout=(dropout, GPT_FIELDS["dropout"]))
+        d_model = check_int("d_model", d_model, minimum=1)
+        dropout = check_number("dropout", dropout, minimum=0, below=1)
         self.widen = nn.Linear(d_model, 4 * d_model)
         self.narrow = nn.Linear(4 * d_model, d_model)
         self.dropout = nn.Dropout(dropout)
@@ -171,7 +170,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# chapters/ch02-tinygpt.qmd:314
+# chapters/ch02-tinygpt.qmd:313
 class TinyGPT(nn.Module):
     """A decoder-only transformer small enough to train on a CPU in seconds.
 
@@ -239,7 +238,7 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, d) -> (B, T, V)
 
 
-# chapters/ch02-tinygpt.qmd:505
+# chapters/ch02-tinygpt.qmd:504
 def unigram_entropy(
     token_ids: Iterable[int] | Tensor, vocab_size: int
 ) -> float:
@@ -339,12 +338,13 @@ def train(
     """
     check_type("model", model, TinyGPT)
     config = model.config
-    window = Field(minimum=1, maximum=config.context_length, default=None)
-    steps, batch_size, learning_rate, seed, progress, sequence_length = (
-        check_arguments(steps=(steps, COUNT), batch_size=(batch_size, COUNT),
-                        learning_rate=(learning_rate, POSITIVE),
-                        seed=(seed, SEED), progress=(progress, FLAG),
-                        sequence_length=(sequence_length, window)))
+    steps = check_int("steps", steps, minimum=1)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    learning_rate = check_number("learning_rate", learning_rate, above=0)
+    seed = check_int("seed", seed, minimum=0)
+    progress = check_bool("progress", progress)
+    sequence_length = check_int("sequence_length", sequence_length, minimum=1,
+                                maximum=config.context_length, optional=True)
     length = sequence_length or config.context_length
     data = check_int_sequence("token_ids", token_ids, minimum=0,
                               maximum=config.vocab_size - 1,
@@ -395,9 +395,9 @@ def evaluate_loss(
     """
     check_type("model", model, TinyGPT)
     config = model.config
-    batches, batch_size, seed = check_arguments(
-        batches=(batches, COUNT), batch_size=(batch_size, COUNT),
-        seed=(seed, SEED))
+    batches = check_int("batches", batches, minimum=1)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
     length = config.context_length
     data = check_int_sequence("token_ids", token_ids, minimum=0,
                               maximum=config.vocab_size - 1,
@@ -473,12 +473,12 @@ def generate(
                                 maximum=vocab - 1, nonempty=True,
                                 max_length=config.context_length).tolist()
     room = config.context_length - len(prompt)  # positions the table has left
-    max_new_tokens, temperature, top_k, seed, use_cache = check_arguments(
-        max_new_tokens=(max_new_tokens, Field(minimum=0, maximum=room)),
-        temperature=(temperature, Field("number", minimum=0)),
-        top_k=(top_k, Field(minimum=1, maximum=vocab, default=None)),
-        seed=(seed, Field(minimum=0, default=None)),
-        use_cache=(use_cache, FLAG))
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=0,
+                               maximum=room)
+    temperature = check_number("temperature", temperature, minimum=0)
+    top_k = check_int("top_k", top_k, minimum=1, maximum=vocab, optional=True)
+    seed = check_int("seed", seed, minimum=0, optional=True)
+    use_cache = check_bool("use_cache", use_cache)
     if temperature > 0 and seed is None:
         raise ValueError(
             "sampling (temperature > 0) needs a seed, so that the same call "
@@ -607,9 +607,9 @@ def kv_cache_bytes(
     Negative counts, which would give a byte count that looks right, are
     refused.
     """
-    tokens, batch, scalar_bytes = check_arguments(
-        tokens=(tokens, SIZE), batch=(batch, SIZE),
-        bytes_per_scalar=(bytes_per_scalar, SIZE))
+    tokens = check_int("tokens", tokens, minimum=0)
+    batch = check_int("batch", batch, minimum=0)
+    scalar_bytes = check_int("bytes_per_scalar", bytes_per_scalar, minimum=0)
     layers, width = config.layers, config.d_model
     scalars = ch01.kv_cache_scalars(tokens, width, layers=layers)  # 2 L d T
     return batch * scalar_bytes * scalars

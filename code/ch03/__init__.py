@@ -3,19 +3,10 @@
 """Attention, Position, and Long Context: the code saved from chapters/ch03-long-context.qmd."""
 
 from ._generated import (
-    COUNT,
-    DTYPE,
     DTYPE_BYTES,
-    HEAD_FIELDS,
-    KV_FIELDS,
-    MAYBE_COUNT,
     MODEL_CONFIG_NAMES,
-    NUMBER,
-    ROPE_FIELDS,
     ROPE_METHODS,
     ROPE_SCALING_TYPES,
-    SCALING_FIELDS,
-    WINDOW_FIELDS,
     GroupedQueryAttention,
     KVConfig,
     KVPair,
@@ -42,19 +33,10 @@ from ._generated import (
 )
 
 __all__ = [
-    "COUNT",
-    "DTYPE",
     "DTYPE_BYTES",
-    "HEAD_FIELDS",
-    "KV_FIELDS",
-    "MAYBE_COUNT",
     "MODEL_CONFIG_NAMES",
-    "NUMBER",
-    "ROPE_FIELDS",
     "ROPE_METHODS",
     "ROPE_SCALING_TYPES",
-    "SCALING_FIELDS",
-    "WINDOW_FIELDS",
     "GroupedQueryAttention",
     "KVConfig",
     "KVPair",

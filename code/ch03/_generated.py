@@ -6,6 +6,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -13,14 +14,14 @@ from torch import Tensor, nn
 
 from longctx import ch01, support
 from longctx.support import (
-    SEED,
-    SIZE,
-    Field,
-    check_arguments,
-    check_fields,
+    check_bool,
+    check_choice,
+    check_divides,
     check_int,
     check_number,
     check_tensor,
+    check_type,
+    required,
 )
 
 
@@ -104,14 +105,7 @@ def merge_text_config(mapping: Mapping[str, Any]) -> dict[str, Any]:
     return {**mapping, **nested} if isinstance(nested, Mapping) else {**mapping}
 
 
-#: How the readers below take a count from config.json: required, or
-#: optional (absent or null reads as None). ``check_fields`` applies them;
-#: the constructors and drivers use the same rules for their arguments.
-COUNT = Field(minimum=1)
-MAYBE_COUNT = Field(minimum=1, default=None)
-
-
-# chapters/ch03-long-context.qmd:545
+# chapters/ch03-long-context.qmd:538
 #: The RoPE constructions ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
 
@@ -158,10 +152,11 @@ def inverse_frequencies(dim: int,                      # d_R, even
     ``method`` or a ``factor`` below 1 is refused: each would give bands
     without an error.
     """
-    dim, method, factor = check_arguments(     # each would give bands silently
-        dim=(dim, Field(multiple_of=2)),       # odd: a coordinate left unturned
-        method=(method, Field("choice", choices=ROPE_METHODS)),
-        factor=(factor, Field("number", minimum=1)))  # 0 or NaN: no bands
+    dim = check_int("dim", dim)                # each would give bands silently
+    if dim % 2:                                # odd: a coordinate left unturned
+        raise ValueError(f"dim must be even (got {dim})")
+    method = check_choice("method", method, ROPE_METHODS)
+    factor = check_number("factor", factor, minimum=1)  # 0 or NaN: no bands
     low, high = low_freq_factor, high_freq_factor                  # l, h
     exponents = torch.arange(0, dim, 2, dtype=torch.float64) / dim  # 2j/d_R
     plain = base ** -exponents                                       # omega_j
@@ -200,35 +195,9 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:725
+# chapters/ch03-long-context.qmd:719
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
-#: A positive number a config may leave out.
-NUMBER = Field("number", above=0, default=None)
-#: The top-level fields ``rope_from_config`` reads, and those of the scaling.
-ROPE_FIELDS = {
-    "rope_theta": Field("number", above=1, default=None),
-    "qk_rope_head_dim": MAYBE_COUNT, "head_dim": MAYBE_COUNT,
-    "partial_rotary_factor": Field("number", above=0, maximum=1, default=1.0),
-    "max_position_embeddings": MAYBE_COUNT,
-    "original_max_position_embeddings": MAYBE_COUNT,
-    "rope_scaling": Field("mapping", default=None),
-    "rope_parameters": Field("mapping", default=None),
-}
-SCALING_FIELDS = {
-    "rope_type": Field("choice", choices=ROPE_SCALING_TYPES, default=None),
-    "type": Field("choice", choices=ROPE_SCALING_TYPES, default=None),
-    "rope_theta": Field("number", above=1, default=None),
-    "factor": Field("number", minimum=1, default=None),
-    "original_max_position_embeddings": MAYBE_COUNT,
-    "low_freq_factor": Field("number", above=0, default=1.0),
-    # h > l and beta_fast > beta_slow: else Equations 3.5 and 3.4 run backwards
-    "high_freq_factor": Field("number", above="low_freq_factor", default=4.0),
-    "beta_fast": Field("number", above="beta_slow", default=32.0),
-    "beta_slow": Field("number", above=0, default=1.0),
-    "mscale": NUMBER, "mscale_all_dim": NUMBER, "attention_factor": NUMBER,
-    "truncate": Field("bool", default=True),
-}
 
 
 def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
@@ -254,27 +223,43 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
             missing or out of range.
     """
     mapping = merge_text_config(mapping)
-    fields = check_fields(mapping, ROPE_FIELDS)
-    scaling = check_fields(fields["rope_scaling"] or fields["rope_parameters"]
-                           or {}, SCALING_FIELDS, name="rope_scaling",
-                           source="rope_scaling")
-    base = fields["rope_theta"] or scaling["rope_theta"] or 10_000.0
-    dim = fields["qk_rope_head_dim"]
+    get = mapping.get
+    scaling = (check_type("rope_scaling", get("rope_scaling"), Mapping,
+                          optional=True)
+               or check_type("rope_parameters", get("rope_parameters"),
+                             Mapping, optional=True) or {})
+    base = (check_number("rope_theta", get("rope_theta"), above=1,
+                         optional=True)
+            or check_number("rope_theta", scaling.get("rope_theta"), above=1,
+                            optional=True) or 10_000.0)
+    dim = check_int("qk_rope_head_dim", get("qk_rope_head_dim"), minimum=1,
+                    optional=True)
     if dim is None:
-        dim = fields["head_dim"]
+        dim = check_int("head_dim", get("head_dim"), minimum=1, optional=True)
         if dim is None:
-            sizes = check_fields(mapping, {"hidden_size": COUNT,
-                                           "num_attention_heads": COUNT})
-            dim = sizes["hidden_size"] // sizes["num_attention_heads"]
-        dim = int(dim * fields["partial_rotary_factor"])
-    kind = scaling["rope_type"] or scaling["type"] or "default"
+            width = required(mapping, "hidden_size")
+            heads = required(mapping, "num_attention_heads")
+            dim = (check_int("hidden_size", width, minimum=1)
+                   // check_int("num_attention_heads", heads, minimum=1))
+        share = check_number("partial_rotary_factor",
+                             get("partial_rotary_factor", 1.0), above=0,
+                             maximum=1)
+        dim = int(dim * share)
+    kind = (check_choice("rope_type", scaling.get("rope_type"),
+                         ROPE_SCALING_TYPES, optional=True)
+            or check_choice("type", scaling.get("type"), ROPE_SCALING_TYPES,
+                            optional=True) or "default")
     if kind == "default":
         return inverse_frequencies(dim, base=base)
-    original = (fields["original_max_position_embeddings"]
-                or scaling["original_max_position_embeddings"]
-                or fields["max_position_embeddings"])
-    factor = scaling["factor"]
-    longest = fields["max_position_embeddings"]
+    longest = check_int("max_position_embeddings",
+                        get("max_position_embeddings"), minimum=1,
+                        optional=True)
+    key = "original_max_position_embeddings"         # top level, else scaling
+    original = (check_int(key, get(key), minimum=1, optional=True)
+                or check_int(key, scaling.get(key), minimum=1, optional=True)
+                or longest)
+    factor = check_number("factor", scaling.get("factor"), minimum=1,
+                          optional=True)
     if factor is None and kind == "yarn" and original and longest:
         factor = longest / original                       # a = T_1 / T_0
     if factor is None:
@@ -284,28 +269,42 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     if original is None:
         raise ValueError("config is missing required field "
                          "'original_max_position_embeddings'")
-    if kind == "llama3":
-        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    if kind == "llama3":           # h > l: else Equation 3.5 runs backwards
+        low = check_number("low_freq_factor",
+                           scaling.get("low_freq_factor", 1.0), above=0)
+        high = check_number("high_freq_factor",
+                            scaling.get("high_freq_factor", 4.0), above=0)
+        if high <= low:
+            raise ValueError("high_freq_factor must exceed low_freq_factor "
+                             f"(got high_freq_factor={high} and "
+                             f"low_freq_factor={low})")
         return inverse_frequencies(
             dim, method="llama3", base=base, factor=factor,
             original_context=original, low_freq_factor=low,
             high_freq_factor=high)
-    if not scaling["truncate"]:
+    if not check_bool("truncate", scaling.get("truncate", True)):
         raise ValueError("rope_scaling 'truncate: false' is not supported")
-    fast, slow = scaling["beta_fast"], scaling["beta_slow"]
+    # beta_fast > beta_slow: else Equation 3.4's ramp runs backwards
+    slow = check_number("beta_slow", scaling.get("beta_slow", 1.0), above=0)
+    fast = check_number("beta_fast", scaling.get("beta_fast", 32.0), above=0)
+    if fast <= slow:
+        raise ValueError(f"beta_fast must exceed beta_slow (got beta_fast="
+                         f"{fast} and beta_slow={slow})")
     bands, magnitude = inverse_frequencies(
         dim, method="yarn", base=base, factor=factor,
         original_context=original, beta_fast=fast, beta_slow=slow)
-    mscale, mscale_all = scaling["mscale"], scaling["mscale_all_dim"]
-    if scaling["attention_factor"] is not None:
-        magnitude = scaling["attention_factor"]
+    mscale, mscale_all, attention = (
+        check_number(name, scaling.get(name), above=0, optional=True)
+        for name in ("mscale", "mscale_all_dim", "attention_factor"))
+    if attention is not None:
+        magnitude = attention
     elif mscale and mscale_all:                     # DeepSeek's two fields
         magnitude = (_yarn_magnitude(factor, mscale)
                      / _yarn_magnitude(factor, mscale_all))
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:1011
+# chapters/ch03-long-context.qmd:1009
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth
@@ -344,13 +343,17 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
         ValueError: If a size is out of range, or the method is unknown or
             its bands do not fit ``dim``.
     """
-    method, seed, trials, context, original_context, dim = check_arguments(
-        method=(method, Field("type", types=(str, tuple, list))),
-        seed=(seed, SEED), trials=(trials, COUNT),
-        context=(context, Field(minimum=2)),
-        original_context=(original_context,
-                          Field(minimum=1, maximum="context")),
-        dim=(dim, Field(minimum=2)))      # an odd one: inverse_frequencies
+    check_type("method", method, (str, tuple, list))
+    seed = check_int("seed", seed, minimum=0)
+    trials = check_int("trials", trials, minimum=1)
+    context = check_int("context", context, minimum=2)
+    original_context = check_int("original_context", original_context,
+                                 minimum=1)
+    if original_context > context:
+        raise ValueError("original_context must be at most context (got "
+                         f"original_context={original_context} and "
+                         f"context={context})")
+    dim = check_int("dim", dim, minimum=2)  # an odd one: inverse_frequencies
     if isinstance(method, str):
         frequencies, magnitude = inverse_frequencies(
             dim, method=method, factor=context / original_context,
@@ -389,18 +392,7 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
             for depth, p, weight in rows]
 
 
-# chapters/ch03-long-context.qmd:1275
-#: How a KVConfig checks its fields (windowed layers need a window width);
-#: which kind of cache it is is checked beside them.
-KV_FIELDS = {"name": Field("str"), "layers": COUNT, "query_heads": COUNT,
-             "head_dim": COUNT, "bytes_per_scalar": COUNT,
-             "kv_heads": Field(minimum=1, divides="query_heads", default=None),
-             "latent_rank": MAYBE_COUNT, "rope_key_dim": SIZE,
-             "window": MAYBE_COUNT,
-             "windowed_layers": Field(minimum=0, maximum="layers",
-                                      needs="window")}
-
-
+# chapters/ch03-long-context.qmd:1278
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.6).
@@ -442,7 +434,34 @@ class KVConfig:
     windowed_layers: int = 0         # layers that keep only W tokens
 
     def __post_init__(self) -> None:
-        check_fields(self, KV_FIELDS)
+        store = partial(object.__setattr__, self)  # frozen: plain ints back
+        check_type("name", self.name, str)
+        store("layers", check_int("layers", self.layers, minimum=1))
+        store("query_heads",
+              check_int("query_heads", self.query_heads, minimum=1))
+        store("head_dim", check_int("head_dim", self.head_dim, minimum=1))
+        store("bytes_per_scalar",
+              check_int("bytes_per_scalar", self.bytes_per_scalar, minimum=1))
+        store("kv_heads",
+              check_int("kv_heads", self.kv_heads, minimum=1, optional=True))
+        store("latent_rank", check_int("latent_rank", self.latent_rank,
+                                       minimum=1, optional=True))
+        store("rope_key_dim",
+              check_int("rope_key_dim", self.rope_key_dim, minimum=0))
+        store("window",
+              check_int("window", self.window, minimum=1, optional=True))
+        store("windowed_layers",
+              check_int("windowed_layers", self.windowed_layers, minimum=0))
+        if self.kv_heads is not None:
+            check_divides("kv_heads", self.kv_heads,
+                          "query_heads", self.query_heads)
+        if self.windowed_layers > self.layers:
+            raise ValueError("windowed_layers must be at most layers (got "
+                             f"windowed_layers={self.windowed_layers} and "
+                             f"layers={self.layers})")
+        if self.windowed_layers and self.window is None:  # windows, no width
+            raise ValueError(f"windowed_layers={self.windowed_layers} needs "
+                             "window (got window=None)")
         if (self.kv_heads is None) == (self.latent_rank is None):
             raise ValueError("give exactly one of kv_heads (standard cache) "
                              "and latent_rank (latent cache)")
@@ -497,7 +516,8 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
             would give a negative size, is refused).
         batch: Sequences cached at once, B (>= 1).
     """
-    tokens, batch = check_arguments(tokens=(tokens, SIZE), batch=(batch, COUNT))
+    tokens = check_int("tokens", tokens, minimum=0)
+    batch = check_int("batch", batch, minimum=1)
     global_layers = config.layers - config.windowed_layers
     kept = global_layers * tokens                             # T per layer
     if config.windowed_layers:                                # min(T, W)
@@ -506,15 +526,10 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1447
+# chapters/ch03-long-context.qmd:1467
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "int8": 1}
-DTYPE = Field("choice", choices=tuple(DTYPE_BYTES), default=None)
-#: The fields ``read_head_fields`` takes from config.json.
-HEAD_FIELDS = {"num_hidden_layers": COUNT, "num_attention_heads": COUNT,
-               "num_key_value_heads": MAYBE_COUNT, "head_dim": MAYBE_COUNT,
-               "torch_dtype": DTYPE, "dtype": DTYPE}
 
 def read_head_fields(mapping: Mapping[str, Any],
                      bytes_per_scalar: int | None = None) -> dict[str, Any]:
@@ -530,25 +545,36 @@ def read_head_fields(mapping: Mapping[str, Any],
             ``bytes_per_scalar`` of the wrong type.
         ValueError: If a field is missing or unusable.
     """
-    fields = check_fields(mapping, HEAD_FIELDS)
+    check_type("mapping", mapping, Mapping)
+    layers = check_int("num_hidden_layers",
+                       required(mapping, "num_hidden_layers"), minimum=1)
+    query_heads = check_int("num_attention_heads",
+                            required(mapping, "num_attention_heads"),
+                            minimum=1)
+    kv_heads = check_int("num_key_value_heads",
+                         mapping.get("num_key_value_heads"), minimum=1,
+                         optional=True)
+    head_dim = check_int("head_dim", mapping.get("head_dim"), minimum=1,
+                         optional=True)
+    torch_dtype = check_choice("torch_dtype", mapping.get("torch_dtype"),
+                               DTYPE_BYTES, optional=True)
+    dtype = check_choice("dtype", mapping.get("dtype"), DTYPE_BYTES,
+                         optional=True)
     bytes_per_scalar = check_int("bytes_per_scalar", bytes_per_scalar,
                                  minimum=1, optional=True)
-    query_heads = fields["num_attention_heads"]
-    head_dim = fields["head_dim"]
     if head_dim is None:
-        head_dim = check_fields(mapping, {"hidden_size": COUNT}
-                                )["hidden_size"] // query_heads
-    dtype = fields["torch_dtype"] or fields["dtype"]
+        width = required(mapping, "hidden_size")
+        head_dim = check_int("hidden_size", width, minimum=1) // query_heads
+    dtype = torch_dtype or dtype
     if bytes_per_scalar is None and dtype is None:
         raise ValueError("config is missing required field 'torch_dtype' "
                          "(or pass bytes_per_scalar)")
-    return dict(layers=fields["num_hidden_layers"], query_heads=query_heads,
-                kv_heads=fields["num_key_value_heads"] or query_heads,
-                head_dim=head_dim,
+    return dict(layers=layers, query_heads=query_heads,
+                kv_heads=kv_heads or query_heads, head_dim=head_dim,
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1564
+# chapters/ch03-long-context.qmd:1590
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -587,7 +613,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1631
+# chapters/ch03-long-context.qmd:1657
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -633,10 +659,11 @@ class GroupedQueryAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, query_heads: int, kv_heads: int):
-        d_model, query_heads, kv_heads = check_arguments(
-            d_model=(d_model, COUNT),
-            query_heads=(query_heads, Field(minimum=1, divides="d_model")),
-            kv_heads=(kv_heads, Field(minimum=1, divides="query_heads")))
+        d_model = check_int("d_model", d_model, minimum=1)
+        query_heads = check_int("query_heads", query_heads, minimum=1)
+        kv_heads = check_int("kv_heads", kv_heads, minimum=1)
+        check_divides("query_heads", query_heads, "d_model", d_model)
+        check_divides("kv_heads", kv_heads, "query_heads", query_heads)
         super().__init__()
         self.d_model, self.query_heads = d_model, query_heads
         self.kv_heads, self.head_dim = kv_heads, d_model // query_heads
@@ -665,7 +692,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:1875
+# chapters/ch03-long-context.qmd:1902
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -677,16 +704,17 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
         TypeError: If ``mapping`` is not a mapping.
         ValueError: If a field is present but not a usable integer.
     """
-    fields = check_fields(mapping, {
-        "kv_lora_rank": MAYBE_COUNT,                                   # r
-        "qk_rope_head_dim": Field(minimum=0, default=0)})              # d_R
-    if fields["kv_lora_rank"] is None:
+    check_type("mapping", mapping, Mapping)
+    rank = check_int("kv_lora_rank", mapping.get("kv_lora_rank"),      # r
+                     minimum=1, optional=True)
+    rope_key_dim = check_int("qk_rope_head_dim",                        # d_R
+                             mapping.get("qk_rope_head_dim", 0), minimum=0)
+    if rank is None:
         return {}
-    return {"latent_rank": fields["kv_lora_rank"],
-            "rope_key_dim": fields["qk_rope_head_dim"]}
+    return {"latent_rank": rank, "rope_key_dim": rope_key_dim}
 
 
-# chapters/ch03-long-context.qmd:1929
+# chapters/ch03-long-context.qmd:1957
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -715,13 +743,14 @@ class ToyLatentKVAttention(nn.Module):
                  latent_rank: int,                # r
                  rope_key_dim: int = 0,           # d_R; 0 = no rotary key
                  rope_base: float = 10_000.0):    # b of the rotary bands
-        d_model, query_heads, latent_rank, rope_key_dim, rope_base = (
-            check_arguments(
-                d_model=(d_model, COUNT),
-                query_heads=(query_heads, Field(minimum=1, divides="d_model")),
-                latent_rank=(latent_rank, COUNT),
-                rope_key_dim=(rope_key_dim, Field(minimum=0, multiple_of=2)),
-                rope_base=(rope_base, Field("number", above=1))))
+        d_model = check_int("d_model", d_model, minimum=1)
+        query_heads = check_int("query_heads", query_heads, minimum=1)
+        check_divides("query_heads", query_heads, "d_model", d_model)
+        latent_rank = check_int("latent_rank", latent_rank, minimum=1)
+        rope_key_dim = check_int("rope_key_dim", rope_key_dim, minimum=0)
+        if rope_key_dim % 2:                 # odd: a coordinate left unturned
+            raise ValueError(f"rope_key_dim must be even (got {rope_key_dim})")
+        rope_base = check_number("rope_base", rope_base, above=1)
         super().__init__()
         self.d_model, self.query_heads = d_model, query_heads
         self.head_dim = d_model // query_heads
@@ -801,7 +830,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2280
+# chapters/ch03-long-context.qmd:2309
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -813,11 +842,13 @@ def visibility_mask(seq_len: int,               # T
     the query at position i, the keys j with i - W < j <= i; ``sinks``
     keeps the first ``sinks`` positions visible as well (StreamingLLM).
     With ``query_len`` only the rows of the last ``query_len`` positions
-    are built, (query_len, seq_len): what a decode step needs. A window
-    below 1 (rows with no key) and negative sinks are refused.
+    are built, (query_len, seq_len): what a decode step needs. A length
+    that is not an integer, a window below 1 (rows with no key) and
+    negative sinks are refused.
     """
-    window, sinks = check_arguments(window=(window, MAYBE_COUNT),
-                                    sinks=(sinks, SIZE))
+    seq_len = check_int("seq_len", seq_len, minimum=0)  # 2.5: a 3-row mask
+    window = check_int("window", window, minimum=1, optional=True)
+    sinks = check_int("sinks", sinks, minimum=0)
     rows = seq_len if query_len is None else query_len
     visible = causal_rows(rows, seq_len, device=device)           # (T_q, T)
     if window is None:
@@ -827,13 +858,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2365
-#: The fields ``read_window_fields`` takes from config.json.
-WINDOW_FIELDS = {"sliding_window": MAYBE_COUNT,
-                 "sliding_window_pattern": MAYBE_COUNT,
-                 "use_sliding_window": Field("bool", default=True)}
-
-
+# chapters/ch03-long-context.qmd:2396
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -848,12 +873,17 @@ def read_window_fields(mapping: Mapping[str, Any],
         TypeError: If ``mapping`` is not a mapping or ``layers`` not an int.
         ValueError: If a field is present but not a usable integer.
     """
-    fields = check_fields(mapping, WINDOW_FIELDS)
+    check_type("mapping", mapping, Mapping)
+    window = check_int("sliding_window", mapping.get("sliding_window"),  # W
+                       minimum=1, optional=True)
+    pattern = check_int("sliding_window_pattern",                        # p
+                        mapping.get("sliding_window_pattern"), minimum=1,
+                        optional=True)
+    enabled = check_bool("use_sliding_window",
+                         mapping.get("use_sliding_window", True))
     layers = check_int("layers", layers, minimum=1)
-    window = fields["sliding_window"]                                  # W
-    if window is None or not fields["use_sliding_window"]:
+    if window is None or not enabled:
         return {}
-    pattern = fields["sliding_window_pattern"]                         # p
     if isinstance(mapping.get("layer_types"), list):
         kinds = mapping["layer_types"]
         windowed = sum(kind == "sliding_attention" for kind in kinds)

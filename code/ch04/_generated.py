@@ -11,19 +11,15 @@ from torch import Tensor, nn
 
 from longctx import ch01, ch02, ch03
 from longctx.support import (
-    COUNT,
-    FLAG,
-    POSITIVE,
-    SEED,
-    SIZE,
-    Field,
-    check_arguments,
+    check_bits,
+    check_bool,
     check_choice,
     check_int,
     check_number,
+    check_type,
 )
 
-# chapters/ch04-efficient-architectures.qmd:76
+# chapters/ch04-efficient-architectures.qmd:72
 RUNNING_EXAMPLE = ch03.KVConfig(
     name="Llama-3-8B shape", layers=32, query_heads=32, kv_heads=8,
     head_dim=128, bytes_per_scalar=2,
@@ -31,7 +27,7 @@ RUNNING_EXAMPLE = ch03.KVConfig(
 """The chapter's running example: 32 layers, 8 KV heads of 128, 2 bytes."""
 
 
-# chapters/ch04-efficient-architectures.qmd:129
+# chapters/ch04-efficient-architectures.qmd:125
 def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     """Return what a T-token context costs attention (Equation 4.1).
 
@@ -49,7 +45,7 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     }
 
 
-# chapters/ch04-efficient-architectures.qmd:362
+# chapters/ch04-efficient-architectures.qmd:358
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -113,7 +109,7 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch04-efficient-architectures.qmd:557
+# chapters/ch04-efficient-architectures.qmd:553
 def quantize_kv(x: Tensor, bits: int, *,
                 per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d).
@@ -136,9 +132,8 @@ def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
     per token, a latent cache L vectors of r + d_R numbers. ``bits``
     outside 1..16 and a negative ``scale_bytes`` are refused.
     """
-    bits, scale_bytes = check_arguments(
-        bits=(bits, Field("bits", choices=range(1, 17))),
-        scale_bytes=(scale_bytes, SIZE))
+    bits = check_bits("bits", bits, range(1, 17))
+    scale_bytes = check_int("scale_bytes", scale_bytes, minimum=0)
     if config.latent_rank is None:  # a key and a value per KV head and layer
         vectors, width = 2 * config.layers * config.kv_heads, config.head_dim
     else:  # one latent, with its rotary key, per layer
@@ -164,14 +159,17 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
         TypeError: an argument has the wrong type.
         ValueError: an argument is out of range.
     """
-    bits, keys_per, tokens, dim, outlier_channels, outlier_scale, seed = (
-        check_arguments(
-            bits=(bits, Field("bits", choices=ch02.QUANTIZE_BITS)),
-            keys_per=(keys_per, Field("choice", choices=("token", "channel"))),
-            tokens=(tokens, COUNT), dim=(dim, COUNT),
-            outlier_channels=(outlier_channels,
-                              Field(minimum=0, maximum="dim")),
-            outlier_scale=(outlier_scale, POSITIVE), seed=(seed, SEED)))
+    bits = check_bits("bits", bits, ch02.QUANTIZE_BITS)
+    keys_per = check_choice("keys_per", keys_per, ("token", "channel"))
+    tokens = check_int("tokens", tokens, minimum=1)
+    dim = check_int("dim", dim, minimum=1)
+    outlier_channels = check_int("outlier_channels", outlier_channels,
+                                 minimum=0)
+    if outlier_channels > dim:
+        raise ValueError("outlier_channels must be at most dim (got "
+                         f"outlier_channels={outlier_channels} and dim={dim})")
+    outlier_scale = check_number("outlier_scale", outlier_scale, above=0)
+    seed = check_int("seed", seed, minimum=0)
     generator = torch.Generator().manual_seed(seed)
     query, key, value = (torch.randn(tokens, dim, generator=generator)
                          for _ in range(3))
@@ -187,7 +185,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:809
+# chapters/ch04-efficient-architectures.qmd:807
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     return int(mask.sum())
@@ -218,7 +216,7 @@ def hops_needed(distance: int, window: int) -> int:
     return -(-distance // (window - 1))  # ceil(distance / (w - 1)), exactly
 
 
-# chapters/ch04-efficient-architectures.qmd:942
+# chapters/ch04-efficient-architectures.qmd:940
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -256,7 +254,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch04-efficient-architectures.qmd:1072
+# chapters/ch04-efficient-architectures.qmd:1070
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -288,7 +286,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:1276
+# chapters/ch04-efficient-architectures.qmd:1274
 def sliding_window_block_mask(seq_len: int, window: int,
                               block_size: int) -> Tensor:
     """Return the bool (n, n) tile mask of a causal window, n = ceil(T / b).
@@ -297,8 +295,8 @@ def sliding_window_block_mask(seq_len: int, window: int,
     with 0 <= i - j < window. No T x T mask is built; the last block may be
     shorter.
     """
-    window, block_size = check_arguments(window=(window, COUNT),
-                                         block_size=(block_size, COUNT))
+    window = check_int("window", window, minimum=1)
+    block_size = check_int("block_size", block_size, minimum=1)
     n_blocks = -(-seq_len // block_size)
     first = torch.arange(n_blocks) * block_size  # first token of each block
     last = torch.clamp(first + block_size, max=seq_len) - 1  # and its last
@@ -352,7 +350,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1451
+# chapters/ch04-efficient-architectures.qmd:1449
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -435,7 +433,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1643
+# chapters/ch04-efficient-architectures.qmd:1641
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -455,9 +453,10 @@ def sharpness_comparison(query_scale: float, seed: int = 11,
     by ``query_scale``. Returns ``softmax`` and ``linear`` (each a
     ``weight_sharpness`` dict) and ``weights``, the two (T, T) matrices.
     """
-    query_scale, seed, tokens, width = check_arguments(
-        query_scale=(query_scale, POSITIVE), seed=(seed, SEED),
-        tokens=(tokens, Field(minimum=5)), width=(width, COUNT))
+    query_scale = check_number("query_scale", query_scale, above=0)
+    seed = check_int("seed", seed, minimum=0)
+    tokens = check_int("tokens", tokens, minimum=5)
+    width = check_int("width", width, minimum=1)
     generator = torch.Generator().manual_seed(seed)
     keys = torch.randn(tokens, width, generator=generator)
     queries = query_scale * torch.randn(tokens, width, generator=generator)
@@ -469,7 +468,7 @@ def sharpness_comparison(query_scale: float, seed: int = 11,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1760
+# chapters/ch04-efficient-architectures.qmd:1759
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -505,7 +504,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1921
+# chapters/ch04-efficient-architectures.qmd:1920
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
@@ -548,7 +547,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2129
+# chapters/ch04-efficient-architectures.qmd:2128
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -581,7 +580,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2376
+# chapters/ch04-efficient-architectures.qmd:2375
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.10).
@@ -602,7 +601,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2516
+# chapters/ch04-efficient-architectures.qmd:2515
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -632,9 +631,10 @@ class SelectiveSSMLayer(nn.Module):
     def __init__(self, d_model: int, state_size: int = 4, expand: int = 2, *,
                  selective: bool = True) -> None:
         super().__init__()
-        d_model, state_size, expand, selective = check_arguments(
-            d_model=(d_model, COUNT), state_size=(state_size, COUNT),
-            expand=(expand, COUNT), selective=(selective, FLAG))
+        d_model = check_int("d_model", d_model, minimum=1)
+        state_size = check_int("state_size", state_size, minimum=1)
+        expand = check_int("expand", expand, minimum=1)
+        selective = check_bool("selective", selective)
         self.state_size, self.selective = state_size, selective
         inner = d_model * expand
         self.dt_rank = -(-d_model // 16)  # Mamba's ceil(d_model / 16)
@@ -725,10 +725,10 @@ class CopyingModel(nn.Module):
     def __init__(self, vocab: int, d_model: int, mixer: nn.Module,
                  symbols: int) -> None:
         super().__init__()
-        vocab, d_model, mixer, symbols = check_arguments(
-            vocab=(vocab, COUNT), d_model=(d_model, COUNT),
-            mixer=(mixer, Field("type", types=nn.Module)),
-            symbols=(symbols, COUNT))
+        vocab = check_int("vocab", vocab, minimum=1)
+        d_model = check_int("d_model", d_model, minimum=1)
+        mixer = check_type("mixer", mixer, nn.Module)
+        symbols = check_int("symbols", symbols, minimum=1)
         self.embed = nn.Embedding(vocab, d_model)
         self.norm_in = nn.LayerNorm(d_model)
         self.mixer = mixer
@@ -753,14 +753,18 @@ def train_copying(model: CopyingModel, *, steps: int, length: int,
     positions named right on ``test_size`` sequences drawn from a separate
     generator, and ``losses``, one per step.
     """
-    (model, steps, length, copies, symbols, batch_size, learning_rate, seed,
-     test_size) = check_arguments(
-        model=(model, Field("type", types=nn.Module)), steps=(steps, COUNT),
-        length=(length, COUNT),
-        copies=(copies, Field(minimum=1, maximum="length")),
-        symbols=(symbols, COUNT), batch_size=(batch_size, COUNT),
-        learning_rate=(learning_rate, POSITIVE), seed=(seed, SEED),
-        test_size=(test_size, COUNT))
+    check_type("model", model, nn.Module)
+    steps = check_int("steps", steps, minimum=1)
+    length = check_int("length", length, minimum=1)
+    copies = check_int("copies", copies, minimum=1)
+    if copies > length:
+        raise ValueError(f"copies must be at most length (got copies={copies}"
+                         f" and length={length})")
+    symbols = check_int("symbols", symbols, minimum=1)
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    learning_rate = check_number("learning_rate", learning_rate, above=0)
+    seed = check_int("seed", seed, minimum=0)
+    test_size = check_int("test_size", test_size, minimum=1)
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
@@ -815,13 +819,14 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:2920
+# chapters/ch04-efficient-architectures.qmd:2924
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
-    channels, state_size, bytes_per_scalar = check_arguments(
-        channels=(channels, COUNT), state_size=(state_size, COUNT),
-        bytes_per_scalar=(bytes_per_scalar, COUNT))
+    channels = check_int("channels", channels, minimum=1)
+    state_size = check_int("state_size", state_size, minimum=1)
+    bytes_per_scalar = check_int("bytes_per_scalar", bytes_per_scalar,
+                                 minimum=1)
     return channels * state_size * bytes_per_scalar
 
 
@@ -854,7 +859,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3018
+# chapters/ch04-efficient-architectures.qmd:3023
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:

@@ -13,10 +13,9 @@ from torch import Tensor
 from tqdm import tqdm
 
 from longctx import ch01, ch02, ch03, support
-from longctx.support import COUNT, POSITIVE, SEED, Field
 
 
-# chapters/ch06-extension.qmd:89
+# chapters/ch06-extension.qmd:88
 class RotarySelfAttention(ch02.CausalSelfAttention):
     """Chapter 2's causal attention with RoPE on queries and keys.
 
@@ -82,7 +81,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
         return self.output(ch01.merge_heads(mixed))  # (B, T, d)
 
 
-# chapters/ch06-extension.qmd:169
+# chapters/ch06-extension.qmd:168
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's thresholds
 #: (the rope_scaling entry of its released config.json).
@@ -157,7 +156,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:335
+# chapters/ch06-extension.qmd:334
 #: The byte that opens a record and, at the end of a window, asks for one.
 KEY_MARK = "#"
 #: The bytes names and values are drawn from; the filler text has none.
@@ -203,9 +202,11 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
         ValueError: If ``keys`` is not 1 to len(KEY_SYMBOLS), ``questions``
             not 1 to ``keys``, or the records do not fit in the window.
     """
-    keys, questions = support.check_arguments(
-        keys=(keys, Field(minimum=1, maximum=len(KEY_SYMBOLS))),
-        questions=(questions, Field(minimum=1, maximum="keys")))
+    keys = support.check_int("keys", keys, minimum=1, maximum=len(KEY_SYMBOLS))
+    questions = support.check_int("questions", questions, minimum=1)
+    if questions > keys:
+        raise ValueError(f"questions must be at most keys (got questions="
+                         f"{questions} and keys={keys})")
     last = length - 3 * questions - 2  # the latest start of a record
     if 3 * keys > last + 1:
         raise ValueError(f"{keys} records and {questions} questions do not "
@@ -241,7 +242,7 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
     return KeyBatch(window[:, :-1], window[:, 1:], answers[:, 1:], starts)
 
 
-# chapters/ch06-extension.qmd:474
+# chapters/ch06-extension.qmd:475
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
@@ -259,14 +260,17 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
         TypeError, ValueError: For an argument of the wrong type or range,
             or a ``text`` no longer than one window.
     """
-    (model, steps, max_keys, batch_size, key_share, learning_rate, seed,
-     progress) = support.check_arguments(
-        model=(model, Field("type", types=RotaryGPT)), steps=(steps, COUNT),
-        max_keys=(max_keys, Field(minimum=1, maximum=len(KEY_SYMBOLS))),
-        batch_size=(batch_size, Field(minimum=2)),
-        key_share=(key_share, Field("number", minimum=0, maximum=1)),
-        learning_rate=(learning_rate, POSITIVE), seed=(seed, SEED),
-        progress=(progress, Field("type", types=tqdm, default=None)))
+    support.check_type("model", model, RotaryGPT)
+    steps = support.check_int("steps", steps, minimum=1)
+    max_keys = support.check_int("max_keys", max_keys, minimum=1,
+                                 maximum=len(KEY_SYMBOLS))
+    batch_size = support.check_int("batch_size", batch_size, minimum=2)
+    key_share = support.check_number("key_share", key_share, minimum=0,
+                                     maximum=1)
+    learning_rate = support.check_number("learning_rate", learning_rate,
+                                         above=0)
+    seed = support.check_int("seed", seed, minimum=0)
+    support.check_type("progress", progress, tqdm, optional=True)
     length = support.check_int("length", length, minimum=6 * max_keys + 1)
     support.check_tensor("text", text, dims=1, dtype=torch.long)
     if text.numel() <= length + 1:
@@ -314,7 +318,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:570
+# chapters/ch06-extension.qmd:574
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -352,7 +356,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:636
+# chapters/ch06-extension.qmd:640
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -411,7 +415,7 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
     return only_first, only_second, min(1.0, 2 * tail)
 
 
-# chapters/ch06-extension.qmd:736
+# chapters/ch06-extension.qmd:740
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 
@@ -433,7 +437,7 @@ def matched_base(length: int, *, reference_base: float,
     return reference_base**share
 
 
-# chapters/ch06-extension.qmd:900
+# chapters/ch06-extension.qmd:904
 def load_extension_results(folder: pathlib.Path | None = None
                            ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``make experiment`` and its path.

@@ -8,14 +8,6 @@ shows what was given, before any work is done. One helper per kind of check.
 """
 
 from .checks import (
-    COUNT,
-    FLAG,
-    POSITIVE,
-    REQUIRED,
-    SEED,
-    SIZE,
-    Field,
-    check_arguments,
     check_attention_inputs,
     check_bits,
     check_bool,
@@ -23,30 +15,22 @@ from .checks import (
     check_device,
     check_divides,
     check_dtype,
-    check_fields,
     check_int,
     check_int_sequence,
     check_number,
     check_tensor,
     check_type,
     describe,
+    required,
 )
 from .data import book_root, data_path, load_results
 from .style import PALETTE, apply_book_style
 
 __all__ = [
-    "COUNT",
-    "FLAG",
-    "POSITIVE",
-    "REQUIRED",
-    "SEED",
-    "SIZE",
-    "Field",
     "PALETTE",
     "apply_book_style",
     "book_root",
     "load_results",
-    "check_arguments",
     "check_attention_inputs",
     "check_bits",
     "check_bool",
@@ -54,7 +38,6 @@ __all__ = [
     "check_device",
     "check_divides",
     "check_dtype",
-    "check_fields",
     "check_int",
     "check_int_sequence",
     "check_number",
@@ -62,4 +45,5 @@ __all__ = [
     "check_type",
     "data_path",
     "describe",
+    "required",
 ]
