@@ -641,6 +641,22 @@ def test_rope_from_config_spellings_and_sources_of_t0():
     assert torch.allclose(half, torch.tensor([1e4 ** (-2 * j / 64) for j in range(32)], dtype=torch.float64))
 
 
+def test_config_readers_read_a_null_field_as_unset():
+    """A config.json writes null for a field left at its default; the readers take the default."""
+    llama2 = ch03.load_model_config("llama-2-7b")
+    plain, _ = ch03.rope_from_config(llama2)
+    assert torch.equal(ch03.rope_from_config({**llama2, "partial_rotary_factor": None})[0], plain)
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
+    expected = ch03.rope_from_config({**llama2, "rope_scaling": yarn})
+    nulls = {**yarn, "beta_fast": None, "beta_slow": None, "truncate": None}
+    assert torch.equal(ch03.rope_from_config({**llama2, "rope_scaling": nulls})[0], expected[0])
+    deepseek = ch03.load_model_config("deepseek-v2-lite")
+    assert ch03.read_latent_fields({**deepseek, "qk_rope_head_dim": None}) == {
+        "latent_rank": 512, "rope_key_dim": 0}
+    assert ch03.read_window_fields({"sliding_window": 8, "sliding_window_pattern": 2,
+                                    "use_sliding_window": None}, 4) == {"window": 8, "windowed_layers": 2}
+
+
 @pytest.mark.parametrize("scaling, error, message", [
     ({"rope_type": "dynamic", "factor": 2.0}, ValueError, "rope_type must be one of"),
     ({"rope_type": "linear", "factor": 0.5}, ValueError, "factor must be >= 1"),

@@ -263,15 +263,17 @@ def test_check_number_choice_and_type_pass_none_only_when_optional():
         support.check_type("rope_scaling", None, dict)
 
 
-def test_required_returns_a_field_and_names_the_mapping_that_lacks_it():
+def test_config_value_reads_a_field_a_default_or_names_the_mapping_that_lacks_it():
     config = {"num_hidden_layers": 32, "head_dim": None, "bias": False}
-    assert support.required(config, "num_hidden_layers") == 32
-    assert support.required(config, "bias") is False  # a falsy value is present
-    for key in ("head_dim", "hidden_size"):  # null and absent alike
+    assert support.config_value(config, "num_hidden_layers") == 32
+    assert support.config_value(config, "bias") is False  # a falsy value is present
+    assert support.config_value(config, "bias", True) is False
+    for key in ("head_dim", "hidden_size"):  # null and absent alike: the default, or refused
+        assert support.config_value(config, key, 128) == 128
         with pytest.raises(ValueError, match=rf"^config is missing required field '{key}'$"):
-            support.required(config, key)
+            support.config_value(config, key)
     with pytest.raises(ValueError, match=r"^rope_scaling is missing required field 'factor'$"):
-        support.required({}, "factor", "rope_scaling")
+        support.config_value({}, "factor", source="rope_scaling")
 
 
 def test_the_check_language_is_gone():

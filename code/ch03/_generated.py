@@ -21,7 +21,7 @@ from longctx.support import (
     check_number,
     check_tensor,
     check_type,
-    required,
+    config_value,
 )
 
 
@@ -237,12 +237,12 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     if dim is None:
         dim = check_int("head_dim", get("head_dim"), minimum=1, optional=True)
         if dim is None:
-            width = required(mapping, "hidden_size")
-            heads = required(mapping, "num_attention_heads")
+            width = config_value(mapping, "hidden_size")
+            heads = config_value(mapping, "num_attention_heads")
             dim = (check_int("hidden_size", width, minimum=1)
                    // check_int("num_attention_heads", heads, minimum=1))
-        share = check_number("partial_rotary_factor",
-                             get("partial_rotary_factor", 1.0), above=0,
+        share = config_value(mapping, "partial_rotary_factor", 1.0)
+        share = check_number("partial_rotary_factor", share, above=0,
                              maximum=1)
         dim = int(dim * share)
     kind = (check_choice("rope_type", scaling.get("rope_type"),
@@ -270,10 +270,10 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
         raise ValueError("config is missing required field "
                          "'original_max_position_embeddings'")
     if kind == "llama3":           # h > l: else Equation 3.5 runs backwards
-        low = check_number("low_freq_factor",
-                           scaling.get("low_freq_factor", 1.0), above=0)
-        high = check_number("high_freq_factor",
-                            scaling.get("high_freq_factor", 4.0), above=0)
+        low = check_number("low_freq_factor", config_value(
+            scaling, "low_freq_factor", 1.0), above=0)
+        high = check_number("high_freq_factor", config_value(
+            scaling, "high_freq_factor", 4.0), above=0)
         if high <= low:
             raise ValueError("high_freq_factor must exceed low_freq_factor "
                              f"(got high_freq_factor={high} and "
@@ -282,11 +282,13 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
             dim, method="llama3", base=base, factor=factor,
             original_context=original, low_freq_factor=low,
             high_freq_factor=high)
-    if not check_bool("truncate", scaling.get("truncate", True)):
+    if not check_bool("truncate", config_value(scaling, "truncate", True)):
         raise ValueError("rope_scaling 'truncate: false' is not supported")
     # beta_fast > beta_slow: else Equation 3.4's ramp runs backwards
-    slow = check_number("beta_slow", scaling.get("beta_slow", 1.0), above=0)
-    fast = check_number("beta_fast", scaling.get("beta_fast", 32.0), above=0)
+    slow = check_number("beta_slow",
+                        config_value(scaling, "beta_slow", 1.0), above=0)
+    fast = check_number("beta_fast",
+                        config_value(scaling, "beta_fast", 32.0), above=0)
     if fast <= slow:
         raise ValueError(f"beta_fast must exceed beta_slow (got beta_fast="
                          f"{fast} and beta_slow={slow})")
@@ -304,7 +306,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:1009
+# chapters/ch03-long-context.qmd:1011
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth
@@ -392,7 +394,7 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
             for depth, p, weight in rows]
 
 
-# chapters/ch03-long-context.qmd:1278
+# chapters/ch03-long-context.qmd:1280
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.6).
@@ -526,7 +528,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1467
+# chapters/ch03-long-context.qmd:1469
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "int8": 1}
@@ -547,9 +549,9 @@ def read_head_fields(mapping: Mapping[str, Any],
     """
     check_type("mapping", mapping, Mapping)
     layers = check_int("num_hidden_layers",
-                       required(mapping, "num_hidden_layers"), minimum=1)
+                       config_value(mapping, "num_hidden_layers"), minimum=1)
     query_heads = check_int("num_attention_heads",
-                            required(mapping, "num_attention_heads"),
+                            config_value(mapping, "num_attention_heads"),
                             minimum=1)
     kv_heads = check_int("num_key_value_heads",
                          mapping.get("num_key_value_heads"), minimum=1,
@@ -563,7 +565,7 @@ def read_head_fields(mapping: Mapping[str, Any],
     bytes_per_scalar = check_int("bytes_per_scalar", bytes_per_scalar,
                                  minimum=1, optional=True)
     if head_dim is None:
-        width = required(mapping, "hidden_size")
+        width = config_value(mapping, "hidden_size")
         head_dim = check_int("hidden_size", width, minimum=1) // query_heads
     dtype = torch_dtype or dtype
     if bytes_per_scalar is None and dtype is None:
@@ -574,7 +576,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1590
+# chapters/ch03-long-context.qmd:1592
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -613,7 +615,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1657
+# chapters/ch03-long-context.qmd:1659
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -692,7 +694,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:1902
+# chapters/ch03-long-context.qmd:1904
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -708,13 +710,14 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     rank = check_int("kv_lora_rank", mapping.get("kv_lora_rank"),      # r
                      minimum=1, optional=True)
     rope_key_dim = check_int("qk_rope_head_dim",                        # d_R
-                             mapping.get("qk_rope_head_dim", 0), minimum=0)
+                             config_value(mapping, "qk_rope_head_dim", 0),
+                             minimum=0)
     if rank is None:
         return {}
     return {"latent_rank": rank, "rope_key_dim": rope_key_dim}
 
 
-# chapters/ch03-long-context.qmd:1957
+# chapters/ch03-long-context.qmd:1960
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -830,7 +833,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2309
+# chapters/ch03-long-context.qmd:2312
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -858,7 +861,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2396
+# chapters/ch03-long-context.qmd:2399
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -880,7 +883,7 @@ def read_window_fields(mapping: Mapping[str, Any],
                         mapping.get("sliding_window_pattern"), minimum=1,
                         optional=True)
     enabled = check_bool("use_sliding_window",
-                         mapping.get("use_sliding_window", True))
+                         config_value(mapping, "use_sliding_window", True))
     layers = check_int("layers", layers, minimum=1)
     if window is None or not enabled:
         return {}

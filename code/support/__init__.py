@@ -20,8 +20,8 @@ from .checks import (
     check_number,
     check_tensor,
     check_type,
+    config_value,
     describe,
-    required,
 )
 from .data import book_root, data_path, load_results
 from .style import PALETTE, apply_book_style
@@ -45,5 +45,5 @@ __all__ = [
     "check_type",
     "data_path",
     "describe",
-    "required",
+    "config_value",
 ]

@@ -108,8 +108,8 @@ def check_number(name: str, value: object, *, minimum: float | None = None, abov
     """Return ``value`` as a Python float within the bounds given.
 
     ``minimum`` and ``maximum`` are inclusive, ``above`` and ``below`` strict.
-    NaN, infinities, ``bool``, tensors, complex numbers and strings are refused.
-    With ``optional``, None passes.
+    NaN, infinities, ``bool``, tensors, complex numbers and strings are refused;
+    with ``optional``, None passes.
     """
     if optional and value is None:
         return None
@@ -137,11 +137,13 @@ def check_choice(name: str, value: object, choices: Collection[str], *, optional
     return value
 
 
-def required(mapping: Mapping, key: str, source: str = "config") -> object:
-    """Return ``mapping[key]``; absent or null, it is a ValueError naming ``source`` and the key."""
-    if mapping.get(key) is None:
+def config_value(mapping: Mapping, key: str, default: object = ..., *, source: str = "config") -> object:
+    """Return ``mapping[key]``; absent or null (a config's null means unset), ``default``, else a ValueError."""
+    if mapping.get(key) is not None:
+        return mapping[key]
+    if default is ...:
         raise ValueError(f"{source} is missing required field {key!r}")
-    return mapping[key]
+    return default
 
 
 def check_device(name: str, value: object) -> torch.device:
