@@ -31,7 +31,8 @@ from .checks import (
     check_type,
     describe,
 )
-from .data import book_root, data_path, load_results
+from .data import data_path
+from .runs import load_results, machine_record, results_folders, time_call, timed_run, write_results
 from .style import PALETTE, apply_book_style
 
 __all__ = [
@@ -44,8 +45,12 @@ __all__ = [
     "Field",
     "PALETTE",
     "apply_book_style",
-    "book_root",
     "load_results",
+    "machine_record",
+    "results_folders",
+    "time_call",
+    "timed_run",
+    "write_results",
     "check_arguments",
     "check_attention_inputs",
     "check_bits",
