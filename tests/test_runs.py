@@ -154,3 +154,24 @@ def test_every_saved_run_loads_outside_the_repository(tmp_path):
     bench = found["benchmarks"]["run"]
     assert bench["floors"]["bytes_per_s"] > 0 and bench["floors"]["flop_per_s"] > 0
     assert {"mqa", "gqa8", "gqa8-materialised"} <= {row["design"] for row in bench["decode"]}
+
+
+# --------------------------------------------------------------------------- the studies' one command line
+
+
+def test_every_study_gives_the_shared_command_line_its_sizes_and_job_count():
+    """python -m experiments {copying,extension,forgetting}: one main() reads each study's SIZES and
+    job_count (how many processes a run can keep busy) and runs its run_experiment."""
+    import importlib
+
+    from experiments.__main__ import STUDIES, parse_args
+
+    counts = {}
+    for name in STUDIES:
+        study = importlib.import_module(f"experiments.{name}")
+        assert sorted(study.SIZES) == ["full", "tiny"] and callable(study.run_experiment), name
+        counts[name] = (study.job_count(study.SIZES["tiny"]), study.job_count(study.SIZES["full"]))
+    # copying: seeds x 3 mixers; extension: seeds x (2 bases + the long control); forgetting: seeds
+    assert counts == {"copying": (6, 15), "extension": (6, 9), "forgetting": (2, 3)}
+    args = parse_args(["forgetting", "--jobs", "3", "--seeds", "4", "5"])
+    assert (args.study, args.size, args.jobs, args.seeds, args.out) == ("forgetting", "full", 3, [4, 5], None)
