@@ -124,9 +124,9 @@ bench-quick: $(ENV_STAMP)
 # (3 seeds of a 4-layer model, 4 to 8 minutes by the machine); each job a process of one torch thread, two at a
 # time (Chapter 7's three at once, one per seed); nice, because the machine may be shared.
 experiment: $(ENV_STAMP)
-	nice -n 5 $(PY) -m experiments.copying
-	nice -n 5 $(PY) -m experiments
-	nice -n 5 $(PY) -m experiments.forgetting --jobs 3
+	nice -n 5 $(PY) -m experiments copying
+	nice -n 5 $(PY) -m experiments extension
+	nice -n 5 $(PY) -m experiments forgetting --jobs 3
 
 clean:
 	rm -rf _book _build _freeze notebooks .quarto .pytest_cache .ruff_cache .hypothesis tests/artifacts

@@ -8,6 +8,7 @@ import sys
 import time
 
 import torch
+from longctx.support.runs import load_average, machine_record, write_results
 
 from . import decode, floors, memory, prefill, ring, scan
 from .common import (
@@ -16,11 +17,8 @@ from .common import (
     cache_sizes,
     default_results_path,
     last_level_cache_bytes,
-    load_average,
-    machine_record,
     resolve_device,
     set_allocator,
-    write_results,
 )
 
 FULL = {
@@ -56,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run in under two minutes")
     parser.add_argument("--device", default="cpu", choices=DEVICE_CHOICES, help="where to run (default cpu)")
     parser.add_argument("--out", type=pathlib.Path, default=None,
-                        help="results file (default benchmarks/results/<device>[-quick].json)")
+                        help="results file (default benchmarks/results/benchmarks-<device>[-quick|-partial].json)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["ring", "prefill", "scan", "memory", "decode"],
                         help="parts to leave out")
@@ -120,7 +118,9 @@ def main(argv=None) -> int:
     sizes = QUICK if args.quick else FULL
     progress = Progress()
     started = time.monotonic()
-    results = {"machine": machine_record(device, threads, "quick" if args.quick else "full"), "sizes": sizes}
+    # A run that leaves parts out is "partial": support.load_results("benchmarks") prefers a full one.
+    mode = "partial" if args.skip else "quick" if args.quick else "full"
+    results = {"machine": machine_record(device, threads, mode), "sizes": sizes}
     results["machine"]["llc_bytes"] = last_level_cache_bytes() if device.type == "cpu" else None
     results["machine"]["l2_bytes"] = cache_sizes().get(2) if device.type == "cpu" else None
     progress(f"benchmarks on {results['machine']['device_name']} ({device.type}), {threads} threads, "
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
             progress(f"profiled {design} at T={max(targets)}")
     results["machine"]["wall_seconds"] = time.monotonic() - started
     results["machine"]["load_average_end"] = load_average()
-    out = args.out or default_results_path(device, args.quick)
+    out = args.out or default_results_path(device, mode)
     write_results(results, out)
     print(summary_table(results), flush=True)
     print(f"wrote {out} ({results['machine']['wall_seconds']:.0f} s)", flush=True)

@@ -1,20 +1,19 @@
-"""Shared pieces of the benchmarks: device choice, timing, machine description, results files."""
+"""Shared pieces of the benchmarks: device choice, caches, memory, the allocator, results files.
+
+The timer (``time_call``), the record of the machine and the writing of a results file are the
+book's, in ``longctx.support``, shared with the experiments and the chapters.
+"""
 
 from __future__ import annotations
 
 import ctypes
-import datetime as _dt
 import gc
-import json
-import os
 import pathlib
-import platform
-import re
 import time
 from collections.abc import Callable
 
 import torch
-import torch.utils.benchmark as torch_benchmark
+from longctx.support.runs import device_slug
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 DEVICE_CHOICES = ("cpu", "cuda", "auto")
@@ -33,17 +32,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for but torch.cuda.is_available() is False; use 'cpu' or 'auto'")
     return torch.device(name)
-
-
-def cpu_model() -> str:
-    """Return the CPU model name from /proc/cpuinfo (or platform.processor() where that is unreadable)."""
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown cpu"
 
 
 def cache_sizes() -> dict[int, int]:
@@ -66,56 +54,6 @@ def last_level_cache_bytes() -> int | None:
     """Return the size of the CPU's largest cache level in bytes (Linux sysfs), or None where unreadable."""
     sizes = cache_sizes()
     return sizes[max(sizes)] if sizes else None
-
-
-def device_label(device: torch.device) -> str:
-    """Return a human name for the device: the CPU model or the GPU name."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return cpu_model()
-
-
-def device_slug(device: torch.device) -> str:
-    """Return the file-name form of the device, e.g. 'cpu-amd-epyc' or 'cuda-nvidia-h200'."""
-    words = re.sub(r"\(r\)|\(tm\)|cpu|@.*$", " ", device_label(device).lower())
-    slug = re.sub(r"[^a-z0-9]+", "-", words).strip("-")
-    return f"{device.type}-{slug or 'unknown'}"
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued work on `device` to finish (a no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_median(fn: Callable[[], object], *, device: torch.device, threads: int,
-                min_run_time: float = 0.2, slow_repeats: int = 5, min_blocks: int = 5) -> dict:
-    """Return the median seconds per call of `fn` measured with torch.utils.benchmark after one warm-up call.
-
-    The Timer picks how many calls make one block, repeats blocks for at least `min_run_time`
-    seconds, and reports the median block time per call. A call slower than `min_run_time` on
-    its own would give a single block, so it is instead timed `slow_repeats` times, one call per
-    block, and the median of those is kept; a measurement of fewer than `min_blocks` blocks is
-    topped up with more blocks of the same size. On CUDA the Timer synchronises.
-
-    Returns:
-        {"seconds": median, "runs": number of blocks, "iqr_seconds": interquartile range,
-         "warmup_seconds": the first call (which pays for compiling, page faults, allocator growth)}
-    """
-    started = time.perf_counter()
-    fn()  # warm-up: first-touch pages, kernel selection, allocator
-    synchronize(device)
-    warm_up = time.perf_counter() - started
-    timer = torch_benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-    if warm_up > min_run_time:
-        measurement = torch_benchmark.Measurement.merge([timer.timeit(1) for _ in range(slow_repeats)])[0]
-    else:
-        measurement = timer.blocked_autorange(min_run_time=min_run_time)
-        if len(measurement.times) < min_blocks:
-            extra = [timer.timeit(measurement.number_per_run) for _ in range(min_blocks - len(measurement.times))]
-            measurement = torch_benchmark.Measurement.merge([measurement, *extra])[0]
-    return {"seconds": float(measurement.median), "runs": len(measurement.times),
-            "iqr_seconds": float(measurement.iqr), "warmup_seconds": warm_up}
 
 
 def rss_bytes() -> int | None:
@@ -211,43 +149,12 @@ def release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def load_average() -> float | None:
-    """Return the system's one-minute load average (runnable processes), or None where unavailable."""
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return None
+def default_results_path(device: torch.device, mode: str) -> pathlib.Path:
+    """Return benchmarks/results/benchmarks-<device-slug>.json, with -<mode> before .json unless full.
 
-
-def machine_record(device: torch.device, threads: int, mode: str) -> dict:
-    """Return the description of the run that every results file begins with."""
-    return {
-        "device": device.type,
-        "device_name": device_label(device),
-        "device_slug": device_slug(device),
-        "cpu_model": cpu_model(),
-        "threads": threads,
-        "logical_cpus": os.cpu_count(),
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "mode": mode,
-        "load_average_start": load_average(),
-    }
-
-
-def default_results_path(device: torch.device, quick: bool) -> pathlib.Path:
-    """Return benchmarks/results/<device-slug>.json (full) or <device-slug>-quick.json (quick)."""
-    return RESULTS_DIR / f"{device_slug(device)}{'-quick' if quick else ''}.json"
-
-
-def write_results(results: dict, path: pathlib.Path) -> None:
-    """Write `results` as indented JSON, atomically (a .tmp file renamed into place)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(results, indent=1, sort_keys=False) + "\n")
-    tmp.replace(path)
+    ``support.load_results("benchmarks")`` reads the newest full run of the folder.
+    """
+    return RESULTS_DIR / f"benchmarks-{device_slug(device)}{'' if mode == 'full' else '-' + mode}.json"
 
 
 class Progress:

@@ -21,9 +21,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from longctx import ch03, ch05
+from longctx.support import time_call
 
 from . import fast
-from .common import last_level_cache_bytes, peak_extra_bytes, set_allocator, time_median
+from .common import last_level_cache_bytes, peak_extra_bytes, set_allocator
 
 QUERY_HEADS = 32
 HEAD_DIM = 128
@@ -234,7 +235,7 @@ def measure_decode(design: str, tokens: int, *, device: torch.device, threads: i
     The roofline fields are None here; `add_roofline` fills them once the run's floors are final.
     """
     case = decode_case(design, tokens, device=device, cold=cold)
-    timing = time_median(case.step, device=device, threads=threads, min_run_time=min_run_time)
+    timing = time_call(case.step, threads=threads, min_run_time=min_run_time)
     extra = peak_extra_bytes(case.step) if device.type == "cpu" and memory else None
     return {"design": design, "kind": "flash" if design in FLASH_DESIGNS else "baseline", "tokens": tokens,
             "seconds": timing["seconds"], "runs": timing["runs"], "iqr_seconds": timing["iqr_seconds"],

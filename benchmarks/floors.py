@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
+from longctx.support import time_call
 
-from .common import last_level_cache_bytes, time_median
+from .common import last_level_cache_bytes
 
 
 def bandwidth_floor(*, device: torch.device, threads: int, megabytes: int = 256, min_run_time: float = 0.3) -> dict:
@@ -22,9 +23,9 @@ def bandwidth_floor(*, device: torch.device, threads: int, megabytes: int = 256,
     target = torch.empty_like(source)
     rows = source.view(-1, 1024)
     weights = torch.rand(1024, generator=generator, device=device)
-    copy = time_median(lambda: target.copy_(source), device=device, threads=threads, min_run_time=min_run_time)
-    read_sum = time_median(lambda: source.sum(), device=device, threads=threads, min_run_time=min_run_time)
-    read_gemv = time_median(lambda: rows @ weights, device=device, threads=threads, min_run_time=min_run_time)
+    copy = time_call(lambda: target.copy_(source), threads=threads, min_run_time=min_run_time)
+    read_sum = time_call(lambda: source.sum(), threads=threads, min_run_time=min_run_time)
+    read_gemv = time_call(lambda: rows @ weights, threads=threads, min_run_time=min_run_time)
     read = min(read_sum, read_gemv, key=lambda timing: timing["seconds"])  # two ways to read every byte once
     return {
         "buffer_bytes": source.nbytes,
@@ -46,7 +47,7 @@ def matmul_floor(*, device: torch.device, threads: int, size: int = 2048, dtype=
     generator = torch.Generator(device=device).manual_seed(1)
     left = torch.randn(size, size, generator=generator, device=device).to(dtype)
     right = torch.randn(size, size, generator=generator, device=device).to(dtype)
-    timing = time_median(lambda: left @ right, device=device, threads=threads, min_run_time=min_run_time)
+    timing = time_call(lambda: left @ right, threads=threads, min_run_time=min_run_time)
     return {"size": size, "dtype": str(dtype).removeprefix("torch."), "seconds": timing["seconds"],
             "flop_per_s": 2 * size**3 / timing["seconds"], "runs": timing["runs"]}
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from longctx import ch01, ch04, ch05
+from longctx.support import time_call
 
 from . import fast
-from .common import peak_extra_bytes, time_median
+from .common import peak_extra_bytes
 
 HEADS = 4
 HEAD_DIM = 64
@@ -78,8 +79,8 @@ def prefill_case(design: str, tokens: int, *, device: torch.device, seed: int = 
 def measure_prefill(design: str, tokens: int, *, device, threads, min_run_time: float = 0.2) -> dict:
     """Return the timed record of one prefill of `design` at n = `tokens` (fields: RECORD_FIELDS)."""
     step = prefill_case(design, tokens, device=device)
-    timing = time_median(step, device=device, threads=threads, min_run_time=min_run_time,
-                         slow_repeats=3 if design == "full-teaching" else 5)
+    timing = time_call(step, threads=threads, min_run_time=min_run_time,
+                       slow_repeats=3 if design == "full-teaching" else 5)
     measure_memory = design in MEMORY_DESIGNS and tokens <= MEMORY_LIMIT and device.type == "cpu"
     return {"design": design, "tokens": tokens, "seconds": timing["seconds"], "runs": timing["runs"],
             "flops": prefill_flops(design, tokens),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 from longctx import ch04
+from longctx.support import time_call
 
 from . import fast
-from .common import time_median
 
 SCAN_CHANNELS = 64
 SSM_INNER = 8192  # a Mamba-style layer for d_model 4096: expansion 2
@@ -28,10 +28,10 @@ def scan_inputs(tokens: int, channels: int = SCAN_CHANNELS, *, device, seed: int
 def measure_scan(tokens: int, *, device, threads, min_run_time: float = 0.2) -> dict:
     """Return loop and parallel-scan times for T = `tokens` (fields: SCAN_RECORD_FIELDS)."""
     decay, inputs = scan_inputs(tokens, device=device)
-    loop = time_median(lambda: ch04.sequential_scan(decay, inputs), device=device, threads=threads,
-                       min_run_time=min_run_time)
-    parallel = time_median(lambda: ch04.parallel_scan(decay, inputs), device=device, threads=threads,
-                           min_run_time=min_run_time)
+    loop = time_call(lambda: ch04.sequential_scan(decay, inputs), threads=threads,
+                     min_run_time=min_run_time)
+    parallel = time_call(lambda: ch04.parallel_scan(decay, inputs), threads=threads,
+                         min_run_time=min_run_time)
     return {"tokens": tokens, "channels": SCAN_CHANNELS, "loop_seconds": loop["seconds"],
             "parallel_seconds": parallel["seconds"], "speedup": loop["seconds"] / parallel["seconds"]}
 
@@ -45,8 +45,8 @@ def measure_ssm_step(*, device, threads, inner: int = SSM_INNER, state_size: int
     decay = torch.rand(1, inner, state_size, generator=generator, device=device)
     input_weight, output_weight = (torch.randn(1, inner, state_size, generator=generator, device=device)
                                    for _ in range(2))
-    timing = time_median(lambda: fast.ssm_decode_step(state, x, decay, input_weight, output_weight),
-                         device=device, threads=threads, min_run_time=min_run_time)
+    timing = time_call(lambda: fast.ssm_decode_step(state, x, decay, input_weight, output_weight),
+                       threads=threads, min_run_time=min_run_time)
     return {"inner": inner, "state_size": state_size, "state_bytes": state.nbytes,
             "seconds": timing["seconds"], "runs": timing["runs"]}
 

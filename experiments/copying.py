@@ -1,27 +1,50 @@
-"""Chapter 4's selective-copying comparison over several seeds: python -m experiments.copying.
+"""Chapter 4's selective-copying comparison over several seeds: python -m experiments copying.
 
 Trains every mixing layer of ``longctx.ch04.COPYING_MIXERS`` once per seed with
-``longctx.ch04.copying_trial`` (the run the chapter makes live for seed 0) and writes the
-accuracies, parameter counts and CPU seconds, headed by a record of the machine, to
-``experiments/results/copying-<device>.json``. Chapter 4 reads the newest file. Two
-processes of one torch thread each run at once (``--jobs``); a trial's numbers do not
-depend on how many run beside it.
+``longctx.ch04.copying_trial`` (the run the chapter makes live for seed 0) and records the
+accuracies, parameter counts and CPU seconds. The command line is experiments/__main__.py's,
+shared by the studies; the results go to ``experiments/results/copying-<device>.json``, and
+Chapter 4 reads the newest full run. Trials run ``--jobs`` at a time (default 2), each on one
+torch thread; a trial's numbers do not depend on how many run beside it.
 """
 
 from __future__ import annotations
 
-import argparse
-import pathlib
+import dataclasses
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 
 import torch
-from longctx import ch04
+from longctx import ch04, support
 
-from benchmarks.common import load_average, machine_record, write_results
 
-RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+@dataclass(frozen=True)
+class CopyingSettings:
+    """The sizes of one run; the defaults are those of ``make experiment``.
+
+    Every mixer is trained for ``steps`` steps once per seed of ``seeds``.
+
+    Raises:
+        TypeError, ValueError: If a field has the wrong type or range.
+    """
+
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    steps: int = 800
+
+    def __post_init__(self) -> None:
+        seeds = support.check_type("seeds", self.seeds, (tuple, list))
+        if not seeds:
+            raise ValueError("seeds must not be empty")
+        object.__setattr__(self, "seeds", tuple(seeds))
+        support.check_int_sequence("seeds", self.seeds, minimum=0)
+        support.check_int("steps", self.steps, minimum=1)
+
+
+#: Toy sizes for the tests and ``--size tiny``: every step of the full run, in seconds.
+TINY = CopyingSettings(seeds=(0, 1), steps=2)
+SIZES = {"full": CopyingSettings(), "tiny": TINY}
 
 
 def _trial(job: tuple[str, int, int]) -> dict:
@@ -36,36 +59,29 @@ def _trial(job: tuple[str, int, int]) -> dict:
             "cpu_seconds": time.process_time() - started}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.copying", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=5, help="seeds 0 .. N-1 per mixer (default 5)")
-    parser.add_argument("--steps", type=int, default=800, help="training steps (default 800)")
-    parser.add_argument("--jobs", type=int, default=2, help="trials run at once (default 2)")
-    parser.add_argument("--out", type=pathlib.Path, default=None,
-                        help="results file (default experiments/results/copying-<device>.json)")
-    args = parser.parse_args(argv)
-    if args.seeds < 1 or args.steps < 1 or args.jobs < 1:
-        parser.error("--seeds, --steps and --jobs must be at least 1")
-    record = machine_record(torch.device("cpu"), threads=1, mode="full")
-    record["processes"] = args.jobs
-    out = args.out or RESULTS_DIR / f"copying-{record['device_slug']}.json"
-    jobs = [(mixer, seed, args.steps) for seed in range(args.seeds)
+def job_count(settings: CopyingSettings) -> int:
+    """The trials a run makes: one per seed and mixer."""
+    return len(settings.seeds) * len(ch04.COPYING_MIXERS)
+
+
+def run_experiment(settings: CopyingSettings, *, jobs: int = 2, progress: bool = True) -> dict:
+    """Run every mixer once per seed of ``settings``, ``jobs`` trials at a time.
+
+    Raises:
+        TypeError, ValueError: If ``settings`` is not a CopyingSettings or ``jobs`` < 1.
+    """
+    support.check_type("settings", settings, CopyingSettings)
+    jobs = support.check_int("jobs", jobs, minimum=1)
+    support.check_bool("progress", progress)
+    work = [(mixer, seed, settings.steps) for seed in settings.seeds
             for mixer in ch04.COPYING_MIXERS]
-    started = time.perf_counter()
-    with ProcessPoolExecutor(args.jobs) as pool:
+    with ProcessPoolExecutor(min(jobs, len(work))) as pool:
         trials = []
-        for trial in pool.map(_trial, jobs):
-            print(f"seed {trial['seed']} {trial['mixer']:>18}: accuracy "
-                  f"{trial['accuracy']:.3f} ({trial['cpu_seconds']:.1f} s CPU)", flush=True)
+        for trial in pool.map(_trial, work):
+            if progress:
+                print(f"  seed {trial['seed']} {trial['mixer']:>18}: accuracy "
+                      f"{trial['accuracy']:.3f} ({trial['cpu_seconds']:.1f} s CPU)",
+                      file=sys.stderr, flush=True)
             trials.append(trial)
-    record["wall_seconds"] = time.perf_counter() - started
-    record["load_average_end"] = load_average()
-    write_results({"machine": record, "task": ch04.COPYING_TASK, "steps": args.steps,
-                   "trials": trials}, out)
-    print(f"wrote {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"settings": dataclasses.asdict(settings), "task": ch04.COPYING_TASK,
+            "steps": settings.steps, "trials": trials}

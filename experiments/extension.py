@@ -1,4 +1,4 @@
-"""Chapter 6's experiment: python -m experiments [--size full|tiny] [--jobs N] [--seeds S ...] [--out PATH].
+"""Chapter 6's experiment: python -m experiments extension [--size full|tiny] [--jobs N] [--seeds S ...].
 
 For every seed and every RoPE base of the settings, one job (``run_job``) trains a rotary
 TinyGPT at the trained length T_0 on key-free text and planted keys, then measures:
@@ -13,20 +13,17 @@ Each model is scored at every length on the same held-out windows: the loss at e
 same bytes with more or less context) and, for the single key and for several keys with
 distractors, a hit or a miss on the same planted windows at each depth.
 
-The results, headed by a record of the machine, the date, the load average before and after
-and the wall and CPU time (user + system of this process and every worker), go to
-``experiments/results/extension-<device>.json`` (``-tiny`` appended for a tiny run).
+The command line is experiments/__main__.py's, shared by the studies; the results go to
+``experiments/results/extension-<device>.json`` (``-tiny`` appended for a tiny run), and
 Chapter 6 reads the newest full run. Jobs run ``--jobs`` at a time (default 2), each in a
 fresh process of one torch thread; a job's numbers do not depend on what runs beside it.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import multiprocessing
-import pathlib
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -35,10 +32,7 @@ from dataclasses import dataclass
 import torch
 from longctx import ch02, ch03, ch06, support
 
-from benchmarks.common import machine_record, write_results
-from experiments.record import timed_run
-
-RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+from experiments.common import bits, texts
 
 #: The seed of every held-out key window: the same trials for every model and seed.
 EVALUATION_SEED = 1_000
@@ -130,20 +124,8 @@ TINY = ExtensionSettings(
 SIZES = {"full": ExtensionSettings(), "tiny": TINY}
 
 
-def texts() -> tuple[torch.Tensor, torch.Tensor]:
-    """Chapter 2's split of the novel (90 % to train), each part without key symbols."""
-    ids = torch.tensor(ch02.ByteTokenizer().encode(ch02.load_corpus()))
-    split = int(0.9 * ids.numel())
-    return ch06.key_free_text(ids[:split]), ch06.key_free_text(ids[split:])
-
-
 def _rounded(values, digits: int = 4) -> list[float]:
     return [round(float(v), digits) for v in values]
-
-
-def _bits(hits: torch.Tensor) -> str:
-    """A (depths, trials) bool grid as one string of 0 and 1, depth after depth."""
-    return "".join("1" if h else "0" for h in hits.flatten().tolist())
 
 
 def evaluate(model: ch06.RotaryGPT, held_out: torch.Tensor, settings: ExtensionSettings, *,
@@ -161,7 +143,7 @@ def evaluate(model: ch06.RotaryGPT, held_out: torch.Tensor, settings: ExtensionS
         if length == longest:
             entry["position_loss"] = _rounded(losses.mean(0))
         for task, keys in (("single", 1), ("multi", s.max_keys)):
-            entry[task] = _bits(ch06.key_hits(model, held_out, length=length, depths=s.depths,
+            entry[task] = bits(ch06.key_hits(model, held_out, length=length, depths=s.depths,
                                               trials=s.trials, seed=EVALUATION_SEED, keys=keys))
         found.append(entry)
     return found
@@ -262,6 +244,11 @@ def _run_one(settings: ExtensionSettings, kind: str, seed: int, base: float,
     return job
 
 
+def job_count(settings: ExtensionSettings) -> int:
+    """The processes a run starts: one per seed and base, and one long control per seed."""
+    return len(settings.seeds) * (len(settings.bases) + 1)
+
+
 def run_experiment(settings: ExtensionSettings, *, jobs: int = 2, progress: bool = True) -> dict:
     """Run one job per (seed, base) of ``settings``, ``jobs`` at a time, each in a fresh process.
 
@@ -296,48 +283,3 @@ def run_experiment(settings: ExtensionSettings, *, jobs: int = 2, progress: bool
             run["long_control_seconds"] = job["seconds"]
     return {"settings": dataclasses.asdict(settings), "lengths": settings.lengths,
             "evaluation_seed": EVALUATION_SEED, "runs": runs}
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m experiments", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", choices=sorted(SIZES), default="full",
-                        help="full: the run Chapter 6 reads (about 10 minutes on 2 idle cores); "
-                             "tiny: seconds")
-    parser.add_argument("--jobs", type=int, default=2,
-                        help="jobs run at once, one process of one thread each (default 2)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None,
-                        help="training seeds (default: the size's own, 0 1 2)")
-    parser.add_argument("--out", type=pathlib.Path, default=None,
-                        help="results file (default experiments/results/extension-<device>[-tiny].json)")
-    parser.add_argument("--quiet", action="store_true", help="no line per finished job")
-    return parser.parse_args(argv)
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.jobs < 1:
-        print(f"error: --jobs must be >= 1 (got {args.jobs})", file=sys.stderr)
-        return 2
-    settings = SIZES[args.size]
-    try:
-        if args.seeds is not None:
-            settings = dataclasses.replace(settings, seeds=tuple(args.seeds))
-    except (TypeError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    machine = machine_record(torch.device("cpu"), 1, args.size)
-    machine["processes"] = min(args.jobs, len(settings.seeds) * (len(settings.bases) + 1))
-    out = args.out or RESULTS_DIR / (f"extension-{machine['device_slug']}"
-                                     f"{'' if args.size == 'full' else '-tiny'}.json")
-    results = timed_run(machine, lambda: run_experiment(settings, jobs=args.jobs,
-                                                        progress=not args.quiet))
-    write_results({"machine": machine, **results}, out)
-    print(f"wrote {out} ({machine['wall_seconds']:.0f} s wall, "
-          f"{machine['cpu_seconds']:.0f} s CPU, "
-          f"{machine['processes']} process(es) of 1 thread)")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

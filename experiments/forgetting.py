@@ -1,4 +1,4 @@
-"""Chapter 7's experiment: python -m experiments.forgetting [--size full|tiny] [--jobs N] [--out PATH].
+"""Chapter 7's experiment: python -m experiments forgetting [--size full|tiny] [--jobs N] [--seeds S ...].
 
 For every seed, one job (``run_job``) trains Chapter 6's rotary TinyGPT on key-free text with
 planted records (first at a short length, then at the measured length T), then, for every cache
@@ -11,18 +11,16 @@ own size), measures on the same held-out windows:
 * the median seconds of one decode step against the compressed cache;
 * for one window (records mid-prompt), which positions each policy keeps in each layer and head.
 
-The results, headed by a record of the machine, the date, the load average before and after and
-the wall and CPU time of every process, go to ``experiments/results/forgetting-<device>.json``
-(``-tiny`` appended for a tiny run). Chapter 7 reads the newest full run. Jobs run ``--jobs`` at a
-time (default 2), each in a fresh process of one torch thread.
+The command line is experiments/__main__.py's, shared by the studies; the results go to
+``experiments/results/forgetting-<device>.json`` (``-tiny`` appended for a tiny run), and
+Chapter 7 reads the newest full run. Jobs run ``--jobs`` at a time (default 2), each in a
+fresh process of one torch thread.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import multiprocessing
-import pathlib
 import statistics
 import sys
 import time
@@ -32,10 +30,7 @@ from dataclasses import dataclass
 import torch
 from longctx import ch02, ch06, ch07, support
 
-from benchmarks.common import machine_record, write_results
-from experiments.record import timed_run
-
-RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+from experiments.common import bits, texts
 
 #: The seed of every held-out key window: the same trials for every model, policy and budget.
 EVALUATION_SEED = 2_000
@@ -102,17 +97,6 @@ TINY = ForgettingSettings(length=96, short_length=48, d_model=16, layers=2, head
                           steps=2, batch_size=4, depths=(0.0, 1.0), trials=2, windows=2, prompt=90,
                           timing_repeats=1, seeds=(0, 1))
 SIZES = {"full": ForgettingSettings(), "tiny": TINY}
-
-
-def texts() -> tuple[torch.Tensor, torch.Tensor]:
-    """Chapter 2's split of the novel (90 % to train), each part without key symbols."""
-    ids = torch.tensor(ch02.ByteTokenizer().encode(ch02.load_corpus()))
-    split = int(0.9 * ids.numel())
-    return ch06.key_free_text(ids[:split]), ch06.key_free_text(ids[split:])
-
-
-def _bits(hits: torch.Tensor) -> str:
-    return "".join("1" if h else "0" for h in hits.flatten().tolist())
 
 
 def settings_grid(settings: ForgettingSettings) -> list[tuple[str, float | None]]:
@@ -196,7 +180,7 @@ def run_job(settings: ForgettingSettings, seed: int) -> dict:
             cache.compress()
         size = cache.nbytes()
         full_bytes = size if policy == "full" else full_bytes
-        hits = {task: _bits(ch07.compressed_hits(model, batch, policy, budget))
+        hits = {task: bits(ch07.compressed_hits(model, batch, policy, budget))
                 for task, batch in tasks.items()}
         window_losses = ch07.compressed_losses(model, inputs, targets, policy, budget,
                                                prompt=s.prompt).mean(1)
@@ -214,6 +198,11 @@ def run_job(settings: ForgettingSettings, seed: int) -> dict:
             "starts": keyed.starts[shown].tolist(),
             "answer_target": int(keyed.targets[shown, -1]),
             "entries": entries, "seconds": time.perf_counter() - clock}
+
+
+def job_count(settings: ForgettingSettings) -> int:
+    """The processes a run starts: one per seed."""
+    return len(settings.seeds)
 
 
 def run_experiment(settings: ForgettingSettings, *, jobs: int = 2, progress: bool = True) -> dict:
@@ -236,38 +225,3 @@ def run_experiment(settings: ForgettingSettings, *, jobs: int = 2, progress: boo
     return {"settings": dataclasses.asdict(settings), "budgets": list(ch07.BUDGETS),
             "policies": {name: settings for name, (_, settings) in ch07.POLICIES.items()},
             "evaluation_seed": EVALUATION_SEED, "runs": runs}
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m experiments.forgetting", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", choices=sorted(SIZES), default="full",
-                        help="full: the run Chapter 7 reads; tiny: seconds")
-    parser.add_argument("--jobs", type=int, default=2, help="jobs run at once (default 2)")
-    parser.add_argument("--out", type=pathlib.Path, default=None,
-                        help="results file (default experiments/results/forgetting-<device>[-tiny].json)")
-    parser.add_argument("--quiet", action="store_true", help="no line per finished job")
-    return parser.parse_args(argv)
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.jobs < 1:
-        print(f"error: --jobs must be >= 1 (got {args.jobs})", file=sys.stderr)
-        return 2
-    settings = SIZES[args.size]
-    machine = machine_record(torch.device("cpu"), 1, args.size)
-    machine["processes"] = min(args.jobs, len(settings.seeds))
-    out = args.out or RESULTS_DIR / (f"forgetting-{machine['device_slug']}"
-                                     f"{'' if args.size == 'full' else '-tiny'}.json")
-    results = timed_run(machine, lambda: run_experiment(settings, jobs=args.jobs,
-                                                        progress=not args.quiet))
-    write_results({"machine": machine, **results}, out)
-    print(f"wrote {out} ({machine['wall_seconds']:.0f} s wall, "
-          f"{machine['cpu_seconds']:.0f} s CPU, "
-          f"{machine['processes']} process(es) of 1 thread)")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -110,8 +110,12 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
     "support": {
         "support.data_path": Valid(lambda: dict(parts=DATA)),
         # An unknown prefix is a name like any other: no such file is FileNotFoundError, not a bad argument.
+        # A string is a folder's name, as a Path is (one that names no folder: tests/test_runs.py).
         "support.load_results": Valid(lambda: dict(prefix="extension", folder=None),
-                                      accepts={"prefix": {"unknown-name"}}),
+                                      accepts={"prefix": {"unknown-name"}, "folder": {"string"}}),
+        # The one timer, which Chapters 2 and 5 and the benchmarks call.
+        "support.time_call": Valid(lambda: dict(function=lambda: None, threads=1, min_run_time=0.01,
+                                                slow_repeats=1, min_blocks=1)),
     },
     # ---------------------------------------------------------------- ch01: the attention layer's constructor and the counts
     "ch01": {
@@ -200,7 +204,6 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
     },
     # ---------------------------------------------------------------- ch05: the timer, the cache builders, the launchers
     "ch05": {
-        "ch05.median_seconds": Valid(lambda: dict(function=lambda: None, threads=1, min_run_time=0.01)),
         "ch05.KiviCache.from_keys_values": Valid(
             lambda: dict(key=_randn(1, 2, 6, 4), value=_randn(1, 2, 6, 4, seed=1), bits=4, group=2, residual=2),
             accepts={"residual": {"zero"}},  # no full-precision tail: every token quantised
@@ -233,7 +236,6 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
                          key_share=0.5, learning_rate=0.003, seed=0, max_keys=1, progress=None),
             accepts={"seed": {"zero"}, "key_share": {"zero"}},  # no keyed windows: text only
         ),
-        "ch06.load_extension_results": Valid(lambda: dict(folder=None)),  # run from the repository
     },
     # ---------------------------------------------------------------- ch07: the checked way to a cache, the two measurements and the results reader
     # (the experiment's settings and driver live in experiments/forgetting.py; tests/test_ch07.py runs them)
@@ -247,7 +249,6 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         "ch07.read_with_cache": Valid(lambda: dict(model=_rotary_model(), tokens=_byte_text(24).view(2, 12),
                                                    cache=_ch("ch07").make_cache(_rotary_model(), "h2o", 0.5,
                                                                                 prompt_tokens=12))),
-        "ch07.load_forgetting_results": Valid(lambda: dict(folder=None)),  # run from the repository
     },
 }
 

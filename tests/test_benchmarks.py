@@ -6,18 +6,13 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from longctx import ch01, ch03, ch04
+from longctx import ch01, ch03, ch04, support
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks import common, decode, fast, floors, memory, prefill, ring, scan  # noqa: E402
-from benchmarks.__main__ import QUICK, summary_table  # noqa: E402
+from benchmarks import common, decode, fast, floors, memory, prefill, ring, scan
+from benchmarks.__main__ import QUICK, summary_table
 
 CPU = torch.device("cpu")
 
@@ -150,8 +145,7 @@ def test_warm_and_cold_rows_time_the_same_step_both_ways():
 
 
 ALLOCATOR_PROBE = """
-import json, sys, torch
-sys.path.insert(0, sys.argv[1])
+import json, torch
 from benchmarks import common
 
 
@@ -176,7 +170,7 @@ def test_set_allocator_returns_or_keeps_a_freed_block():
     # a fresh process, so that no free block of an earlier test's heap serves the 16 MiB
     import subprocess
 
-    done = subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE, str(REPO)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE], capture_output=True, text=True,
                           check=True, timeout=120)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     if report["returned"] is None:
@@ -347,7 +341,7 @@ def test_ring_benchmark_record_has_every_field():
 @pytest.mark.slow  # runs a benchmark
 def test_summary_table_names_machine_floor_and_crossovers():
     progress = common.Progress(False)
-    results = {"machine": common.machine_record(CPU, 1, "quick"),
+    results = {"machine": support.machine_record(CPU, 1, "quick"),
                "floors": {"bytes_per_s": 1e10, "flop_per_s": 1e11},
                "decode": [decode.add_roofline(decode.measure_decode("mha", 16, device=CPU, threads=1,
                                                                     min_run_time=0.001),
@@ -388,6 +382,17 @@ def test_results_files_hold_every_figure():
         for profile in results["profiles"]:
             assert profile["operators"] and profile["total_seconds"] > 0, path.name
             assert math.isclose(sum(profile["kinds"].values()), 1.0), path.name
+
+
+def test_the_chapter_reads_the_newest_full_run_through_the_one_loader():
+    """A run is saved as benchmarks-<device>[-<mode>].json; support.load_results("benchmarks") takes the
+    newest full one, so a quick run or one that left parts out (--skip: "partial") never replaces it."""
+    assert common.default_results_path(CPU, "full").name == f"benchmarks-{support.runs.device_slug(CPU)}.json"
+    assert common.default_results_path(CPU, "partial").name.endswith("-partial.json")
+    assert common.default_results_path(CPU, "full").parent == common.RESULTS_DIR
+    run, path = support.load_results("benchmarks")
+    assert path.parent == common.RESULTS_DIR and run["machine"]["mode"] == "full"
+    assert path in sorted(common.RESULTS_DIR.glob("benchmarks-*.json"))
 
 
 def test_quick_sizes_cover_every_part():

@@ -757,12 +757,11 @@ def test_copying_trial_is_seeded_and_trains_the_named_mixer():
 
 
 def test_saved_copying_seeds_say_what_the_chapter_says():
-    import json
-    folder = CHAPTER.parents[1] / "experiments" / "results"
-    runs = [json.loads(path.read_text()) for path in folder.glob("copying-*.json")]
-    assert runs, "run python -m experiments.copying"
+    from longctx import support
+
+    saved, _ = support.load_results("copying")
     by_seed = {}
-    for trial in max(runs, key=lambda run: run["machine"]["date"])["trials"]:
+    for trial in saved["trials"]:
         by_seed.setdefault(trial["seed"], {})[trial["mixer"]] = trial["accuracy"]
     assert len(by_seed) >= 3
     assert all(row["selective SSM"] > row["time-invariant SSM"] for row in by_seed.values())
@@ -993,10 +992,12 @@ def test_copying_runner_writes_every_mixer_for_every_seed(tmp_path):
     import json
 
     from experiments import copying
+    from experiments.__main__ import main
     out = tmp_path / "copying.json"
-    assert copying.main(["--seeds", "2", "--steps", "2", "--jobs", "1", "--out", str(out)]) == 0
+    assert main(["copying", "--size", "tiny", "--jobs", "1", "--quiet", "--out", str(out)]) == 0
     saved = json.loads(out.read_text())
-    assert saved["task"] == ch04.COPYING_TASK and saved["steps"] == 2
+    assert saved["task"] == ch04.COPYING_TASK and saved["steps"] == copying.TINY.steps == 2
     assert {(t["seed"], t["mixer"]) for t in saved["trials"]} == {
-        (seed, mixer) for seed in range(2) for mixer in ch04.COPYING_MIXERS}
-    assert saved["machine"]["mode"] == "full" and "wall_seconds" in saved["machine"]
+        (seed, mixer) for seed in copying.TINY.seeds for mixer in ch04.COPYING_MIXERS}
+    assert saved["machine"]["mode"] == "tiny" and saved["machine"]["processes"] == 1
+    assert saved["machine"]["cpu_seconds"] >= sum(t["cpu_seconds"] for t in saved["trials"])

@@ -580,13 +580,6 @@ def test_link_bandwidth_is_a_positive_rate():
         ch05.link_bandwidth(0)
 
 
-# --------------------------------------------------------------------------- timing helper
-
-
-def test_median_seconds_returns_a_positive_time():
-    assert ch05.median_seconds(lambda: torch.ones(8).sum(), threads=1, min_run_time=0.01) > 0
-
-
 # --------------------------------------------------------------------------- bad inputs
 
 
@@ -627,12 +620,3 @@ def test_unknown_block_order_raises():
     query, key, value = _qkv(6)
     with pytest.raises(ValueError, match="order"):
         ch05.blockwise_causal_attention(query, key, value, 2, order="random")
-
-
-@pytest.mark.parametrize(("function", "threads", "run_time", "error"), [
-    (lambda: None, 0, 0.1, ValueError), (lambda: None, 1, 0.0, ValueError),
-    (lambda: None, 1.0, 0.1, TypeError), ("not callable", 1, 0.1, TypeError),
-])
-def test_median_seconds_rejects_bad_settings(function, threads, run_time, error):
-    with pytest.raises(error):
-        ch05.median_seconds(function, threads=threads, min_run_time=run_time)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from longctx import ch01, ch02, ch03, ch06
+from longctx import ch01, ch02, ch03, ch06, support
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = settings(max_examples=15, deadline=None)
@@ -170,9 +170,10 @@ def test_no_key_symbol_appears_in_the_evaluation_text_outside_the_planted_record
     """Every evaluation window of the saved run's design, both tasks, every length: a key symbol
     occurs only where a record or the question was planted; the loss windows hold none."""
     import experiments.extension as runner
+    from experiments.common import texts
 
     settings = runner.ExtensionSettings()
-    held_out = runner.texts()[1]
+    held_out = texts()[1]
     for length in settings.lengths:
         for keys in (1, settings.max_keys):
             where = torch.tensor(settings.depths, dtype=torch.float64).repeat_interleave(settings.trials)
@@ -421,7 +422,8 @@ def test_experiment_at_tiny_size_has_every_model_and_measurement_and_repeats_exa
 @pytest.mark.slow  # trains a model
 def test_experiment_command_runs_end_to_end_at_tiny_size(tmp_path):
     out = tmp_path / "extension-tiny.json"
-    done = subprocess.run([sys.executable, "-m", "experiments", "--size", "tiny", "--quiet", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "experiments", "extension", "--size", "tiny", "--quiet",
+                           "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads(out.read_text())
@@ -435,19 +437,21 @@ def test_experiment_command_runs_end_to_end_at_tiny_size(tmp_path):
     assert f"wrote {out}" in done.stdout
 
 
-def test_experiment_command_refuses_bad_arguments():
-    import experiments.extension as cli
+def test_experiment_command_refuses_bad_arguments(capsys):
+    from experiments.__main__ import main, parse_args
 
-    assert cli.main(["--jobs", "0"]) == 2
-    assert cli.main(["--seeds", "-1", "--size", "tiny"]) == 2
-    with pytest.raises(SystemExit):
-        cli.parse_args(["--size", "huge"])
+    assert main(["extension", "--jobs", "0"]) == 2
+    assert main(["extension", "--seeds", "-1", "--size", "tiny"]) == 2
+    assert "--jobs must be" in capsys.readouterr().err
+    for argv in (["extension", "--size", "huge"], ["stretching"], []):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
 
 
 def test_saved_results_hold_everything_the_chapter_reads():
     import experiments.extension as runner
 
-    results, path = ch06.load_extension_results()
+    results, path = support.load_results("extension")
     assert path.name.startswith("extension-") and results["machine"]["mode"] == "full"
     settings = results["settings"]
     defaults = json.loads(json.dumps(dataclasses.asdict(runner.ExtensionSettings())))
@@ -463,24 +467,6 @@ def test_saved_results_hold_everything_the_chapter_reads():
     machine = results["machine"]
     assert machine["wall_seconds"] > 0 and machine["cpu_seconds"] > 0
     assert len(machine["load_average_start"]) == len(machine["load_average_end"]) == 3
-
-
-def test_load_extension_results_prefers_the_newest_full_run(tmp_path):
-    def write(name, mode, date):
-        (tmp_path / name).write_text(json.dumps({"machine": {"mode": mode, "date": date}, "tag": name}))
-
-    write("extension-a.json", "full", "2026-01-01T00:00:00Z")
-    write("extension-b.json", "full", "2026-02-01T00:00:00Z")
-    write("extension-c-tiny.json", "tiny", "2026-03-01T00:00:00Z")
-    results, path = ch06.load_extension_results(tmp_path)
-    assert results["tag"] == "extension-b.json" and path.name == "extension-b.json"
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="make experiment"):
-        ch06.load_extension_results(tmp_path / "empty")
-    with pytest.raises(ValueError, match="folder must be an existing folder"):
-        ch06.load_extension_results(tmp_path / "missing")
-    with pytest.raises(TypeError, match="folder"):
-        ch06.load_extension_results(str(tmp_path))
 
 
 # --- bad input at the boundary -------------------------------------------------------------------

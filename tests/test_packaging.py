@@ -3,7 +3,7 @@
 - A wheel, built from the repository and installed into a clean virtual environment
   (no network: ``--no-deps``, the pinned packages borrowed from the project's
   environment), runs the README's examples from a folder outside the repository and
-  finds every shipped data file.
+  finds every shipped data file and every saved run the chapters read.
 - Editable installs, in setuptools' default mode (what ``environment.yml``'s ``-e .``
   gives a conda user) and in its strict mode (what ``make env`` uses), find every data file from a
   folder outside the repository, and a file added to ``data/`` without reinstalling.
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -30,8 +31,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 PYRIGHT = ROOT / "web" / "node_modules" / ".bin" / "pyright"
-# What a wheel is built from: the package metadata, the readers' code and the data.
-WHEEL_SOURCES = ("pyproject.toml", "README.md", "code", "data")
+# What a wheel is built from: the package metadata, the readers' code, the data and the saved runs.
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "code", "data", "experiments/results", "benchmarks/results")
+# The saved runs the chapters read, shipped as package data: support.load_results's prefixes.
+SAVED_RUNS = {"copying": "experiments/results", "extension": "experiments/results",
+              "forgetting": "experiments/results", "benchmarks": "benchmarks/results"}
 
 
 def _run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -155,6 +159,29 @@ def test_wheel_ships_every_data_file_byte_for_byte(wheel_python, tmp_path):
 
 
 @pytest.mark.slow
+def test_wheel_ships_every_saved_run_and_loads_each_outside_the_repository(wheel_python, tmp_path):
+    """Issue 37: a reader's scratch folder, the wheel's Python, no repository anywhere above it."""
+    script = textwrap.dedent(
+        f"""
+        import json
+        from longctx import support
+        found = {{prefix: str(support.load_results(prefix)[1]) for prefix in {sorted(SAVED_RUNS)!r}}}
+        print(json.dumps({{"folders": [str(f) for f in support.results_folders()], "found": found}}))
+        """
+    )
+    where = json.loads(_run_outside(wheel_python, script, tmp_path / "elsewhere"))
+    prefix = wheel_python.parent.parent
+    experiments_folder, benchmarks_folder = (Path(folder) for folder in where["folders"])
+    assert experiments_folder.is_relative_to(prefix) and benchmarks_folder.is_relative_to(prefix)
+    assert _data_files(experiments_folder) == _data_files(ROOT / "experiments" / "results")
+    assert _data_files(benchmarks_folder) == _data_files(ROOT / "benchmarks" / "results")
+    for name, folder in SAVED_RUNS.items():
+        path = Path(where["found"][name])
+        assert path.is_relative_to(prefix), name
+        assert path.read_bytes() == (ROOT / folder / path.name).read_bytes(), name
+
+
+@pytest.mark.slow
 def test_wheel_runs_the_readme_examples_outside_the_repository(wheel_python, tmp_path):
     for number, source in enumerate(_readme_examples()):
         _run_outside(wheel_python, source, tmp_path / f"example-{number}")
@@ -211,11 +238,15 @@ def test_editable_install_finds_every_data_file_and_a_new_one(mode, tmp_path):
             "namespace_path": [str(p) for p in longctx.data.__path__],
             "corpus_bytes": len(ch02.load_corpus().encode("utf-8")),
             "config": ch03.load_model_config("llama-2-7b"),
+            "runs": {prefix: str(support.load_results(prefix)[1]) for prefix in PREFIXES},
         }))
         """
-    )
+    ).replace("PREFIXES", repr(sorted(SAVED_RUNS)))
     found = json.loads(_run_outside(python, script, tmp_path / "elsewhere"))
     assert Path(found["data"]) == source / "data"
+    # the saved runs are read where the source keeps them, as the data files are
+    assert {name: Path(path).parent for name, path in found["runs"].items()} == {
+        name: source / folder for name, folder in SAVED_RUNS.items()}
     if mode is None:  # the case that broke: the path lists something that is not a folder
         assert not all(Path(p).is_dir() for p in found["namespace_path"]), found["namespace_path"]
     assert found["corpus_bytes"] == (ROOT / "data" / "pride-and-prejudice-ch01-30.txt").stat().st_size
@@ -294,27 +325,25 @@ def test_jedi_goes_to_kvconfigs_definition_in_the_generated_module(tmp_path):
     assert generated.read_text().splitlines()[definition.line - 1].startswith("class KVConfig")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("folder", [".", "chapters", "notebooks"])
-def test_wheel_runs_chapter_5s_setup_from_anywhere_in_the_book(wheel_python, folder):
-    """Chapter 5 finds benchmarks/ from the book it runs in, not from where longctx keeps its data.
-
-    A wheel keeps the data inside site-packages, so the data folder's parent is no repository
-    root. The chapter's first cell runs with the wheel's Python from the book's root (where
-    booktools and Quarto run it), from chapters/ and from notebooks/ (where Jupyter does).
-    """
+@pytest.mark.parametrize("folder", ["root", "chapters", "outside"])
+def test_chapter_5s_setup_runs_from_any_folder(folder, tmp_path):
+    """Chapter 5 imports the repository's benchmarks package without touching sys.path: make env
+    installs benchmarks/ and experiments/ in the book's environment (tools/pyproject.toml), not in the
+    readers' package, so the chapter's first cell runs from the book's root, from chapters/ (where
+    Jupyter starts a kernel for a chapter) and from a folder outside the repository alike, and reads
+    the saved run that the package serves."""
     from booktools.qmd import parse
 
     chapter = ROOT / "chapters" / "ch05-measured.qmd"
     setup = next(cell for cell in parse(chapter.read_text(encoding="utf-8")).cells if cell.is_python)
-    source = (setup.code + "\nprint('book root:', root)\nprint('results:', common.RESULTS_DIR)"
-              "\nprint('saved results:', saved_path)\n")
-    where = ROOT / folder
-    where.mkdir(exist_ok=True)  # notebooks/ is made by the export step and git-ignored
+    assert "sys.path" not in setup.code
+    source = setup.code + "\nprint('benchmarks:', common.__file__)\nprint('saved results:', saved_path)\n"
+    where = {"root": ROOT, "chapters": ROOT / "chapters", "outside": tmp_path}[folder]
     environment = _clean_environment() | {"MPLBACKEND": "Agg"}
-    done = subprocess.run([str(wheel_python), "-c", source], cwd=where, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", source], cwd=where, capture_output=True, text=True,
                           timeout=300, env=environment)
     assert done.returncode == 0, f"chapter 5's setup failed from {where}:\n{done.stderr[-3000:]}"
-    assert f"book root: {ROOT}\n" in done.stdout
-    assert f"results: {ROOT / 'benchmarks' / 'results'}\n" in done.stdout
-    assert "saved results: " in done.stdout
+    assert f"benchmarks: {ROOT / 'benchmarks' / 'common.py'}\n" in done.stdout
+    assert f"saved results: {ROOT / 'benchmarks' / 'results'}/benchmarks-" in done.stdout
+    # the readers' package itself holds no runner
+    assert importlib.util.find_spec("longctx.benchmarks") is None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -343,46 +341,3 @@ def test_data_path_refuses_paths_that_leave_the_data_folder(part):
 def test_data_path_refuses_parts_that_are_not_strings(part):
     with pytest.raises(TypeError, match=r"^data_path parts must be a str \(got "):
         support.data_path("configs", part)
-
-
-def test_book_root_finds_the_repository_from_any_folder_inside_it(tmp_path):
-    from pathlib import Path
-
-    repository = Path(__file__).resolve().parent.parent
-    assert support.book_root(repository / "tests") == repository
-    assert support.book_root(repository) == repository
-    with pytest.raises(FileNotFoundError, match="no book repository"):
-        support.book_root(tmp_path)
-
-
-def _saved_run(folder, name, mode, date):
-    machine = {"mode": mode, "date": date}
-    (folder / name).write_text(json.dumps({"machine": machine, "name": name}), encoding="utf-8")
-
-
-def test_load_results_takes_the_newest_full_run_of_its_prefix(tmp_path):
-    _saved_run(tmp_path, "runs-a.json", "full", "2026-01-02T00:00:00Z")
-    _saved_run(tmp_path, "runs-b.json", "full", "2026-03-01T00:00:00Z")
-    _saved_run(tmp_path, "runs-c-tiny.json", "tiny", "2026-05-01T00:00:00Z")
-    _saved_run(tmp_path, "other-d.json", "full", "2026-06-01T00:00:00Z")
-    results, path = support.load_results("runs", tmp_path)
-    assert path == tmp_path / "runs-b.json" and results["name"] == "runs-b.json"
-    (tmp_path / "runs-a.json").unlink()
-    (tmp_path / "runs-b.json").unlink()
-    assert support.load_results("runs", tmp_path)[1].name == "runs-c-tiny.json"  # no full run
-
-
-def test_load_results_says_where_it_looked_and_refuses_bad_arguments(tmp_path, monkeypatch):
-    with pytest.raises(FileNotFoundError, match=f"no runs-\\*.json in {tmp_path}"):
-        support.load_results("runs", tmp_path)
-    with pytest.raises(ValueError, match="folder must be an existing folder"):
-        support.load_results("runs", tmp_path / "missing")
-    with pytest.raises(TypeError, match="folder"):
-        support.load_results("runs", str(tmp_path))
-    with pytest.raises(ValueError, match="prefix"):
-        support.load_results("", tmp_path)
-    (tmp_path / "_quarto.yml").write_text("", encoding="utf-8")
-    (tmp_path / "experiments" / "results").mkdir(parents=True)
-    _saved_run(tmp_path / "experiments" / "results", "runs-a.json", "full", "2026-01-02T00:00:00Z")
-    monkeypatch.chdir(tmp_path / "experiments")
-    assert support.load_results("runs")[1] == (tmp_path / "experiments/results/runs-a.json").resolve()

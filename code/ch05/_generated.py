@@ -8,13 +8,11 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch import multiprocessing as torch_multiprocessing
-from torch.utils import benchmark as torch_benchmark
 
 from longctx import ch02, ch03, ch04
 from longctx.support import (
@@ -24,30 +22,9 @@ from longctx.support import (
     check_int,
     check_number,
     check_tensor,
-    check_type,
 )
 
-
-# chapters/ch05-measured.qmd:62
-def median_seconds(function, *, threads: int = 1,
-                   min_run_time: float = 0.2) -> float:
-    """Return the median seconds per call of ``function`` after a warm-up.
-
-    Raises:
-        TypeError: if function is not callable or a setting not a number.
-        ValueError: if threads < 1 or min_run_time <= 0.
-    """
-    check_type("function", function, Callable)
-    threads = check_int("threads", threads, minimum=1)
-    min_run_time = check_number("min_run_time", min_run_time, above=0)
-    function()  # warm-up: page faults, kernel choice, allocator growth
-    timer = torch_benchmark.Timer(stmt="function()",
-                                  globals={"function": function},
-                                  num_threads=threads)
-    return timer.blocked_autorange(min_run_time=min_run_time).median
-
-
-# chapters/ch05-measured.qmd:415
+# chapters/ch05-measured.qmd:398
 #: The state of an online softmax: (m, l, a), shaped (..., R, 1),
 #: (..., R, 1) and (..., R, d_v) for R query rows.
 OnlineState = tuple[Tensor, Tensor, Tensor]
@@ -106,7 +83,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-measured.qmd:488
+# chapters/ch05-measured.qmd:471
 def visible_ranges(tokens: int, window: int | None = None,
                    sinks: int = 0) -> list[tuple[int, int]]:
     """Return the [start, stop) position runs the newest query may read.
@@ -140,7 +117,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:562
+# chapters/ch05-measured.qmd:545
 #: The bit widths the per-vector cache holds (the integer route's 4 and 8).
 PACKED_BITS = (4, 8)
 #: The bit widths the packer holds: 8/b codes of b bits share a byte.
@@ -272,7 +249,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out.mul_(cache.scale[..., start:stop, :])  # codes * scale
 
 
-# chapters/ch05-measured.qmd:711
+# chapters/ch05-measured.qmd:694
 def stacked_rows(query: Tensor, kv_heads: int, scale: float | None) -> Tensor:
     """Return the scaled query (B, H_q, 1, d) as rows (B, H_kv, G, d).
 
@@ -335,7 +312,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:837
+# chapters/ch05-measured.qmd:820
 def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
                  chunk: int) -> OnlineState:
     """Return the state (m, l, a) of every chunk of ``chunk`` keys at once.
@@ -379,7 +356,7 @@ def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
     return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
-# chapters/ch05-measured.qmd:984
+# chapters/ch05-measured.qmd:967
 def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Return int8 codes and float32 scales of each row of x (..., n)."""
     return ch02.quantize(x.float(), 8, dim=-1)
@@ -460,7 +437,7 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1128
+# chapters/ch05-measured.qmd:1111
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -639,7 +616,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1357
+# chapters/ch05-measured.qmd:1340
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:
@@ -662,7 +639,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1995
+# chapters/ch05-measured.qmd:1978
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
@@ -692,7 +669,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2398
+# chapters/ch05-measured.qmd:2381
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -725,7 +702,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2452
+# chapters/ch05-measured.qmd:2435
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -777,7 +754,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2549
+# chapters/ch05-measured.qmd:2532
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -838,7 +815,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2630
+# chapters/ch05-measured.qmd:2613
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -930,7 +907,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2837
+# chapters/ch05-measured.qmd:2820
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -971,7 +948,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2949
+# chapters/ch05-measured.qmd:2932
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:

@@ -4,7 +4,6 @@
 
 import functools
 import math
-import pathlib
 from typing import NamedTuple
 
 import torch
@@ -15,7 +14,7 @@ from tqdm import tqdm
 from longctx import ch01, ch02, ch03, support
 
 
-# chapters/ch06-extension.qmd:88
+# chapters/ch06-extension.qmd:86
 class RotarySelfAttention(ch02.CausalSelfAttention):
     """Chapter 2's causal attention with RoPE on queries and keys.
 
@@ -81,7 +80,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
         return self.output(ch01.merge_heads(mixed))  # (B, T, d)
 
 
-# chapters/ch06-extension.qmd:168
+# chapters/ch06-extension.qmd:166
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's thresholds
 #: (the rope_scaling entry of its released config.json).
@@ -156,7 +155,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:334
+# chapters/ch06-extension.qmd:332
 #: The byte that opens a record and, at the end of a window, asks for one.
 KEY_MARK = "#"
 #: The bytes names and values are drawn from; the filler text has none.
@@ -242,7 +241,7 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
     return KeyBatch(window[:, :-1], window[:, 1:], answers[:, 1:], starts)
 
 
-# chapters/ch06-extension.qmd:475
+# chapters/ch06-extension.qmd:473
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
@@ -318,7 +317,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:574
+# chapters/ch06-extension.qmd:572
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -356,7 +355,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:640
+# chapters/ch06-extension.qmd:638
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -415,7 +414,7 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
     return only_first, only_second, min(1.0, 2 * tail)
 
 
-# chapters/ch06-extension.qmd:740
+# chapters/ch06-extension.qmd:738
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 
@@ -435,13 +434,3 @@ def matched_base(length: int, *, reference_base: float,
     share = math.log(length / (2 * math.pi)) / math.log(
         reference_length / (2 * math.pi))
     return reference_base**share
-
-
-# chapters/ch06-extension.qmd:904
-def load_extension_results(folder: pathlib.Path | None = None
-                           ) -> tuple[dict, pathlib.Path]:
-    """Return the newest full run of ``make experiment`` and its path.
-
-    ``support.load_results("extension", folder)``, which says what it raises.
-    """
-    return support.load_results("extension", folder)

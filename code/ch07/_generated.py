@@ -3,7 +3,6 @@
 """Code saved from chapters/ch07-forgetting.qmd ("What a cache can forget")."""
 
 import math
-import pathlib
 from typing import NamedTuple
 
 import torch
@@ -13,7 +12,7 @@ from torch import Tensor
 from longctx import ch01, ch03, ch05, ch06, support
 
 
-# chapters/ch07-forgetting.qmd:91
+# chapters/ch07-forgetting.qmd:89
 class Seen(NamedTuple):
     """What one layer's heads have attended to, for the cached entries.
 
@@ -39,7 +38,7 @@ def newest(seen: Seen, count: int) -> Tensor:
     return seen.positions > cutoff
 
 
-# chapters/ch07-forgetting.qmd:128
+# chapters/ch07-forgetting.qmd:126
 def keep_all(seen: Seen, keep: int) -> Tensor:
     """The full cache: every entry, whatever the budget."""
     return top_positions(-seen.positions.double(), seen.positions.shape[-1])
@@ -64,7 +63,7 @@ def keep_heavy(seen: Seen, keep: int, recent_share: float = 0.5) -> Tensor:
     return top_positions(score, keep)
 
 
-# chapters/ch07-forgetting.qmd:166
+# chapters/ch07-forgetting.qmd:164
 def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
     """Return SnapKV's votes (B, H, n), pooled along the cache.
 
@@ -105,7 +104,7 @@ def pyramid_budgets(keep: int, layers: int, *, tokens: int,
     return budgets
 
 
-# chapters/ch07-forgetting.qmd:265
+# chapters/ch07-forgetting.qmd:263
 class EvictingCache:
     """Per-layer keys and values (B, H, k_l, d_h) that a policy keeps.
 
@@ -188,7 +187,7 @@ class EvictingCache:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:370
+# chapters/ch07-forgetting.qmd:368
 class QuantizedCache:
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -249,7 +248,7 @@ class QuantizedCache:
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:446
+# chapters/ch07-forgetting.qmd:444
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -283,7 +282,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model.lm_head(model.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch07-forgetting.qmd:481
+# chapters/ch07-forgetting.qmd:479
 #: Each policy: its keep function (None: stored in fewer bits), settings.
 POLICIES = {
     "full": (keep_all, {}),
@@ -383,13 +382,3 @@ def compressed_losses(model: ch06.RotaryGPT, inputs: Tensor, targets: Tensor,
               for at in range(prompt, inputs.shape[1])]
     return F.cross_entropy(torch.cat(logits, 1).transpose(1, 2),
                            targets[:, prompt:], reduction="none")
-
-
-# chapters/ch07-forgetting.qmd:713
-def load_forgetting_results(folder: pathlib.Path | None = None
-                            ) -> tuple[dict, pathlib.Path]:
-    """Return the newest full run of ``experiments.forgetting`` and its path.
-
-    ``support.load_results("forgetting", folder)``, which says what it raises.
-    """
-    return support.load_results("forgetting", folder)

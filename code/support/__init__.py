@@ -23,14 +23,19 @@ from .checks import (
     config_value,
     describe,
 )
-from .data import book_root, data_path, load_results
+from .data import data_path
+from .runs import load_results, machine_record, results_folders, time_call, timed_run, write_results
 from .style import PALETTE, apply_book_style
 
 __all__ = [
     "PALETTE",
     "apply_book_style",
-    "book_root",
     "load_results",
+    "machine_record",
+    "results_folders",
+    "time_call",
+    "timed_run",
+    "write_results",
     "check_attention_inputs",
     "check_bits",
     "check_bool",

@@ -8,7 +8,6 @@ they are found from any working directory, in the repository or far from it.
 from __future__ import annotations
 
 import importlib.util
-import json
 import pathlib
 
 from .checks import check_type
@@ -90,49 +89,3 @@ def data_path(*parts: str) -> pathlib.Path:
             f"(got {'/'.join(parts)!r})"
         )
     return path
-
-
-def book_root(start: pathlib.Path | None = None) -> pathlib.Path:
-    """Return the book's repository: the first folder at or above ``start`` holding ``_quarto.yml``.
-
-    ``start`` defaults to the working directory, so a chapter finds the
-    repository's saved results from its root or from ``notebooks/``.
-
-    Raises:
-        FileNotFoundError: If no folder at or above ``start`` is the book's repository.
-    """
-    here = (pathlib.Path.cwd() if start is None else pathlib.Path(start)).resolve()
-    for folder in (here, *here.parents):
-        if (folder / "_quarto.yml").is_file():
-            return folder
-    raise FileNotFoundError(f"no book repository (a folder with _quarto.yml) at or above {here}")
-
-
-def load_results(prefix: str, folder: pathlib.Path | None = None) -> tuple[dict, pathlib.Path]:
-    """Return the newest saved run named ``<prefix>-*.json`` and its path.
-
-    Reads ``folder``, by default ``experiments/results`` of the book's repository
-    (``book_root``, from the working directory up); of the files whose machine record
-    says ``mode: full`` it takes the newest by the record's date, else the newest of any mode.
-
-    Raises:
-        TypeError: If ``prefix`` is not a string or ``folder`` not a pathlib.Path.
-        ValueError: If ``prefix`` is empty or ``folder`` is not an existing folder.
-        FileNotFoundError: If there is no such file (the message names the folder looked in),
-            or no repository above the working directory when ``folder`` is None.
-    """
-    check_type("prefix", prefix, str)
-    if not prefix:
-        raise ValueError("prefix must be a non-empty file-name prefix (got '')")
-    if folder is None:
-        folder = book_root() / "experiments" / "results"
-    else:
-        check_type("folder", folder, pathlib.Path)
-        if not folder.is_dir():
-            raise ValueError(f"folder must be an existing folder (got {str(folder)!r})")
-    runs = [(json.loads(path.read_text(encoding="utf-8")), path)
-            for path in sorted(folder.glob(f"{prefix}-*.json"))]
-    if not runs:
-        raise FileNotFoundError(f"no {prefix}-*.json in {folder}; run `make experiment` first")
-    full = [run for run in runs if run[0]["machine"]["mode"] == "full"]
-    return max(full or runs, key=lambda run: run[0]["machine"]["date"])

@@ -1,0 +1,177 @@
+"""longctx.support.runs: the one timer, the record of a run, and saved runs written and read from anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from longctx import support
+
+ROOT = Path(__file__).resolve().parent.parent
+# What each chapter reads: the prefix and the repository folder its runs are saved in.
+SAVED_RUNS = {"copying": "experiments/results", "extension": "experiments/results",
+              "forgetting": "experiments/results", "benchmarks": "benchmarks/results"}
+
+
+# --------------------------------------------------------------------------- the timer
+
+
+def test_time_call_warms_up_once_then_times_at_least_min_blocks_blocks():
+    calls = []
+    timing = support.time_call(lambda: calls.append(1), min_run_time=0.01, min_blocks=7)
+    assert set(timing) == {"seconds", "runs", "iqr_seconds", "warmup_seconds"}
+    assert timing["runs"] >= 7
+    assert len(calls) > timing["runs"]  # the warm-up, then at least one call a block
+
+
+def test_time_call_times_a_slow_call_slow_repeats_times_one_call_a_block():
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.02)
+
+    timing = support.time_call(slow, min_run_time=0.01, slow_repeats=3)
+    assert timing["runs"] == 3 and len(calls) >= 1 + 3  # the warm-up, then a block of one call, thrice
+    assert timing["seconds"] >= 0.02 and timing["warmup_seconds"] >= 0.02
+
+
+def test_time_call_runs_on_the_threads_asked_and_gives_the_process_its_own_back():
+    before = torch.get_num_threads()
+    seen = []
+    support.time_call(lambda: seen.append(torch.get_num_threads()), threads=1, min_run_time=0.01)
+    assert set(seen[1:]) == {1}  # every timed call; the warm-up runs as the caller left it
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize(("arguments", "error", "message"), [
+    (dict(function=3), TypeError, "function"),
+    (dict(threads=0), ValueError, "threads"),
+    (dict(threads=1.0), TypeError, "threads"),
+    (dict(min_run_time=0), ValueError, "min_run_time"),
+    (dict(min_run_time="1"), TypeError, "min_run_time"),
+    (dict(slow_repeats=0), ValueError, "slow_repeats"),
+    (dict(min_blocks=True), TypeError, "min_blocks"),
+])
+def test_time_call_refuses_bad_settings_by_name(arguments, error, message):
+    arguments = {"function": lambda: None, **arguments}
+    with pytest.raises(error, match=message):
+        support.time_call(arguments.pop("function"), **arguments)
+
+
+# --------------------------------------------------------------------------- the record of a run
+
+
+def test_timed_run_records_how_the_run_went(tmp_path):
+    machine = support.machine_record(torch.device("cpu"), 1, "tiny")
+    assert machine["mode"] == "tiny" and machine["device_slug"].startswith("cpu-")
+    assert machine["date"].endswith("Z") and machine["threads"] == 1
+    machine["processes"] = 1
+    results = support.timed_run(machine, lambda: {"answer": sum(range(10**6))})
+    assert results == {"answer": 499999500000}
+    assert machine["wall_seconds"] <= machine["cpu_seconds"] + 1  # one process, no waiting
+    assert machine["idle_wall_estimate_seconds"] == machine["cpu_seconds"]
+    assert len(machine["load_average_start"]) == len(machine["load_average_end"]) == 3
+    out = tmp_path / "deep" / "study-cpu.json"
+    support.write_results({"machine": machine, **results}, out)
+    assert json.loads(out.read_text())["answer"] == 499999500000
+    assert sorted(p.name for p in out.parent.iterdir()) == ["study-cpu.json"]  # no .tmp left
+
+
+# --------------------------------------------------------------------------- the one loader
+
+
+def _saved_run(folder, name, mode, date):
+    machine = {"mode": mode, "date": date}
+    (folder / name).write_text(json.dumps({"machine": machine, "name": name}), encoding="utf-8")
+
+
+def test_load_results_takes_the_newest_full_run_of_its_prefix(tmp_path):
+    _saved_run(tmp_path, "runs-a.json", "full", "2026-01-02T00:00:00Z")
+    _saved_run(tmp_path, "runs-b.json", "full", "2026-03-01T00:00:00Z")
+    _saved_run(tmp_path, "runs-c-tiny.json", "tiny", "2026-05-01T00:00:00Z")
+    _saved_run(tmp_path, "other-d.json", "full", "2026-06-01T00:00:00Z")
+    results, path = support.load_results("runs", tmp_path)
+    assert path == tmp_path / "runs-b.json" and results["name"] == "runs-b.json"
+    assert support.load_results("runs", str(tmp_path))[1] == path  # a string names the folder too
+    (tmp_path / "runs-a.json").unlink()
+    (tmp_path / "runs-b.json").unlink()
+    assert support.load_results("runs", tmp_path)[1].name == "runs-c-tiny.json"  # no full run
+
+
+def test_load_results_says_where_it_looked_and_refuses_bad_arguments(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"no runs-\\*.json in {tmp_path}; pass folder="):
+        support.load_results("runs", tmp_path)
+    with pytest.raises(FileNotFoundError, match="no nothing-\\*.json in .*experiments/results, .*benchmarks/results"):
+        support.load_results("nothing")
+    with pytest.raises(ValueError, match="folder must be an existing folder"):
+        support.load_results("runs", tmp_path / "missing")
+    with pytest.raises(TypeError, match="folder must be a str or Path"):
+        support.load_results("runs", 3)
+    with pytest.raises(ValueError, match="prefix"):
+        support.load_results("", tmp_path)
+
+
+def test_the_package_finds_the_saved_runs_in_the_repository():
+    """make env's editable install ships experiments/results and benchmarks/results as links, which
+    results_folders follows back to the repository, so a run saved there is read without reinstalling."""
+    assert support.results_folders() == [ROOT / "experiments" / "results", ROOT / "benchmarks" / "results"]
+    for prefix, folder in SAVED_RUNS.items():
+        run, path = support.load_results(prefix)
+        assert path.parent == ROOT / folder and run["machine"]["mode"] == "full", prefix
+
+
+def test_every_saved_run_loads_outside_the_repository(tmp_path):
+    """A reader's folder far from the repository: each run the chapters read loads, and it is the
+    repository's file; Chapter 5's floors and decode times (Exercises 5.1 and 5.2) among them."""
+    script = textwrap.dedent(
+        f"""
+        import json
+        from longctx import support
+        found = {{}}
+        for prefix in {sorted(SAVED_RUNS)!r}:
+            run, path = support.load_results(prefix)
+            found[prefix] = {{"path": str(path), "run": run}}
+        print(json.dumps(found))
+        """
+    )
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("PYTHON")}
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env=environment)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    for prefix, folder in SAVED_RUNS.items():
+        path = Path(found[prefix]["path"])
+        assert path.parent == ROOT / folder, prefix
+        assert found[prefix]["run"] == json.loads(path.read_text(encoding="utf-8")), prefix
+    bench = found["benchmarks"]["run"]
+    assert bench["floors"]["bytes_per_s"] > 0 and bench["floors"]["flop_per_s"] > 0
+    assert {"mqa", "gqa8", "gqa8-materialised"} <= {row["design"] for row in bench["decode"]}
+
+
+# --------------------------------------------------------------------------- the studies' one command line
+
+
+def test_every_study_gives_the_shared_command_line_its_sizes_and_job_count():
+    """python -m experiments {copying,extension,forgetting}: one main() reads each study's SIZES and
+    job_count (how many processes a run can keep busy) and runs its run_experiment."""
+    import importlib
+
+    from experiments.__main__ import STUDIES, parse_args
+
+    counts = {}
+    for name in STUDIES:
+        study = importlib.import_module(f"experiments.{name}")
+        assert sorted(study.SIZES) == ["full", "tiny"] and callable(study.run_experiment), name
+        counts[name] = (study.job_count(study.SIZES["tiny"]), study.job_count(study.SIZES["full"]))
+    # copying: seeds x 3 mixers; extension: seeds x (2 bases + the long control); forgetting: seeds
+    assert counts == {"copying": (6, 15), "extension": (6, 9), "forgetting": (2, 3)}
+    args = parse_args(["forgetting", "--jobs", "3", "--seeds", "4", "5"])
+    assert (args.study, args.size, args.jobs, args.seeds, args.out) == ("forgetting", "full", 3, [4, 5], None)
