@@ -241,12 +241,62 @@ def test_cache_tensors_have_documented_shapes():
         assert cache.values[layer].shape == (2, TINY.heads, 9, TINY.head_dim)
 
 
-def test_attend_with_cache_matches_chapter_1_attention_on_an_empty_cache():
-    attention = ch01.MultiHeadAttention(16, 4)
+def test_the_layer_without_a_cache_is_chapter_1s_attention_bit_for_bit():
+    torch.manual_seed(5)
+    layer = ch02.CausalSelfAttention(16, 4)
+    chapter_1 = ch01.MultiHeadAttention(16, 4)
+    chapter_1.load_state_dict(layer.state_dict())
     x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(5))
-    cache = ch02.KVCache(layers=1, batch=2, heads=4, head_dim=4)
     with torch.no_grad():
-        assert torch.allclose(ch02.attend_with_cache(attention, x, cache, 0), attention(x), atol=1e-6)
+        assert torch.equal(layer(x), chapter_1(x))  # its causal mask by default
+
+
+def test_attend_with_cache_on_nothing_cached_is_chapter_1s_causal_attention():
+    q, k, v = (torch.randn(2, 3, 7, 4, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    output, weights = ch02.attend_with_cache(q, k, v)
+    expected, expected_weights = ch01.scaled_dot_product_attention(q, k, v, ch01.causal_mask(7))
+    assert torch.equal(output, expected) and torch.equal(weights, expected_weights)
+
+
+@pytest.mark.parametrize("past", [1, 5, 9])
+def test_kv_cache_attend_caches_then_attends_with_the_shifted_mask(past):
+    """New queries after ``past`` cached tokens get the rows of the full causal attention."""
+    q, k, v = (torch.randn(2, 3, 10, 4, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    cache = ch02.KVCache(layers=2, batch=2, heads=3, head_dim=4)
+    first = cache.attend(1, q[:, :, :past], k[:, :, :past], v[:, :, :past])
+    assert cache.position(1) == past and cache.position(0) == 0  # only layer 1 has read
+    rest = cache.attend(1, q[:, :, past:], k[:, :, past:], v[:, :, past:])
+    assert cache.position(1) == 10 and torch.equal(cache.keys[1], k) and torch.equal(cache.values[1], v)
+    full, _ = ch01.scaled_dot_product_attention(q, k, v, ch01.causal_mask(10))
+    torch.testing.assert_close(torch.cat([first, rest], dim=2), full, atol=1e-6, rtol=0)
+
+
+def test_any_object_with_position_and_attend_is_a_cache_to_the_model():
+    """The model talks to a cache through two methods only: a stand-in that records them works."""
+
+    class Recording:
+        def __init__(self, inner):
+            self.inner, self.calls = inner, []
+
+        @property
+        def length(self):
+            return self.inner.length
+
+        def position(self, layer):
+            return self.inner.position(layer)
+
+        def attend(self, layer, query, key, value):
+            self.calls.append((layer, query.shape[2], self.position(layer)))
+            return self.inner.attend(layer, query, key, value)
+
+    model = make_model(seed=4)
+    tokens = random_tokens(2, 12, seed=4)
+    with torch.no_grad():
+        plain, recording = model.new_cache(batch=2), Recording(model.new_cache(batch=2))
+        expected = torch.cat([model(tokens[:, :9], plain), model(tokens[:, 9:], plain)], dim=1)
+        got = torch.cat([model(tokens[:, :9], recording), model(tokens[:, 9:], recording)], dim=1)
+    assert torch.equal(got, expected)
+    assert recording.calls == [(0, 9, 0), (1, 9, 0), (0, 3, 9), (1, 3, 9)]
 
 
 # --- cache bytes ----------------------------------------------------------------------------------------------

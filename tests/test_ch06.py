@@ -48,6 +48,31 @@ def test_rotary_cached_decoding_equals_the_full_pass(heads, layers, batch, lengt
     assert torch.allclose(torch.cat(pieces, dim=1), full, atol=1e-5)
 
 
+@pytest.mark.parametrize("start", [0, 7])
+def test_the_rotary_layer_is_chapter_2s_with_rope_on_queries_and_keys(start):
+    """Projections, Chapter 3's rotation at positions start.., Chapter 2's cache hook, the output layer."""
+    torch.manual_seed(2)
+    layer = ch06.RotarySelfAttention(16, 2)
+    layer.set_bands(*ch06.recipe_bands("yarn", 8, factor=4, original_context=8))
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(2))
+    cache = ch02.KVCache(layers=1, batch=2, heads=2, head_dim=8)
+    if start:  # tokens already cached: the new ones start at position 7
+        cache.append(0, *(torch.randn(2, 2, start, 8, generator=torch.Generator().manual_seed(3)),) * 2)
+    past_keys, past_values = cache.keys[0], cache.values[0]
+    with torch.no_grad():
+        got = layer(x, cache if start else None)
+        q, k, v = (ch01.split_heads(projection(x), 2) for projection in (layer.query, layer.key, layer.value))
+        positions = torch.arange(start, start + 5)
+        q, k = (ch03.apply_rope(t, positions, layer.frequencies, layer.magnitude) for t in (q, k))
+        keys, values = torch.cat([past_keys, k], 2), torch.cat([past_values, v], 2)
+        mixed, _ = ch01.scaled_dot_product_attention(
+            q, keys, values, torch.ones(5, start + 5, dtype=torch.bool).tril(diagonal=start))
+        expected = layer.output(ch01.merge_heads(mixed))
+    assert torch.equal(got, expected)
+    if start:
+        assert torch.equal(cache.keys[0], keys) and cache.position(0) == start + 5
+
+
 @pytest.mark.parametrize("method", ch03.ROPE_METHODS)
 def test_cached_decoding_equals_full_pass_under_every_recipe_in_float64(method):
     model = rotary(context=8, d_model=16, heads=2).double()
@@ -132,7 +157,8 @@ def test_fused_attention_equals_the_teaching_path():
         cache_a, cache_b = teaching.new_cache(3), fused.new_cache(3)
         teaching(tokens[:, :20], cache_a)
         fused(tokens[:, :20], cache_b)
-        assert torch.allclose(fused(tokens[:, 20:], cache_b), teaching(tokens[:, 20:], cache_a), atol=1e-5)
+        # with a cache the cache attends (Chapter 2's hook), fused or not
+        assert torch.equal(fused(tokens[:, 20:], cache_b), teaching(tokens[:, 20:], cache_a))
 
 
 @pytest.mark.slow  # trains a model

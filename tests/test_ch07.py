@@ -58,6 +58,68 @@ def test_the_decode_loop_reproduces_the_model(layers, heads, length, prompt, see
         torch.testing.assert_close(logits, model(ids), atol=1e-5, rtol=1e-5)
 
 
+def keep_everything(model, kind):
+    """A cache of each kind that keeps every entry in full precision (KIVI: a residual past the text)."""
+    if kind.startswith("kivi"):
+        return ch07.QuantizedCache(len(model.blocks), int(kind[-1]), kivi=True, group=16, residual=64)
+    return ch07.make_cache(model, kind, None if kind == "full" else 1.0, prompt_tokens=20)
+
+
+@pytest.mark.parametrize("kind", ["full", *EVICTING, "kivi4", "kivi2"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_cache_that_keeps_everything_gives_the_full_pass(kind, seed):
+    """Through the model's own forward: the prompt bit for bit, each later token to float32 rounding."""
+    model = rotary(layers=1 + seed, d_model=16 * (1 + seed), seed=seed)
+    ids = tokens(2, 40, seed)
+    cache = keep_everything(model, kind)
+    with torch.no_grad():
+        prompt = ch07.read_with_cache(model, ids[:, :20], cache)
+        cache.compress()
+        steps = [ch07.read_with_cache(model, ids[:, t:t + 1], cache) for t in range(20, 40)]
+        assert torch.equal(prompt, model(ids[:, :20]))
+        full = model(ids)
+    assert (torch.cat([prompt, *steps], 1) - full).abs().max().item() < 1e-6
+    assert cache.length == 40 and [cache.position(layer) for layer in range(1 + seed)] == [40] * (1 + seed)
+
+
+@pytest.mark.parametrize("kind", QUANTIZED)
+def test_a_quantized_cache_reads_the_prompt_as_the_model_does(kind):
+    model = rotary(layers=2)
+    ids = tokens(2, 24, seed=13)
+    with torch.no_grad():
+        read = ch07.read_with_cache(model, ids, ch07.make_cache(model, kind, prompt_tokens=24))
+        assert torch.equal(read, model(ids))  # full precision until it is stored
+
+
+def test_read_with_cache_runs_the_models_own_forward_dropout_included():
+    config = ch02.GPTConfig(vocab_size=256, context_length=16, d_model=16, layers=2, heads=2, dropout=0.5)
+    torch.manual_seed(0)
+    model = ch06.RotaryGPT(config).train()
+    ids = tokens(2, 12, seed=14)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        read = ch07.read_with_cache(model, ids, ch07.make_cache(model, "h2o", 0.5, prompt_tokens=12))
+        torch.manual_seed(1)
+        forward = model(ids, ch07.make_cache(model, "h2o", 0.5, prompt_tokens=12))
+        evaluated = ch07.read_with_cache(model.eval(), ids, ch07.make_cache(model, "h2o", 0.5, prompt_tokens=12))
+    assert torch.equal(read, forward)
+    assert not torch.allclose(read, evaluated)  # the dropout of training mode was applied
+
+
+def test_an_evicting_cache_places_new_tokens_at_the_tokens_read_not_the_entries_kept():
+    model = rotary(layers=2)
+    ids = tokens(1, 30, seed=15)
+    cache = ch07.make_cache(model, "window", 0.5, prompt_tokens=20)
+    with torch.no_grad():
+        ch07.read_with_cache(model, ids[:, :20], cache)
+        cache.compress()
+        for t in range(20, 30):
+            ch07.read_with_cache(model, ids[:, t:t + 1], cache)
+    assert [k.shape[2] for k in cache.keys] == [15, 15]  # floor(0.5 * 30) entries kept
+    assert cache.length == 30 and [cache.position(0), cache.position(1)] == [30, 30]
+    assert cache.seen[1].positions[0, 0].tolist() == list(range(15, 30))  # each entry at its true position
+
+
 @pytest.mark.parametrize("policy", EVICTING)
 def test_every_eviction_policy_at_full_budget_equals_the_full_cache_exactly(policy):
     model = rotary(layers=3)

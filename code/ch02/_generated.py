@@ -105,7 +105,7 @@ class GPTConfig:
         return self.d_model // self.heads
 
 
-# chapters/ch02-tinygpt.qmd:243
+# chapters/ch02-tinygpt.qmd:247
 class CausalSelfAttention(ch01.MultiHeadAttention):
     """Chapter 1's causal multi-head attention, able to continue a KV cache."""
 
@@ -116,15 +116,38 @@ class CausalSelfAttention(ch01.MultiHeadAttention):
 
         Args:
             x: The normalised token vectors of one block.
-            cache: If given, ``x`` continues the cached sequence and its keys
-                and values are appended to ``cache`` for ``layer`` (see
-                ``attend_with_cache``).
+            cache: If given, ``x`` continues the cached sequence: its
+                heads go to ``cache.attend``, which caches the keys and
+                values for ``layer`` and attends over all of them.
             layer: Which of the cache's layers this attention reads and
                 extends.
         """
+        start = 0 if cache is None else cache.position(layer)  # t_0
+        query, key, value = (ch01.split_heads(projection(x), self.heads)
+                             for projection in (self.query, self.key,
+                                                self.value))  # (B, H, T, d_h)
+        query, key = self.add_positions(query, key, start)
         if cache is None:
-            return super().forward(x)  # Chapter 1's forward: causal mask
-        return attend_with_cache(self, x, cache, layer)
+            mixed = self.attend(query, key, value)  # x attends to itself
+        else:
+            mixed = cache.attend(layer, query, key, value)  # and the cache
+        return self.output(ch01.merge_heads(mixed))  # (B, T, d)
+
+    def add_positions(
+        self, query: Tensor, key: Tensor, start: int
+    ) -> tuple[Tensor, Tensor]:
+        """Return ``query`` and ``key`` (B, H, T, d_h) with their positions.
+
+        The T tokens sit at positions ``start``, ``start + 1``, ... TinyGPT
+        added its position vectors to the tokens already, so both pass
+        unchanged; Chapter 6's rotary attention turns them here.
+        """
+        return query, key
+
+    def attend(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        """Return Chapter 1's causal attention (B, H, T, d_h) of T tokens."""
+        mask = ch01.causal_mask(query.shape[2], device=query.device)
+        return ch01.scaled_dot_product_attention(query, key, value, mask)[0]
 
 
 class FeedForward(nn.Module):
@@ -170,7 +193,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# chapters/ch02-tinygpt.qmd:313
+# chapters/ch02-tinygpt.qmd:340
 class TinyGPT(nn.Module):
     """A decoder-only transformer small enough to train on a CPU in seconds.
 
@@ -238,7 +261,7 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, d) -> (B, T, V)
 
 
-# chapters/ch02-tinygpt.qmd:504
+# chapters/ch02-tinygpt.qmd:531
 def unigram_entropy(
     token_ids: Iterable[int] | Tensor, vocab_size: int
 ) -> float:
@@ -414,7 +437,7 @@ def evaluate_loss(
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:794
+# chapters/ch02-tinygpt.qmd:821
 def next_token(
     logits: Tensor,
     temperature: float = 0.0,
@@ -503,7 +526,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:995
+# chapters/ch02-tinygpt.qmd:1023
 class KVCache:
     """The keys and values a TinyGPT has computed: (B, H, T, d_h) per layer.
 
@@ -514,6 +537,8 @@ class KVCache:
     ``TinyGPT.new_cache`` builds one from the model's checked config:
     ``layers``, ``batch``, ``heads`` and ``head_dim`` are its shape, ``L``,
     ``B``, ``H`` and ``d_h``; ``dtype`` and ``device`` those of the weights.
+    An attention layer calls ``position`` and ``attend``; any object with
+    those two methods can stand in for this cache.
     """
 
     def __init__(
@@ -546,6 +571,10 @@ class KVCache:
         """
         return self.keys[0].shape[2]
 
+    def position(self, layer: int) -> int:
+        """Return where ``layer``'s next token sits: the tokens it holds."""
+        return self.keys[layer].shape[2]
+
     def append(
         self, layer: int, key: Tensor, value: Tensor
     ) -> tuple[Tensor, Tensor]:
@@ -558,6 +587,18 @@ class KVCache:
         self.values[layer] = torch.cat([self.values[layer], value], dim=2)
         return self.keys[layer], self.values[layer]
 
+    def attend(
+        self, layer: int, query: Tensor, key: Tensor, value: Tensor
+    ) -> Tensor:
+        """Return causal attention (B, H, T_new, d_h) of T_new new tokens.
+
+        Their keys and values (B, H, T_new, d_h) are appended to ``layer``
+        first, so each new query sees every cached key and the new ones up
+        to its own (``attend_with_cache``).
+        """
+        key, value = self.append(layer, key, value)  # (B, H, t_0 + T_new, d_h)
+        return attend_with_cache(query, key, value)[0]
+
     def nbytes(self) -> int:
         """Return the bytes the cached tensors hold, measured from them."""
         tensors = self.keys + self.values
@@ -565,31 +606,24 @@ class KVCache:
 
 
 def attend_with_cache(
-    attention: ch01.MultiHeadAttention, x: Tensor, cache: KVCache, layer: int
-) -> Tensor:
-    """Return causal attention (B, T_new, d) for new tokens ``x``.
+    query: Tensor, key: Tensor, value: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Return Chapter 1's ``(output, weights)`` for the newest queries.
 
-    The new tokens continue the sequence in ``cache``: their keys and values
-    are appended to ``cache`` for ``layer``, and new query ``i`` then attends
-    to all cached keys and to new keys ``0..i``. Uses ``attention``'s own
-    projections and Chapter 1's ``split_heads``, ``merge_heads`` and
-    ``scaled_dot_product_attention``.
+    ``query`` (B, H, T_new, d_h) holds the last T_new of the T tokens whose
+    keys and values (B, H, T, d_h), cached ones first, are given. New query
+    ``i`` attends to the t_0 = T - T_new cached keys and to new keys
+    ``0..i``; with nothing cached that is Chapter 1's causal mask.
     """
-    past, new = cache.keys[layer].shape[2], x.shape[1]  # t_0 cached, T_new new
-    heads = attention.heads
-    query = ch01.split_heads(attention.query(x), heads)  # (B, H, T_new, d_h)
-    key = ch01.split_heads(attention.key(x), heads)  # (B, H, T_new, d_h)
-    value = ch01.split_heads(attention.value(x), heads)  # (B, H, T_new, d_h)
-    key, value = cache.append(layer, key, value)  # (B, H, t_0 + T_new, d_h)
+    past, new = key.shape[2] - query.shape[2], query.shape[2]  # t_0, T_new
     # new query i sits at position t_0 + i and may see keys 0 .. t_0 + i:
     # a causal mask shifted by t_0
-    mask = torch.ones(new, past + new, dtype=torch.bool, device=x.device)
+    mask = torch.ones(new, past + new, dtype=torch.bool, device=query.device)
     mask = mask.tril(diagonal=past)  # (T_new, t_0 + T_new)
-    mixed, _ = ch01.scaled_dot_product_attention(query, key, value, mask)
-    return attention.output(ch01.merge_heads(mixed))  # (B, T_new, d)
+    return ch01.scaled_dot_product_attention(query, key, value, mask)
 
 
-# chapters/ch02-tinygpt.qmd:1180
+# chapters/ch02-tinygpt.qmd:1219
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -615,7 +649,7 @@ def kv_cache_bytes(
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1511
+# chapters/ch02-tinygpt.qmd:1550
 # The bit widths quantize's codes can hold: int8 up to 8 bits, int16 up to 16.
 QUANTIZE_BITS = range(2, 17)
 

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from longctx import ch01, ch02, ch03, support
 
 
-# chapters/ch06-extension.qmd:86
+# chapters/ch06-extension.qmd:88
 class RotarySelfAttention(ch02.CausalSelfAttention):
     """Chapter 2's causal attention with RoPE on queries and keys.
 
@@ -47,40 +47,31 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
         self.magnitude = magnitude
         self.frequencies = frequencies.to(torch.float64)
 
-    def forward(self, x: Tensor, cache: ch02.KVCache | None = None,
-                layer: int = 0) -> Tensor:
-        """Return the attended tokens (B, T, d) for ``x`` (B, T, d).
+    def add_positions(self, query: Tensor, key: Tensor,
+                      start: int) -> tuple[Tensor, Tensor]:
+        """Return ``query`` and ``key`` (B, H, T, d_h) turned by R(m).
 
-        With a ``cache``, ``x`` continues the cached sequence of ``layer``:
-        its positions start after the cached tokens, and its turned keys
-        and its values are appended.
+        The T tokens sit at positions m = ``start``, ``start + 1``, ...
         """
-        past = 0 if cache is None else cache.keys[layer].shape[2]  # t_0
-        new = x.shape[1]
-        positions = torch.arange(past, past + new, device=x.device)  # m
+        positions = torch.arange(start, start + query.shape[2],
+                                 device=query.device)  # m
 
         def turn(vectors: Tensor) -> Tensor:  # R(m) of Chapter 3
             return ch03.apply_rope(vectors, positions, self.frequencies,
                                    self.magnitude)
 
-        query = turn(ch01.split_heads(self.query(x), self.heads))  # (B,H,T,d_h)
-        key = turn(ch01.split_heads(self.key(x), self.heads))  # (B,H,T,d_h)
-        value = ch01.split_heads(self.value(x), self.heads)  # (B,H,T,d_h)
-        if cache is not None:
-            key, value = cache.append(layer, key, value)  # (B,H,t_0+T,d_h)
-        # query i sits at t_0 + i and sees keys 0 .. t_0 + i
-        mask = torch.ones(new, past + new, dtype=torch.bool,
-                          device=x.device).tril(diagonal=past)
-        if self.fused:
-            mixed = F.scaled_dot_product_attention(query, key, value,
-                                                   attn_mask=mask)
-        else:
-            mixed, _ = ch01.scaled_dot_product_attention(query, key, value,
-                                                         mask)
-        return self.output(ch01.merge_heads(mixed))  # (B, T, d)
+        return turn(query), turn(key)
+
+    def attend(self, query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+        """Return causal attention (B, H, T, d_h), fused if ``fused``."""
+        if not self.fused:
+            return super().attend(query, key, value)  # Chapter 1's
+        mask = ch01.causal_mask(query.shape[2], device=query.device)
+        return F.scaled_dot_product_attention(query, key, value,
+                                              attn_mask=mask)
 
 
-# chapters/ch06-extension.qmd:166
+# chapters/ch06-extension.qmd:159
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's thresholds
 #: (the rope_scaling entry of its released config.json).
@@ -155,7 +146,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:332
+# chapters/ch06-extension.qmd:325
 #: The byte that opens a record and, at the end of a window, asks for one.
 KEY_MARK = "#"
 #: The bytes names and values are drawn from; the filler text has none.
@@ -241,7 +232,7 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
     return KeyBatch(window[:, :-1], window[:, 1:], answers[:, 1:], starts)
 
 
-# chapters/ch06-extension.qmd:473
+# chapters/ch06-extension.qmd:466
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
@@ -317,7 +308,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:572
+# chapters/ch06-extension.qmd:565
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -355,7 +346,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:638
+# chapters/ch06-extension.qmd:631
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -414,7 +405,7 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
     return only_first, only_second, min(1.0, 2 * tail)
 
 
-# chapters/ch06-extension.qmd:738
+# chapters/ch06-extension.qmd:731
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longctx import ch01, ch03, ch05, ch06, support
+from longctx import ch02, ch05, ch06, support
 
 
-# chapters/ch07-forgetting.qmd:89
+# chapters/ch07-forgetting.qmd:87
 class Seen(NamedTuple):
     """What one layer's heads have attended to, for the cached entries.
 
@@ -38,7 +38,7 @@ def newest(seen: Seen, count: int) -> Tensor:
     return seen.positions > cutoff
 
 
-# chapters/ch07-forgetting.qmd:126
+# chapters/ch07-forgetting.qmd:124
 def keep_all(seen: Seen, keep: int) -> Tensor:
     """The full cache: every entry, whatever the budget."""
     return top_positions(-seen.positions.double(), seen.positions.shape[-1])
@@ -63,7 +63,7 @@ def keep_heavy(seen: Seen, keep: int, recent_share: float = 0.5) -> Tensor:
     return top_positions(score, keep)
 
 
-# chapters/ch07-forgetting.qmd:164
+# chapters/ch07-forgetting.qmd:162
 def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
     """Return SnapKV's votes (B, H, n), pooled along the cache.
 
@@ -104,7 +104,7 @@ def pyramid_budgets(keep: int, layers: int, *, tokens: int,
     return budgets
 
 
-# chapters/ch07-forgetting.qmd:263
+# chapters/ch07-forgetting.qmd:261
 class EvictingCache:
     """Per-layer keys and values (B, H, k_l, d_h) that a policy keeps.
 
@@ -122,7 +122,16 @@ class EvictingCache:
         self.window = settings.get("window", 1)  # w rows kept for votes
         self.keys, self.values = [None] * layers, [None] * layers
         self.seen: list[Seen | None] = [None] * layers
-        self.length = 0  # tokens read so far: the next token's position
+        self.read = [0] * layers  # tokens each layer has read
+
+    @property
+    def length(self) -> int:
+        """Return the number of tokens read so far."""
+        return self.read[0]
+
+    def position(self, layer: int) -> int:
+        """Return the position of ``layer``'s next token: the tokens read."""
+        return self.read[layer]
 
     def layer_budgets(self, tokens: int) -> list[int]:
         """Return k_l(t), the entries a head keeps in each layer."""
@@ -138,20 +147,19 @@ class EvictingCache:
 
         The prompt (into an empty cache) may be T tokens; after it, T = 1.
         """
-        new, start = query.shape[2], self.length
+        new, start = query.shape[2], self.read[layer]
+        self.read[layer] += new
         positions = torch.arange(start, start + new).expand(*key.shape[:2],
                                                             new)
         if self.keys[layer] is None:  # the prompt: causal, in full
-            mask = torch.ones(new, new, dtype=torch.bool).tril()
-            mixed, weights = ch01.scaled_dot_product_attention(
-                query, key, value, mask)
+            mixed, weights = ch02.attend_with_cache(query, key, value)
             self.keys[layer], self.values[layer] = key, value
             self.seen[layer] = Seen(positions, weights.sum(-2),
                                     weights[..., -self.window:, :])
             return mixed
         keys = torch.cat([self.keys[layer], key], dim=2)  # (B, H, k + 1, d_h)
         values = torch.cat([self.values[layer], value], dim=2)
-        mixed, weights = ch01.scaled_dot_product_attention(query, keys, values)
+        mixed, weights = ch02.attend_with_cache(query, keys, values)
         seen = self.seen[layer]
         self.keys[layer], self.values[layer] = keys, values
         self.seen[layer] = Seen(
@@ -187,7 +195,7 @@ class EvictingCache:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:368
+# chapters/ch07-forgetting.qmd:374
 class QuantizedCache:
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -201,7 +209,16 @@ class QuantizedCache:
         self.bits, self.kivi = bits, kivi
         self.group, self.residual = group, residual
         self.stored = [None] * layers
-        self.length = 0
+        self.read = [0] * layers  # tokens each layer has read
+
+    @property
+    def length(self) -> int:
+        """Return the number of tokens read so far."""
+        return self.read[0]
+
+    def position(self, layer: int) -> int:
+        """Return the position of ``layer``'s next token: the tokens read."""
+        return self.read[layer]
 
     def store(self, key: Tensor, value: Tensor):
         """Return keys and values (B, H, T, d_h) in this cache's format."""
@@ -221,12 +238,10 @@ class QuantizedCache:
     def attend(self, layer: int, query: Tensor, key: Tensor,
                value: Tensor) -> Tensor:
         """Return attention (B, H, T, d_h) of T new tokens; cache them."""
+        self.read[layer] += query.shape[2]
         if self.stored[layer] is None:  # the prompt: full precision
-            mask = torch.ones(query.shape[2], query.shape[2],
-                              dtype=torch.bool).tril()
             self.stored[layer] = self.store(key, value)
-            return ch01.scaled_dot_product_attention(query, key, value,
-                                                     mask)[0]
+            return ch02.attend_with_cache(query, key, value)[0]
         if self.kivi:
             self.stored[layer].append(key, value)
             return self.stored[layer].attend(query)
@@ -236,7 +251,7 @@ class QuantizedCache:
             for old, part in zip(self.stored[layer], self.store(key, value),
                                  strict=True))
         keys, values = self.floats(layer)
-        return ch01.scaled_dot_product_attention(query, keys, values)[0]
+        return ch02.attend_with_cache(query, keys, values)[0]
 
     def compress(self) -> None:
         """Nothing to cut: the bits were chosen when the cache was made."""
@@ -248,12 +263,13 @@ class QuantizedCache:
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:444
+# chapters/ch07-forgetting.qmd:462
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
-    The arithmetic of ``model(tokens)``, RoPE at each token's true
-    position, with each layer's attention handed to the cache.
+    The model's own forward pass: each layer turns its queries and keys by
+    RoPE from ``cache.position``, the tokens read so far, and hands them to
+    ``cache.attend``.
 
     Raises:
         TypeError, ValueError: For a model that is not a RotaryGPT,
@@ -264,25 +280,10 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     support.check_tensor("tokens", tokens, dims=2, dtype=torch.long,
                          nonempty=True)
     support.check_type("cache", cache, (EvictingCache, QuantizedCache))
-    start, new = cache.length, tokens.shape[1]
-    positions = torch.arange(start, start + new)
-    x = model.token_embedding(tokens)  # (B, T, d)
-    for layer, block in enumerate(model.blocks):
-        attention, h = block.attention, block.attention_norm(x)
-        query, key, value = (ch01.split_heads(projection(h), attention.heads)
-                             for projection in (attention.query, attention.key,
-                                                attention.value))  # (B,H,T,d_h)
-        query, key = (ch03.apply_rope(vectors, positions, attention.frequencies,
-                                      attention.magnitude)
-                      for vectors in (query, key))  # R(m) of Chapter 3
-        mixed = cache.attend(layer, query, key, value)
-        x = x + attention.output(ch01.merge_heads(mixed))
-        x = x + block.mlp(block.mlp_norm(x))
-    cache.length += new
-    return model.lm_head(model.final_norm(x))  # (B, T, V)
+    return model(tokens, cache)
 
 
-# chapters/ch07-forgetting.qmd:479
+# chapters/ch07-forgetting.qmd:483
 #: Each policy: its keep function (None: stored in fewer bits), settings.
 POLICIES = {
     "full": (keep_all, {}),
