@@ -174,6 +174,9 @@ class Block(nn.Module):
 class TinyGPT(nn.Module):
     """A decoder-only transformer small enough to train on a CPU in seconds.
 
+    Called on token ids (B, T), T at most ``config.context_length``, it
+    returns next-token logits (B, T, vocab_size).
+
     Args:
         config: The sizes; ``position_embedding`` gets ``context_length``
             rows.
@@ -183,6 +186,7 @@ class TinyGPT(nn.Module):
     """
 
     def __init__(self, config: GPTConfig) -> None:
+        """Build the embeddings, blocks and head; the Args are the class's."""
         super().__init__()
         self.config = check_type("config", config, GPTConfig)
         rows, d = config.context_length, config.d_model
@@ -238,7 +242,7 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, d) -> (B, T, V)
 
 
-# chapters/ch02-tinygpt.qmd:504
+# chapters/ch02-tinygpt.qmd:508
 def unigram_entropy(
     token_ids: Iterable[int] | Tensor, vocab_size: int
 ) -> float:
@@ -414,7 +418,7 @@ def evaluate_loss(
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:794
+# chapters/ch02-tinygpt.qmd:798
 def next_token(
     logits: Tensor,
     temperature: float = 0.0,
@@ -503,7 +507,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:995
+# chapters/ch02-tinygpt.qmd:999
 class KVCache:
     """The keys and values a TinyGPT has computed: (B, H, T, d_h) per layer.
 
@@ -589,7 +593,7 @@ def attend_with_cache(
     return attention.output(ch01.merge_heads(mixed))  # (B, T_new, d)
 
 
-# chapters/ch02-tinygpt.qmd:1180
+# chapters/ch02-tinygpt.qmd:1184
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -615,7 +619,7 @@ def kv_cache_bytes(
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1526
+# chapters/ch02-tinygpt.qmd:1530
 # The bit widths quantize's codes can hold: int8 up to 8 bits, int16 up to 16.
 QUANTIZE_BITS = range(2, 17)
 

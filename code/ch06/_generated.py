@@ -175,9 +175,12 @@ def key_free_text(token_ids: Tensor) -> Tensor:
 class KeyBatch(NamedTuple):
     """Windows with planted records, as ``key_batch`` returns them.
 
-    ``inputs`` and ``targets`` (B, T); ``answers`` (B, T), True at the
-    targets that are asked values; ``starts`` (B, K), where each record
-    begins (column 0: the record asked last).
+    Attributes:
+        inputs: Byte ids (B, T) the model reads.
+        targets: Byte ids (B, T), the inputs shifted by one.
+        answers: Bool (B, T), True at the targets that are asked values.
+        starts: (B, K) positions where each record begins (column 0: the
+            record asked last).
     """
 
     inputs: Tensor
@@ -242,7 +245,7 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
     return KeyBatch(window[:, :-1], window[:, 1:], answers[:, 1:], starts)
 
 
-# chapters/ch06-extension.qmd:475
+# chapters/ch06-extension.qmd:478
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
@@ -318,7 +321,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:574
+# chapters/ch06-extension.qmd:577
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -356,7 +359,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:640
+# chapters/ch06-extension.qmd:643
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -415,7 +418,7 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
     return only_first, only_second, min(1.0, 2 * tail)
 
 
-# chapters/ch06-extension.qmd:740
+# chapters/ch06-extension.qmd:743
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 
@@ -437,7 +440,7 @@ def matched_base(length: int, *, reference_base: float,
     return reference_base**share
 
 
-# chapters/ch06-extension.qmd:904
+# chapters/ch06-extension.qmd:907
 def load_extension_results(folder: pathlib.Path | None = None
                            ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``make experiment`` and its path.

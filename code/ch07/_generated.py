@@ -17,10 +17,16 @@ from longctx import ch01, ch03, ch05, ch06, support
 class Seen(NamedTuple):
     """What one layer's heads have attended to, for the cached entries.
 
-    ``positions`` (B, H, n): where each entry sits in the text;
-    ``accumulated`` (B, H, n): A_j of Equation 7.1, over every query so
-    far; ``recent`` (B, H, w, n): the attention rows of the w newest
-    queries, from which V_j is summed.
+    Every policy reads one and returns the indices (B, H, keep) of the
+    entries to keep, sorted by position.
+
+    Attributes:
+        positions: (B, H, n) int: where each of the n entries sits in the
+            text.
+        accumulated: (B, H, n): A_j of Equation 7.1, over every query so
+            far.
+        recent: (B, H, w, n): the attention rows of the w newest queries,
+            from which V_j is summed.
     """
 
     positions: Tensor
@@ -30,6 +36,7 @@ class Seen(NamedTuple):
 
 def top_positions(score: Tensor, keep: int) -> Tensor:
     """Return the indices (B, H, keep) of the highest scores, in order."""
+    support.check_int("keep", keep, minimum=1, maximum=score.shape[-1])
     return score.topk(keep, dim=-1).indices.sort(dim=-1).values
 
 
@@ -39,7 +46,7 @@ def newest(seen: Seen, count: int) -> Tensor:
     return seen.positions > cutoff
 
 
-# chapters/ch07-forgetting.qmd:128
+# chapters/ch07-forgetting.qmd:135
 def keep_all(seen: Seen, keep: int) -> Tensor:
     """The full cache: every entry, whatever the budget."""
     return top_positions(-seen.positions.double(), seen.positions.shape[-1])
@@ -64,13 +71,17 @@ def keep_heavy(seen: Seen, keep: int, recent_share: float = 0.5) -> Tensor:
     return top_positions(score, keep)
 
 
-# chapters/ch07-forgetting.qmd:166
+# chapters/ch07-forgetting.qmd:173
 def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
     """Return SnapKV's votes (B, H, n), pooled along the cache.
 
     V_j of Equation 7.1 over the newest ``window`` queries, averaged over
-    ``pool`` neighbouring entries.
+    ``pool`` neighbouring entries (odd, so that each entry is the centre of
+    its neighbourhood); n is the number of cached entries.
     """
+    support.check_int("window", window, minimum=1)
+    if support.check_int("pool", pool, minimum=1) % 2 == 0:  # n + 1 votes
+        raise ValueError(f"pool must be odd (got {pool})")
     votes = seen.recent[..., -window:, :].sum(-2)  # (B, H, n)
     batch, heads, entries = votes.shape
     pooled = F.avg_pool1d(votes.reshape(batch * heads, 1, entries), pool,
@@ -80,7 +91,16 @@ def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
 
 
 def keep_snap(seen: Seen, keep: int, window: int, pool: int = 5) -> Tensor:
-    """SnapKV: the observation window itself and its best pooled votes."""
+    """SnapKV: the observation window itself and its best pooled votes.
+
+    Returns the indices (B, H, keep) of the entries kept, sorted by
+    position: the ``window`` newest (the chapter's policies use a window
+    of 4, ``POLICIES["snapkv"]``) and the ``keep - window`` best votes of
+    ``snap_votes``. ``keep`` must hold the window and at most the n cached
+    entries.
+    """
+    if support.check_int("keep", keep, minimum=1) < window:  # window cut
+        raise ValueError(f"keep must be at least window={window} (got {keep})")
     score = snap_votes(seen, window, pool).double()
     score[newest(seen, window)] = math.inf
     return top_positions(score, keep)
@@ -105,7 +125,7 @@ def pyramid_budgets(keep: int, layers: int, *, tokens: int,
     return budgets
 
 
-# chapters/ch07-forgetting.qmd:265
+# chapters/ch07-forgetting.qmd:285
 class EvictingCache:
     """Per-layer keys and values (B, H, k_l, d_h) that a policy keeps.
 
@@ -188,7 +208,7 @@ class EvictingCache:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:370
+# chapters/ch07-forgetting.qmd:390
 class QuantizedCache:
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -249,7 +269,7 @@ class QuantizedCache:
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:446
+# chapters/ch07-forgetting.qmd:466
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -283,7 +303,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model.lm_head(model.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch07-forgetting.qmd:481
+# chapters/ch07-forgetting.qmd:501
 #: Each policy: its keep function (None: stored in fewer bits), settings.
 POLICIES = {
     "full": (keep_all, {}),
@@ -385,7 +405,7 @@ def compressed_losses(model: ch06.RotaryGPT, inputs: Tensor, targets: Tensor,
                            targets[:, prompt:], reduction="none")
 
 
-# chapters/ch07-forgetting.qmd:713
+# chapters/ch07-forgetting.qmd:733
 def load_forgetting_results(folder: pathlib.Path | None = None
                             ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``experiments.forgetting`` and its path.
