@@ -139,3 +139,23 @@ def pydoc_text(obj) -> str:
     import pydoc
 
     return pydoc.plain(pydoc.render_doc(obj))
+
+
+def test_constant_comments_reads_the_lines_above_or_the_string_below(tmp_path):
+    from booktools.apiref import constant_comments
+
+    module = tmp_path / "module.py"
+    module.write_text('# a plain comment\nPLAIN = 1\n#: Two lines\n#: of text.\nABOVE: dict = {}\n'
+                      'BELOW = (1, 2)\n"""The string below.\n\nNot this paragraph."""\n', encoding="utf-8")
+    assert constant_comments(module) == {"ABOVE": "Two lines of text.", "BELOW": "The string below."}
+
+
+def test_the_api_appendix_says_what_every_public_constant_holds():
+    from booktools.apiref import api_entries
+
+    entries = {f"{entry.module}.{entry.name}": entry for entry in api_entries(ROOT)}
+    constants = {key: entry.summary for key, entry in entries.items() if entry.kind == "constant"}
+    assert {"longctx.ch06.RECIPE_SETTINGS", "longctx.ch07.POLICIES", "longctx.ch02.CORPUS_FILE"} <= set(constants)
+    assert not [key for key, summary in constants.items() if not summary]
+    assert constants["longctx.ch06.RECIPE_SETTINGS"].startswith("Each recipe's settings beside its factor")
+    assert constants["longctx.ch04.COPYING_TASK"].startswith("The chapter's selective-copying task")

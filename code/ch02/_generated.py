@@ -24,6 +24,7 @@ from longctx.support import (
 )
 
 # chapters/ch02-tinygpt.qmd:76
+#: The training text's file in the package's data folder (``data_path``).
 CORPUS_FILE = "pride-and-prejudice-ch01-30.txt"
 
 
@@ -60,7 +61,7 @@ def load_corpus() -> str:
     return support.data_path(CORPUS_FILE).read_text(encoding="utf-8")
 
 
-# chapters/ch02-tinygpt.qmd:191
+# chapters/ch02-tinygpt.qmd:192
 @dataclass(frozen=True)
 class GPTConfig:
     """The sizes that fix a TinyGPT, checked when the config is created.
@@ -105,7 +106,7 @@ class GPTConfig:
         return self.d_model // self.heads
 
 
-# chapters/ch02-tinygpt.qmd:243
+# chapters/ch02-tinygpt.qmd:244
 class CausalSelfAttention(ch01.MultiHeadAttention):
     """Chapter 1's causal multi-head attention, able to continue a KV cache."""
 
@@ -170,7 +171,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# chapters/ch02-tinygpt.qmd:313
+# chapters/ch02-tinygpt.qmd:314
 class TinyGPT(nn.Module):
     """A decoder-only transformer small enough to train on a CPU in seconds.
 
@@ -242,7 +243,7 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, d) -> (B, T, V)
 
 
-# chapters/ch02-tinygpt.qmd:508
+# chapters/ch02-tinygpt.qmd:509
 def unigram_entropy(
     token_ids: Iterable[int] | Tensor, vocab_size: int
 ) -> float:
@@ -418,7 +419,7 @@ def evaluate_loss(
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:798
+# chapters/ch02-tinygpt.qmd:799
 def next_token(
     logits: Tensor,
     temperature: float = 0.0,
@@ -507,7 +508,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:999
+# chapters/ch02-tinygpt.qmd:1000
 class KVCache:
     """The keys and values a TinyGPT has computed: (B, H, T, d_h) per layer.
 
@@ -593,7 +594,7 @@ def attend_with_cache(
     return attention.output(ch01.merge_heads(mixed))  # (B, T_new, d)
 
 
-# chapters/ch02-tinygpt.qmd:1184
+# chapters/ch02-tinygpt.qmd:1185
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -619,8 +620,8 @@ def kv_cache_bytes(
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1530
-# The bit widths quantize's codes can hold: int8 up to 8 bits, int16 up to 16.
+# chapters/ch02-tinygpt.qmd:1531
+#: The bit widths quantize's codes can hold: int8 up to 8 bits, int16 to 16.
 QUANTIZE_BITS = range(2, 17)
 
 
