@@ -929,3 +929,13 @@ def test_decode_masks_are_rows_not_grids():
     with _LargestTensor() as grid:
         ch01.causal_mask(tokens)
     assert grid.largest == tokens * tokens                   # what the rows avoid
+
+
+def test_yarn_magnitude_is_m_of_s_and_gives_deepseeks_softmax_scale():
+    assert ch03.yarn_magnitude(1.0) == 1.0 and ch03.yarn_magnitude(0.5, 2.0) == 1.0
+    assert ch03.yarn_magnitude(40.0) == pytest.approx(0.1 * math.log(40) + 1)
+    assert ch03.yarn_magnitude(40.0, 0.707) == pytest.approx(0.1 * 0.707 * math.log(40) + 1)
+    assert ch03.inverse_frequencies(32, method="yarn", factor=4)[1] == ch03.yarn_magnitude(4.0)
+    # DeepSeek-V2-Lite sets mscale = mscale_all_dim: the rotated vectors keep magnitude m(s) / m(s) = 1
+    raw = ch03.load_model_config("deepseek-v2-lite")
+    assert ch03.rope_from_config(raw)[1] == 1.0

@@ -126,8 +126,12 @@ def yarn_correction_dim(turns: float, dim: int, base: float,
     return dim * math.log(ratio) / (2 * math.log(base))
 
 
-def _yarn_magnitude(factor: float, mscale: float = 1.0) -> float:
-    """Return YaRN's 0.1 * mscale * ln(a) + 1, or 1 when a <= 1."""
+def yarn_magnitude(factor: float, mscale: float = 1.0) -> float:
+    """Return m(s) = 0.1 s ln(a) + 1 at factor a, s = ``mscale``; 1 if a <= 1.
+
+    YaRN's magnitude is m(1); DeepSeek's configs set it to m(``mscale``) /
+    m(``mscale_all_dim``) (``rope_from_config``).
+    """
     return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
@@ -170,7 +174,7 @@ def inverse_frequencies(dim: int,                      # d_R, even
     if method == "yarn":
         ramp = _yarn_ramp(dim, base, original_context, beta_fast, beta_slow)
         bands = (1 - ramp) * plain + ramp * plain / factor    # Equation 3.4
-        return bands, _yarn_magnitude(factor)
+        return bands, yarn_magnitude(factor)
     wavelength = 2 * math.pi / plain                               # lambda_j
     share = (original_context / wavelength - low) / (high - low)   # s_j
     blended = (1 - share) * plain / factor + share * plain    # Equation 3.5
@@ -195,7 +199,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:719
+# chapters/ch03-long-context.qmd:723
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 
@@ -301,12 +305,12 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     if attention is not None:
         magnitude = attention
     elif mscale and mscale_all:                     # DeepSeek's two fields
-        magnitude = (_yarn_magnitude(factor, mscale)
-                     / _yarn_magnitude(factor, mscale_all))
+        magnitude = (yarn_magnitude(factor, mscale)
+                     / yarn_magnitude(factor, mscale_all))
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:1011
+# chapters/ch03-long-context.qmd:1016
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth
@@ -431,7 +435,7 @@ def _probe_trials(draws: Tensor, needle_at: Tensor, frequencies: Tensor,
     return hit, weights.gather(2, at)[..., 0].double()
 
 
-# chapters/ch03-long-context.qmd:1317
+# chapters/ch03-long-context.qmd:1322
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.6).
@@ -565,7 +569,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1506
+# chapters/ch03-long-context.qmd:1511
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "int8": 1}
@@ -613,7 +617,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1629
+# chapters/ch03-long-context.qmd:1634
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -652,7 +656,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1696
+# chapters/ch03-long-context.qmd:1701
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -742,7 +746,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:1952
+# chapters/ch03-long-context.qmd:1957
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -765,7 +769,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope_key_dim}
 
 
-# chapters/ch03-long-context.qmd:2008
+# chapters/ch03-long-context.qmd:2013
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -884,7 +888,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2363
+# chapters/ch03-long-context.qmd:2368
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -912,7 +916,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2450
+# chapters/ch03-long-context.qmd:2455
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.

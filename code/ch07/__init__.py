@@ -22,6 +22,7 @@ from ._generated import (
     read_with_cache,
     snap_votes,
     top_positions,
+    toy_seen,
 )
 
 __all__ = [
@@ -44,4 +45,5 @@ __all__ = [
     "read_with_cache",
     "snap_votes",
     "top_positions",
+    "toy_seen",
 ]

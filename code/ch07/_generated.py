@@ -125,7 +125,26 @@ def pyramid_budgets(keep: int, layers: int, *, tokens: int,
     return budgets
 
 
-# chapters/ch07-forgetting.qmd:285
+# chapters/ch07-forgetting.qmd:237
+def toy_seen(entries: int = 12, window: int = 3, *, seed: int = 7) -> Seen:
+    """Return the chapter's small case: one head's random causal attention.
+
+    Scores 2 N(0, 1), drawn with ``seed``, between ``entries`` queries and
+    keys, softmaxed under a causal mask: ``positions`` 0..entries-1, and
+    ``recent`` the rows of the ``window`` newest queries.
+    """
+    entries = support.check_int("entries", entries, minimum=1)
+    window = support.check_int("window", window, minimum=1, maximum=entries)
+    seed = support.check_int("seed", seed, minimum=0)
+    scores = 2 * torch.randn(1, 1, entries, entries,
+                             generator=torch.Generator().manual_seed(seed))
+    causal = torch.ones(entries, entries, dtype=torch.bool).tril()
+    weights = scores.masked_fill(~causal, -math.inf).softmax(-1)  # (1,1,n,n)
+    return Seen(torch.arange(entries).view(1, 1, entries), weights.sum(-2),
+                weights[..., -window:, :])
+
+
+# chapters/ch07-forgetting.qmd:306
 class EvictingCache:
     """Per-layer keys and values (B, H, k_l, d_h) that a policy keeps.
 
@@ -208,7 +227,7 @@ class EvictingCache:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:390
+# chapters/ch07-forgetting.qmd:411
 class QuantizedCache:
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -269,7 +288,7 @@ class QuantizedCache:
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:466
+# chapters/ch07-forgetting.qmd:487
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -303,7 +322,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model.lm_head(model.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch07-forgetting.qmd:501
+# chapters/ch07-forgetting.qmd:522
 #: Each policy: its keep function (None: stored in fewer bits), settings.
 POLICIES = {
     "full": (keep_all, {}),
@@ -405,7 +424,7 @@ def compressed_losses(model: ch06.RotaryGPT, inputs: Tensor, targets: Tensor,
                            targets[:, prompt:], reduction="none")
 
 
-# chapters/ch07-forgetting.qmd:733
+# chapters/ch07-forgetting.qmd:754
 def load_forgetting_results(folder: pathlib.Path | None = None
                             ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``experiments.forgetting`` and its path.
