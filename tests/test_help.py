@@ -141,13 +141,11 @@ def pydoc_text(obj) -> str:
     return pydoc.plain(pydoc.render_doc(obj))
 
 
-def test_constant_comments_reads_the_lines_above_or_the_string_below(tmp_path):
-    from booktools.apiref import constant_comments
+def test_the_appendix_reads_a_constants_hash_colon_lines():
+    from booktools.apiref import COMMENTED
 
-    module = tmp_path / "module.py"
-    module.write_text('# a plain comment\nPLAIN = 1\n#: Two lines\n#: of text.\nABOVE: dict = {}\n'
-                      'BELOW = (1, 2)\n"""The string below.\n\nNot this paragraph."""\n', encoding="utf-8")
-    assert constant_comments(module) == {"ABOVE": "Two lines of text.", "BELOW": "The string below."}
+    text = '# a plain comment\nPLAIN = 1\n#: Two lines\n#: of text.\nABOVE: dict = {}\nBELOW = 2\n"""A string."""\n'
+    assert {match[2]: match[1] for match in COMMENTED.finditer(text)} == {"ABOVE": "#: Two lines\n#: of text.\n"}
 
 
 def test_the_api_appendix_says_what_every_public_constant_holds():

@@ -20,11 +20,11 @@ from longctx.support import (
 )
 
 # chapters/ch04-efficient-architectures.qmd:72
+#: The chapter's running example: 32 layers, 8 KV heads of 128, 2 bytes.
 RUNNING_EXAMPLE = ch03.KVConfig(
     name="Llama-3-8B shape", layers=32, query_heads=32, kv_heads=8,
     head_dim=128, bytes_per_scalar=2,
 )
-"""The chapter's running example: 32 layers, 8 KV heads of 128, 2 bytes."""
 
 
 # chapters/ch04-efficient-architectures.qmd:125
@@ -809,11 +809,10 @@ def train_copying(model: CopyingModel, *, steps: int, length: int,
             "losses": losses}
 
 
+#: The chapter's selective-copying task: 24 places, 4 symbols of 8 to copy.
 COPYING_TASK = {"length": 24, "copies": 4, "symbols": 8}
-"""The chapter's selective-copying task: 24 places, 4 symbols of 8 to copy."""
-
+#: The mixing layers the chapter trains on ``COPYING_TASK``.
 COPYING_MIXERS = ("selective SSM", "time-invariant SSM", "attention")
-"""The mixing layers the chapter trains on ``COPYING_TASK``."""
 
 
 def copying_trial(mixer: str, seed: int, *, steps: int = 800,
@@ -840,7 +839,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:2945
+# chapters/ch04-efficient-architectures.qmd:2944
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -880,7 +879,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3044
+# chapters/ch04-efficient-architectures.qmd:3043
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:

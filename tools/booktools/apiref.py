@@ -23,11 +23,11 @@ from .book import find_root, load_book
 from .numbering import Numbering, compute_numbering
 from .qmd import CROSS_REFERENCE
 
-__all__ = ["ApiEntry", "api_entries", "api_reference", "api_reference_markdown", "constant_comments", "defining_lines",
-           "wrap_signature", "wrap_signatures"]
+__all__ = ["ApiEntry", "api_entries", "api_reference", "api_reference_markdown", "defining_lines", "wrap_signature", "wrap_signatures"]
 
 SOURCE_COMMENT = re.compile(r"^# (?P<file>\S+\.qmd):(?P<line>\d+)\s*$")
 REFERENCE = re.compile(r"\[?" + CROSS_REFERENCE.pattern + r"\]?")  # `[@eq-x]` or `@eq-x`, brackets and all
+COMMENTED = re.compile(r"^((?:#:.*\n)+)(\w+)\s*[:=]", re.MULTILINE)  # a constant's `#:` lines: all it has (no docstring)
 
 
 @dataclass
@@ -70,38 +70,6 @@ def defining_lines(generated: Path) -> dict[str, tuple[str, int]]:
         _, file, line = before[-1]
         for name in names:
             found.setdefault(name, (file, line))
-    return found
-
-
-def constant_comments(generated: Path) -> dict[str, str]:
-    """Top-level name -> the text documenting its assignment: `#:` lines right above it, or a
-    string right below it (the first paragraph).
-
-    A constant has no docstring of its own (`help()` of a dict shows dict's help), so the book
-    documents it as Sphinx does, in one of those two places; the appendix shows the text.
-    """
-    lines = generated.read_text(encoding="utf-8").split("\n")
-    body = ast.parse("\n".join(lines)).body
-    found: dict[str, str] = {}
-    for index, node in enumerate(body):
-        if isinstance(node, ast.Assign):
-            names = [target.id for target in node.targets if isinstance(target, ast.Name)]
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names = [node.target.id]
-        else:
-            continue
-        above, number = [], node.lineno - 2  # the line before the assignment, 0-based
-        while number >= 0 and lines[number].lstrip().startswith("#:"):
-            above.insert(0, lines[number].lstrip().removeprefix("#:").strip())
-            number -= 1
-        after = body[index + 1] if index + 1 < len(body) else None
-        if not above and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
-                and isinstance(after.value.value, str):
-            paragraph = re.split(r"\n\s*\n", inspect.cleandoc(after.value.value), maxsplit=1)[0]
-            above = [line.strip() for line in paragraph.split("\n")]
-        for name in names:
-            if above:
-                found[name] = " ".join(above)
     return found
 
 
@@ -192,13 +160,14 @@ def api_entries(root: Path | str | None = None, numbering: Numbering | None = No
             continue
         module = importlib.import_module(module_name)
         lines = defining_lines(generated)
-        comments = constant_comments(generated)
+        notes = {match[2]: " ".join(line[2:].strip() for line in match[1].splitlines())
+                 for match in COMMENTED.finditer(generated.read_text(encoding="utf-8"))}
         for name in getattr(module, "__all__", []):
             obj = getattr(module, name)
             kind, signature = _signature(name, obj)
             file, line = lines.get(name, (None, None))
             section, fragment = _section_for(numbering, file, line) if file else (None, None)
-            summary = comments.get(name, "") if kind == "constant" else _summary(obj, kind)
+            summary = notes.get(name, "") if kind == "constant" else _summary(obj, kind)
             entries.append(ApiEntry(module_name, name, kind, signature, summary, file, line, section, fragment))
     return entries
 
