@@ -77,7 +77,9 @@ def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
 
     V_j of Equation 7.1 over the newest ``window`` queries, averaged over
     ``pool`` neighbouring entries (odd, so that each entry is the centre of
-    its neighbourhood); n is the number of cached entries.
+    its neighbourhood); n is the number of cached entries. Neither has a
+    default here; the chapter's SnapKV uses window 4 and pool 5
+    (``POLICIES``).
     """
     support.check_int("window", window, minimum=1)
     if support.check_int("pool", pool, minimum=1) % 2 == 0:  # n + 1 votes
@@ -96,8 +98,8 @@ def keep_snap(seen: Seen, keep: int, window: int, pool: int = 5) -> Tensor:
     Returns the indices (B, H, keep) of the entries kept, sorted by
     position: the ``window`` newest (the chapter's policies use a window
     of 4, ``POLICIES["snapkv"]``) and the ``keep - window`` best votes of
-    ``snap_votes``. ``keep`` must hold the window and at most the n cached
-    entries.
+    ``snap_votes``, pooled over ``pool`` (default 5) entries. ``keep`` must
+    hold the window and at most the n cached entries.
     """
     if support.check_int("keep", keep, minimum=1) < window:  # window cut
         raise ValueError(f"keep must be at least window={window} (got {keep})")
@@ -125,7 +127,7 @@ def pyramid_budgets(keep: int, layers: int, *, tokens: int,
     return budgets
 
 
-# chapters/ch07-forgetting.qmd:237
+# chapters/ch07-forgetting.qmd:239
 def toy_seen(entries: int = 12, window: int = 3, *, seed: int = 7) -> Seen:
     """Return the chapter's small case: one head's random causal attention.
 
@@ -144,7 +146,7 @@ def toy_seen(entries: int = 12, window: int = 3, *, seed: int = 7) -> Seen:
                 weights[..., -window:, :])
 
 
-# chapters/ch07-forgetting.qmd:306
+# chapters/ch07-forgetting.qmd:308
 class EvictingCache:
     """Per-layer keys and values (B, H, k_l, d_h) that a policy keeps.
 
@@ -227,7 +229,7 @@ class EvictingCache:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:411
+# chapters/ch07-forgetting.qmd:413
 class QuantizedCache:
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -288,7 +290,7 @@ class QuantizedCache:
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:487
+# chapters/ch07-forgetting.qmd:489
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -322,7 +324,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model.lm_head(model.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch07-forgetting.qmd:522
+# chapters/ch07-forgetting.qmd:524
 #: Each policy: its keep function (None: stored in fewer bits), settings.
 POLICIES = {
     "full": (keep_all, {}),
@@ -424,7 +426,7 @@ def compressed_losses(model: ch06.RotaryGPT, inputs: Tensor, targets: Tensor,
                            targets[:, prompt:], reduction="none")
 
 
-# chapters/ch07-forgetting.qmd:754
+# chapters/ch07-forgetting.qmd:756
 def load_forgetting_results(folder: pathlib.Path | None = None
                             ) -> tuple[dict, pathlib.Path]:
     """Return the newest full run of ``experiments.forgetting`` and its path.
