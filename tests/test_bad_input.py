@@ -13,6 +13,8 @@ checks each from a list written out by hand:
   TypeError for the first kind and ValueError for the second, naming the argument.
   ``Valid.accepts`` lists the probes an argument legitimately accepts (a seed may be 0),
   which documents them.
+- ``MISLEADING`` lists values that failed deep inside with PyTorch's words (an invalid shape,
+  an index out of range) at public calls a student makes: each must be refused by name.
 - ``SILENT`` lists values that would give a wrong answer without any error (a zero
   window, a zero chunk, a bit width the packer cannot hold, negative sinks, a
   negative count, a fractional length), each with the call through which it can
@@ -176,7 +178,8 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
             lambda: dict(d_model=16, query_heads=4, latent_rank=6, rope_key_dim=4, rope_base=10_000.0),
             accepts={"rope_key_dim": {"zero"}},
         ),
-        "ch03.retrieval_probe": Valid(lambda: dict(method="rope", seed=0, trials=2, context=8, original_context=4, dim=8),
+        "ch03.retrieval_probe": Valid(lambda: dict(method="rope", seed=0, trials=2, context=8, original_context=4, dim=8,
+                                                   base=10_000.0, chunk=1),
                                       accepts={"seed": {"zero"}}),
     },
     # ---------------------------------------------------------------- ch04: the layers' and model's constructors, the training driver, the experiments
@@ -249,6 +252,8 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         "ch07.read_with_cache": Valid(lambda: dict(model=_rotary_model(), tokens=_byte_text(24).view(2, 12),
                                                    cache=_ch("ch07").make_cache(_rotary_model(), "h2o", 0.5,
                                                                                 prompt_tokens=12))),
+        # the chapter's small case, which Exercise 7.2 builds again
+        "ch07.toy_seen": Valid(lambda: dict(entries=6, window=2, seed=0), accepts={"seed": {"zero"}}),
     },
 }
 
@@ -279,6 +284,17 @@ def _key_batch():
     """Two windows of 24 bytes of filler, one planted record each (Chapter 6's task)."""
     return _ch("ch06").key_batch(_byte_text(), torch.tensor([0.0, 1.0], dtype=torch.float64), 24,
                                  torch.Generator().manual_seed(0))
+
+
+def _latent_layer():
+    torch.manual_seed(0)
+    return _ch("ch03").ToyLatentKVAttention(16, 4, latent_rank=6, rope_key_dim=4)
+
+
+def _seen():
+    """What two heads saw of 12 cached entries, with the rows of the 4 newest queries (Chapter 7)."""
+    weights = _randn(1, 2, 4, 12).softmax(-1)
+    return _ch("ch07").Seen(torch.arange(12).expand(1, 2, 12), weights.sum(-2), weights)
 
 
 def _decode_step() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -312,6 +328,9 @@ SILENT: list[Silent] = [
     # 2.5 tokens: the mask had 3 rows (torch.arange rounds the length up), a mask for no real length
     Silent("ch03", "a fractional length in a mask", lambda: _ch("ch03").visibility_mask(2.5), "seq_len", TypeError),
     Silent("ch03", "negative tokens in the cache's bytes", lambda: _ch("ch03").kv_bytes(_kv_config(), -1), "tokens"),
+    # start=-1 turned the rotary keys to positions before the text, with no error
+    Silent("ch03", "a negative start for the latent layer's rotary key",
+           lambda: _latent_layer()(_randn(1, 2, 16), start=-1), "start"),
     # Chapter 4
     Silent("ch04", "a zero window while decoding", lambda: _ch("ch04").sliding_window_decode(*_qkv(), 0), "window"),
     Silent("ch04", "a zero chunk", lambda: _ch("ch04").linear_attention_chunked(*_qkv(), 0), "chunk_size"),
@@ -369,6 +388,34 @@ SILENT: list[Silent] = [
            lambda: _ch("ch07").compressed_losses(_rotary_model(), _byte_text(40).view(2, 20),
                                                  _byte_text(40).view(2, 20), "window", 0.5, prompt=20),
            "prompt"),
+    # keep below the window: the top-k cut the window it promises to keep, with no error
+    Silent("ch07", "a SnapKV budget below its observation window", lambda: _ch("ch07").keep_snap(_seen(), 3, 4), "keep"),
+]
+
+
+class Misleading(Silent):
+    """A value that failed deep inside with an error naming something else, refused by name where it enters.
+
+    Not silent: these raised before, but with PyTorch's words (a shape that is invalid, an index
+    out of range, values to unpack), which send a student to the wrong line.
+    """
+
+
+MISLEADING: list[Misleading] = [
+    # "not enough values to unpack"
+    Misleading("ch03", "a tensor as the grouped layer's cache",
+               lambda: _ch("ch03").GroupedQueryAttention(16, 4, 2)(_randn(1, 2, 16), _randn(1, 2, 3, 4)), "cache",
+               TypeError),
+    # "'tuple' object has no attribute 'size'"
+    Misleading("ch03", "a grouped layer's (keys, values) cache given to the latent layer",
+               lambda: _latent_layer()(_randn(1, 2, 16), (_randn(1, 2, 3, 4), _randn(1, 2, 3, 4))), "cache",
+               TypeError),
+    # "shape '[1, 1, 12]' is invalid for input of size 13"
+    Misleading("ch07", "an even pool for SnapKV's votes", lambda: _ch("ch07").snap_votes(_seen(), 4, 4), "pool"),
+    # "selected index k out of range"
+    Misleading("ch07", "keep above the cached entries", lambda: _ch("ch07").keep_snap(_seen(), 13, 4), "keep"),
+    Misleading("ch07", "keep above the cached entries of a window", lambda: _ch("ch07").keep_recent(_seen(), 13),
+               "keep"),
 ]
 
 
@@ -593,6 +640,12 @@ def _silent_cases() -> list:
 @pytest.mark.parametrize("case", _silent_cases())
 def test_a_value_that_would_give_a_silent_wrong_answer_is_refused(case):
     with pytest.raises(case.error, match=case.names):
+        case.call()
+
+
+@pytest.mark.parametrize("case", [pytest.param(case, id=f"{case.chapter}: {case.what}") for case in MISLEADING])
+def test_a_value_that_failed_with_a_misleading_error_is_refused_by_name(case):
+    with pytest.raises(case.error, match=rf"\b{case.names}\b"):
         case.call()
 
 

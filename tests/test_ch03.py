@@ -271,17 +271,18 @@ def test_grouped_attention_refuses_heads_that_do_not_divide_by_failing_loudly():
 
 
 def test_gqa_a_cache_that_does_not_fit_the_layer_fails_loudly():
-    # forward checks nothing itself: every mismatch must still be an error, never a silent answer.
+    # forward checks only the cache's kind: every other mismatch must still be an error, never a silent answer.
     layer = ch03.GroupedQueryAttention(64, 8, 2)
     x = torch.randn(1, 3, 64)
     _, (keys, values) = layer(x)
     for bad_x, bad_cache in ((x, (keys.repeat(1, 2, 1, 1), values)),    # four heads, not two
                              (x, (keys, values[..., :4])),             # wrong width
                              (torch.randn(2, 3, 64), (keys, values)),  # another batch
-                             (x, keys),                                # not a pair
                              (x, (keys, values[:, :, :2]))):           # keys and values disagree
         with pytest.raises((RuntimeError, ValueError)):
             layer(bad_x, bad_cache)
+    with pytest.raises(TypeError, match=r"cache must be a tuple \(got tensor"):  # not a pair: named
+        layer(x, keys)
 
 
 # --- the latent cache (@eq-ch03-latent) -----------------------------------------------------------
@@ -700,10 +701,10 @@ def test_probe_golden_means_and_ordering():
             p = row["accuracy"]
             assert 0 <= p <= 1 and row["standard_error"] == pytest.approx(math.sqrt(p * (1 - p) / 256))
         hits[method] = round(sum(r["accuracy"] for r in rows) * 256)
-    assert hits == {"rope": 3_192, "ntk": 3_646, "yarn": 4_362}
+    assert hits == {"rope": 3_217, "ntk": 3_703, "yarn": 4_393}
     assert hits["rope"] < hits["ntk"] < hits["yarn"]
     llama3 = ch03.retrieval_probe("llama3")
-    assert round(sum(r["accuracy"] for r in llama3) * 256) == 4_357
+    assert round(sum(r["accuracy"] for r in llama3) * 256) == 4_385
 
 
 def test_probe_is_reproducible_and_accepts_custom_bands():
@@ -746,10 +747,9 @@ def test_probe_needle_weight_is_the_softmax_share_of_the_needle():
     small = dict(trials=1, context=4, original_context=4, dim=2)
     rows = ch03.retrieval_probe("rope", seed=3, **small)
     gen = torch.Generator().manual_seed(3)                    # replay the draws of the probe
-    content = torch.randn(21, 1, 2, generator=gen)
-    query = content + 0.15 * torch.randn(content.shape, generator=gen)
-    needle = content + 0.15 * torch.randn(content.shape, generator=gen)
-    noise = torch.randn(21, 1, 4, generator=gen)
+    draws = torch.randn(21, 1, 3 * 2 + 4, generator=gen)      # one trial: content, two noises, scores
+    content, query_noise, needle_noise, noise = draws.split([2, 2, 2, 4], dim=-1)
+    query, needle = content + 0.15 * query_noise, content + 0.15 * needle_noise
     for depth, row in enumerate(rows):
         at = int(torch.round(torch.linspace(0, 1, 21, dtype=torch.float64)[depth] * 2))
         q_angle, n_angle = 3.0, float(at)                     # omega_0 = 1 for d_R = 2
@@ -761,6 +761,48 @@ def test_probe_needle_weight_is_the_softmax_share_of_the_needle():
         weight = torch.softmax(scores / math.sqrt(2), 0)[at].item()
         assert row["needle_weight"] == pytest.approx(weight, rel=1e-5)
         assert row["accuracy"] == float(scores.argmax().item() == at)
+
+
+def test_probe_in_chunks_equals_the_probe_in_one_batch_exactly():
+    small = dict(trials=7, context=19, original_context=5, dim=6)
+    whole = ch03.retrieval_probe("yarn", seed=3, chunk=7, **small)
+    for chunk in (1, 3, 100):
+        assert ch03.retrieval_probe("yarn", seed=3, chunk=chunk, **small) == whole
+
+
+def test_probe_memory_is_set_by_the_chunk_not_the_trials(monkeypatch):
+    """The largest tensor of a call, the scores the softmax reads, is 21 x chunk x context at any trials."""
+    seen = []
+    softmax = ch01.softmax
+
+    def spy(scores, dim=-1):
+        seen.append(scores.numel())
+        return softmax(scores, dim)
+
+    monkeypatch.setattr(ch01, "softmax", spy)
+    ch03.retrieval_probe("rope", trials=40, context=64, original_context=16, dim=8, chunk=4)
+    assert max(seen) == 21 * 4 * 64 and len(seen) == 10
+    seen.clear()
+    ch03.retrieval_probe("rope", trials=9, context=64, original_context=16, dim=8, chunk=4)
+    assert seen == [21 * 4 * 64, 21 * 4 * 64, 21 * 1 * 64]
+
+
+def test_probe_base_sets_the_bands_and_a_pair_ignores_base_and_original_context():
+    small = dict(seed=2, trials=16, context=32, original_context=8, dim=8)
+    for base in (500.0, 10_000.0, 1e6):
+        bands = ch03.inverse_frequencies(8, method="ntk", base=base, factor=4)
+        assert ch03.retrieval_probe("ntk", base=base, **small) == ch03.retrieval_probe(bands, **small)
+    assert ch03.retrieval_probe("rope", **small) == ch03.retrieval_probe("rope", base=10_000.0, **small)
+    assert ch03.retrieval_probe("rope", base=500.0, **small) != ch03.retrieval_probe("rope", **small)
+    pair = ch03.inverse_frequencies(8, method="pi", factor=4)
+    ignored = dict(small, original_context=64)           # above context: refused for a name only
+    assert ch03.retrieval_probe(pair, base=2.0, **ignored) == ch03.retrieval_probe(pair, **small)
+    with pytest.raises(ValueError, match="original_context"):
+        ch03.retrieval_probe("pi", **ignored)
+    with pytest.raises(ValueError, match="base"):
+        ch03.retrieval_probe("rope", base=1.0, **small)
+    with pytest.raises(ValueError, match="chunk"):
+        ch03.retrieval_probe("rope", chunk=0, **small)
 
 
 def explicit_key_probe(method, *, seed, trials, context, original_context, dim):
@@ -887,3 +929,13 @@ def test_decode_masks_are_rows_not_grids():
     with _LargestTensor() as grid:
         ch01.causal_mask(tokens)
     assert grid.largest == tokens * tokens                   # what the rows avoid
+
+
+def test_yarn_magnitude_is_m_of_s_and_gives_deepseeks_softmax_scale():
+    assert ch03.yarn_magnitude(1.0) == 1.0 and ch03.yarn_magnitude(0.5, 2.0) == 1.0
+    assert ch03.yarn_magnitude(40.0) == pytest.approx(0.1 * math.log(40) + 1)
+    assert ch03.yarn_magnitude(40.0, 0.707) == pytest.approx(0.1 * 0.707 * math.log(40) + 1)
+    assert ch03.inverse_frequencies(32, method="yarn", factor=4)[1] == ch03.yarn_magnitude(4.0)
+    # DeepSeek-V2-Lite sets mscale = mscale_all_dim: the rotated vectors keep magnitude m(s) / m(s) = 1
+    raw = ch03.load_model_config("deepseek-v2-lite")
+    assert ch03.rope_from_config(raw)[1] == 1.0

@@ -397,3 +397,32 @@ def test_the_experiment_settings_refuse_a_prompt_past_the_window():
 
     with pytest.raises(ValueError, match="prompt"):
         forgetting.ForgettingSettings(length=64, prompt=64)
+
+
+def test_toy_seen_is_the_chapters_small_case():
+    toy = ch07.toy_seen()
+    scores = torch.randn(1, 1, 12, 12, generator=torch.Generator().manual_seed(7)) * 2
+    weights = scores.masked_fill(~torch.ones(12, 12, dtype=torch.bool).tril(), -math.inf).softmax(-1)
+    assert torch.equal(toy.positions, torch.arange(12).view(1, 1, 12))
+    assert torch.equal(toy.accumulated, weights.sum(-2)) and torch.equal(toy.recent, weights[..., -3:, :])
+    assert ch07.keep_heavy(toy, 6)[0, 0].tolist() == [0, 1, 2, 9, 10, 11]  # the chapter's H2O row
+    # each query's attention sums to 1, and the first entry is seen by all twelve queries
+    assert torch.allclose(toy.recent.sum(-1), torch.ones(1, 1, 3))
+    assert toy.accumulated.sum().item() == pytest.approx(12.0)
+    small = ch07.toy_seen(5, window=5, seed=1)
+    assert small.recent.shape == (1, 1, 5, 5) and small.positions.shape == (1, 1, 5)
+    with pytest.raises(ValueError, match="window"):
+        ch07.toy_seen(4, window=5)
+
+
+def test_snapkv_refuses_an_even_pool_a_keep_below_its_window_and_above_the_entries():
+    toy = ch07.toy_seen()
+    with pytest.raises(ValueError, match=r"pool must be odd \(got 4\)"):
+        ch07.snap_votes(toy, 3, 4)
+    with pytest.raises(ValueError, match=r"keep must be at least window=3 \(got 2\)"):
+        ch07.keep_snap(toy, 2, window=3)
+    with pytest.raises(ValueError, match=r"keep must be an integer <= 12 \(got 13\)"):
+        ch07.keep_snap(toy, 13, window=3)
+    kept = ch07.keep_snap(toy, 3, window=3)  # keep == window: the window alone
+    assert kept[0, 0].tolist() == [9, 10, 11]
+    assert ch07.keep_snap(toy, 12, window=3)[0, 0].tolist() == list(range(12))

@@ -115,6 +115,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, heads: int, *, bias: bool = False):
+        """Build the four projections; the Args are the class's."""
         super().__init__()
         d_model = check_int("d_model", d_model, minimum=1)
         heads = check_int("heads", heads, minimum=1)
@@ -143,7 +144,7 @@ class MultiHeadAttention(nn.Module):
         return self.output(merge_heads(attended))  # (B, T, d)
 
 
-# chapters/ch01-attention.qmd:746
+# chapters/ch01-attention.qmd:747
 def attention_pairs(seq_len: int, *, causal: bool = True) -> int:
     """Return how many (query, key) pairs attention scores, per head and layer.
 

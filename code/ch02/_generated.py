@@ -24,6 +24,7 @@ from longctx.support import (
 )
 
 # chapters/ch02-tinygpt.qmd:76
+#: The training text's file in the package's data folder (``data_path``).
 CORPUS_FILE = "pride-and-prejudice-ch01-30.txt"
 
 
@@ -60,7 +61,7 @@ def load_corpus() -> str:
     return support.data_path(CORPUS_FILE).read_text(encoding="utf-8")
 
 
-# chapters/ch02-tinygpt.qmd:191
+# chapters/ch02-tinygpt.qmd:192
 @dataclass(frozen=True)
 class GPTConfig:
     """The sizes that fix a TinyGPT, checked when the config is created.
@@ -105,7 +106,7 @@ class GPTConfig:
         return self.d_model // self.heads
 
 
-# chapters/ch02-tinygpt.qmd:247
+# chapters/ch02-tinygpt.qmd:248
 class CausalSelfAttention(ch01.MultiHeadAttention):
     """Chapter 1's causal multi-head attention, able to continue a KV cache."""
 
@@ -193,9 +194,12 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# chapters/ch02-tinygpt.qmd:340
+# chapters/ch02-tinygpt.qmd:341
 class TinyGPT(nn.Module):
     """A decoder-only transformer small enough to train on a CPU in seconds.
+
+    Called on token ids (B, T), T at most ``config.context_length``, it
+    returns next-token logits (B, T, vocab_size).
 
     Args:
         config: The sizes; ``position_embedding`` gets ``context_length``
@@ -206,6 +210,7 @@ class TinyGPT(nn.Module):
     """
 
     def __init__(self, config: GPTConfig) -> None:
+        """Build the embeddings, blocks and head; the Args are the class's."""
         super().__init__()
         self.config = check_type("config", config, GPTConfig)
         rows, d = config.context_length, config.d_model
@@ -261,7 +266,7 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, d) -> (B, T, V)
 
 
-# chapters/ch02-tinygpt.qmd:531
+# chapters/ch02-tinygpt.qmd:536
 def unigram_entropy(
     token_ids: Iterable[int] | Tensor, vocab_size: int
 ) -> float:
@@ -437,7 +442,7 @@ def evaluate_loss(
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:821
+# chapters/ch02-tinygpt.qmd:826
 def next_token(
     logits: Tensor,
     temperature: float = 0.0,
@@ -526,7 +531,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:1023
+# chapters/ch02-tinygpt.qmd:1028
 class KVCache:
     """The keys and values a TinyGPT has computed: (B, H, T, d_h) per layer.
 
@@ -623,7 +628,7 @@ def attend_with_cache(
     return ch01.scaled_dot_product_attention(query, key, value, mask)
 
 
-# chapters/ch02-tinygpt.qmd:1219
+# chapters/ch02-tinygpt.qmd:1224
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -649,8 +654,8 @@ def kv_cache_bytes(
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1550
-# The bit widths quantize's codes can hold: int8 up to 8 bits, int16 up to 16.
+# chapters/ch02-tinygpt.qmd:1555
+#: The bit widths quantize's codes can hold: int8 up to 8 bits, int16 to 16.
 QUANTIZE_BITS = range(2, 17)
 
 

@@ -30,6 +30,7 @@ from ._generated import (
     rope_from_config,
     visibility_mask,
     yarn_correction_dim,
+    yarn_magnitude,
 )
 
 __all__ = [
@@ -60,4 +61,5 @@ __all__ = [
     "rope_from_config",
     "visibility_mask",
     "yarn_correction_dim",
+    "yarn_magnitude",
 ]

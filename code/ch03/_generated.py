@@ -126,8 +126,12 @@ def yarn_correction_dim(turns: float, dim: int, base: float,
     return dim * math.log(ratio) / (2 * math.log(base))
 
 
-def _yarn_magnitude(factor: float, mscale: float = 1.0) -> float:
-    """Return YaRN's 0.1 * mscale * ln(a) + 1, or 1 when a <= 1."""
+def yarn_magnitude(factor: float, mscale: float = 1.0) -> float:
+    """Return m(s) = 0.1 s ln(a) + 1 at factor a, s = ``mscale``; 1 if a <= 1.
+
+    YaRN's magnitude is m(1); DeepSeek's configs set it to m(``mscale``) /
+    m(``mscale_all_dim``) (``rope_from_config``).
+    """
     return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
@@ -170,7 +174,7 @@ def inverse_frequencies(dim: int,                      # d_R, even
     if method == "yarn":
         ramp = _yarn_ramp(dim, base, original_context, beta_fast, beta_slow)
         bands = (1 - ramp) * plain + ramp * plain / factor    # Equation 3.4
-        return bands, _yarn_magnitude(factor)
+        return bands, yarn_magnitude(factor)
     wavelength = 2 * math.pi / plain                               # lambda_j
     share = (original_context / wavelength - low) / (high - low)   # s_j
     blended = (1 - share) * plain / factor + share * plain    # Equation 3.5
@@ -195,7 +199,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:719
+# chapters/ch03-long-context.qmd:723
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 
@@ -301,18 +305,20 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     if attention is not None:
         magnitude = attention
     elif mscale and mscale_all:                     # DeepSeek's two fields
-        magnitude = (_yarn_magnitude(factor, mscale)
-                     / _yarn_magnitude(factor, mscale_all))
+        magnitude = (yarn_magnitude(factor, mscale)
+                     / yarn_magnitude(factor, mscale_all))
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:1011
+# chapters/ch03-long-context.qmd:1016
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth
                     context: int = 128,          # T_1
                     original_context: int = 32,  # T_0; factor T_1 / T_0
                     dim: int = 32,               # rotary width
+                    base: float = 10_000.0,      # b of the bands
+                    chunk: int = 16,             # trials scored together
                     ) -> list[dict[str, float]]:
     """Return needle retrieval by depth under one RoPE construction, 21 rows.
 
@@ -324,14 +330,25 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
     ``method`` at factor ``context / original_context``. No weights are
     learned: the curve isolates rotary phase; it is no language-model test.
 
+    Trials are drawn one after another from one generator and scored
+    ``chunk`` at a time, so the result does not depend on ``chunk``, and
+    memory does not grow with ``trials``: a call holds about
+    5 x 21 x chunk x (context + 3 dim) float32 numbers, 4 bytes each
+    (16 trials at 131,072 tokens: under 1 GiB), beside 21 x trials
+    results.
+
     Args:
         method: A name in ``ROPE_METHODS``, or a (frequencies, magnitude)
-            pair such as ``inverse_frequencies`` returns.
+            pair such as ``inverse_frequencies`` returns. A pair is used as
+            it is: ``base`` and ``original_context`` are then ignored and
+            not checked (the pair already holds its bands).
         seed: Seed of the one generator all draws come from.
         trials: Trials per depth.
         context: Sequence length T_1 (>= 2).
-        original_context: Trained length T_0 (1..context).
+        original_context: Trained length T_0 (1..context), for a name.
         dim: Rotary width of the probe vectors (even).
+        base: Base b of a named method's bands (> 1).
+        chunk: Trials scored at once (>= 1); it sets the memory only.
 
     Returns:
         21 dicts with ``depth_percent``; ``accuracy``, the share of trials
@@ -349,16 +366,18 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
     seed = check_int("seed", seed, minimum=0)
     trials = check_int("trials", trials, minimum=1)
     context = check_int("context", context, minimum=2)
-    original_context = check_int("original_context", original_context,
-                                 minimum=1)
-    if original_context > context:
-        raise ValueError("original_context must be at most context (got "
-                         f"original_context={original_context} and "
-                         f"context={context})")
     dim = check_int("dim", dim, minimum=2)  # an odd one: inverse_frequencies
+    chunk = check_int("chunk", chunk, minimum=1)
     if isinstance(method, str):
+        base = check_number("base", base, above=1)
+        original_context = check_int("original_context", original_context,
+                                     minimum=1)
+        if original_context > context:
+            raise ValueError("original_context must be at most context (got "
+                             f"original_context={original_context} and "
+                             f"context={context})")
         frequencies, magnitude = inverse_frequencies(
-            dim, method=method, factor=context / original_context,
+            dim, method=method, base=base, factor=context / original_context,
             original_context=original_context)
     else:                                  # custom (frequencies, magnitude)
         frequencies, magnitude = method
@@ -368,24 +387,16 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
     depths = torch.linspace(0, 1, 21, dtype=torch.float64)
     needle_at = torch.round(depths * (context - 2)).long()      # (D,)
     gen = torch.Generator().manual_seed(seed)
-    content = torch.randn(depths.numel(), trials, dim, generator=gen)
-    query = content + 0.15 * torch.randn(content.shape, generator=gen)
-    needle = content + 0.15 * torch.randn(content.shape, generator=gen)
-    query_rot = apply_rope(query[:, :, None], [context - 1], frequencies,
-                           magnitude)[:, :, 0]                   # (D, N, dim)
-    needle_rot = apply_rope(needle.transpose(0, 1), needle_at, frequencies,
-                            magnitude).transpose(0, 1)           # (D, N, dim)
-    # A distractor is magnitude * (standard normal vector) in any rotation,
-    # so its score is normal with sd magnitude * |query_rot|: draw scores.
-    spread = magnitude * query_rot.norm(dim=-1, keepdim=True)    # (D, N, 1)
-    scores = spread * torch.randn(depths.numel(), trials, context,
-                                  generator=gen)                 # (D, N, T)
-    at = needle_at[:, None, None].expand(-1, trials, 1)          # (D, N, 1)
-    needle_score = (needle_rot * query_rot).sum(-1, keepdim=True)
-    scores.scatter_(2, at, needle_score)
-    accuracy = (scores.argmax(-1) == needle_at[:, None]).double().mean(-1)
-    weights = ch01.softmax(scores / math.sqrt(dim), dim=-1)      # (D, N, T)
-    needle_weight = weights.gather(2, at)[..., 0].double().mean(-1)  # (D,)
+    hits, weights = [], []
+    for first in range(0, trials, chunk):
+        draws = torch.stack([                # one (D, 3 dim + T) per trial
+            torch.randn(depths.numel(), 3 * dim + context, generator=gen)
+            for _ in range(first, min(first + chunk, trials))], dim=1)
+        hit, weight = _probe_trials(draws, needle_at, frequencies, magnitude)
+        hits.append(hit)
+        weights.append(weight)
+    accuracy = torch.cat(hits, dim=1).double().mean(-1)           # (D,)
+    needle_weight = torch.cat(weights, dim=1).mean(-1)            # (D,)
     rows = zip(depths.tolist(), accuracy.tolist(), needle_weight.tolist(),
                strict=True)
     return [{"depth_percent": round(100 * depth), "accuracy": p,
@@ -394,7 +405,37 @@ def retrieval_probe(method: str | tuple[Tensor, float], *,
             for depth, p, weight in rows]
 
 
-# chapters/ch03-long-context.qmd:1280
+def _probe_trials(draws: Tensor, needle_at: Tensor, frequencies: Tensor,
+                 magnitude: float) -> tuple[Tensor, Tensor]:
+    """Return (hit (D, n) bool, needle weight (D, n) float64) of n trials.
+
+    ``draws`` (D, n, 3 dim + T) are standard normal: per depth and trial
+    the content vector, the query's and the needle's noise (dim each) and
+    the T distractor scores; ``needle_at`` (D,) is the needle's position.
+    """
+    dim = 2 * frequencies.numel()                                 # d_R
+    context = draws.shape[-1] - 3 * dim                           # T
+    content, query_noise, needle_noise, noise = draws.split(
+        [dim, dim, dim, context], dim=-1)                         # (D, n, .)
+    query = content + 0.15 * query_noise
+    needle = content + 0.15 * needle_noise
+    query_rot = apply_rope(query[:, :, None], [context - 1], frequencies,
+                           magnitude)[:, :, 0]                   # (D, n, dim)
+    needle_rot = apply_rope(needle.transpose(0, 1), needle_at, frequencies,
+                            magnitude).transpose(0, 1)           # (D, n, dim)
+    # A distractor is magnitude * (standard normal vector) in any rotation,
+    # so its score is normal with sd magnitude * |query_rot|: draw scores.
+    spread = magnitude * query_rot.norm(dim=-1, keepdim=True)    # (D, n, 1)
+    scores = spread * noise                                      # (D, n, T)
+    at = needle_at[:, None, None].expand(-1, draws.shape[1], 1)  # (D, n, 1)
+    needle_score = (needle_rot * query_rot).sum(-1, keepdim=True)
+    scores.scatter_(2, at, needle_score)
+    hit = scores.argmax(-1) == needle_at[:, None]                # (D, n)
+    weights = ch01.softmax(scores / math.sqrt(dim), dim=-1)      # (D, n, T)
+    return hit, weights.gather(2, at)[..., 0].double()
+
+
+# chapters/ch03-long-context.qmd:1322
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.6).
@@ -528,7 +569,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1469
+# chapters/ch03-long-context.qmd:1511
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "int8": 1}
@@ -576,7 +617,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1592
+# chapters/ch03-long-context.qmd:1634
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -615,7 +656,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1659
+# chapters/ch03-long-context.qmd:1701
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -653,7 +694,16 @@ class GroupedQueryAttention(nn.Module):
 
     ``query_heads`` query heads share ``kv_heads`` key-value heads, and only
     those are cached, so the cache shrinks by ``kv_heads / query_heads``
-    (Equation 3.7) while the output shape stays the same.
+    (Equation 3.7) while the output shape stays the same. Call it as
+    ``layer(x, cache)`` with ``x`` (B, T, d_model) and the cache the last
+    call returned (None at first); it returns (output, cache).
+
+    Args:
+        d_model: Model width, in numbers per token.
+        query_heads: Query heads H_q; must divide ``d_model``, and each head
+            is ``d_model / query_heads`` wide (d_h).
+        kv_heads: Key-value heads H_kv, the ones cached; must divide
+            ``query_heads`` (equal: MHA; 1: MQA).
 
     Raises:
         TypeError: If a count is not an int.
@@ -661,6 +711,7 @@ class GroupedQueryAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, query_heads: int, kv_heads: int):
+        """Build the four projections; the Args are the class's."""
         d_model = check_int("d_model", d_model, minimum=1)
         query_heads = check_int("query_heads", query_heads, minimum=1)
         kv_heads = check_int("kv_heads", kv_heads, minimum=1)
@@ -682,6 +733,7 @@ class GroupedQueryAttention(nn.Module):
         ``cache`` is the (keys, values) pair the previous call returned,
         each (B, kv_heads, T_past, d_h); the new tokens are appended.
         """
+        check_type("cache", cache, tuple, optional=True)  # (keys, values)
         q = ch01.split_heads(self.query(x), self.query_heads)  # (B,H_q,T,d_h)
         k = ch01.split_heads(self.key(x), self.kv_heads)       # (B,H_kv,T,d_h)
         v = ch01.split_heads(self.value(x), self.kv_heads)     # (B,H_kv,T,d_h)
@@ -694,7 +746,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:1904
+# chapters/ch03-long-context.qmd:1957
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -717,7 +769,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope_key_dim}
 
 
-# chapters/ch03-long-context.qmd:1960
+# chapters/ch03-long-context.qmd:2013
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -746,6 +798,7 @@ class ToyLatentKVAttention(nn.Module):
                  latent_rank: int,                # r
                  rope_key_dim: int = 0,           # d_R; 0 = no rotary key
                  rope_base: float = 10_000.0):    # b of the rotary bands
+        """Build the projections; the Args are the class's."""
         d_model = check_int("d_model", d_model, minimum=1)
         query_heads = check_int("query_heads", query_heads, minimum=1)
         check_divides("query_heads", query_heads, "d_model", d_model)
@@ -815,6 +868,8 @@ class ToyLatentKVAttention(nn.Module):
         (B, T_past + T, r + d_R). ``positions`` (T,) are the new tokens'
         positions, from ``start`` or the cache length.
         """
+        check_type("cache", cache, Tensor, optional=True)  # one latent tensor
+        start = check_int("start", start, minimum=0, optional=True)
         past = 0 if cache is None else cache.size(1)
         first = past if start is None else start
         positions = torch.arange(x.size(1), device=x.device) + first
@@ -833,7 +888,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2312
+# chapters/ch03-long-context.qmd:2368
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -861,7 +916,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2399
+# chapters/ch03-long-context.qmd:2455
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.

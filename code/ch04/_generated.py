@@ -20,11 +20,11 @@ from longctx.support import (
 )
 
 # chapters/ch04-efficient-architectures.qmd:72
+#: The chapter's running example: 32 layers, 8 KV heads of 128, 2 bytes.
 RUNNING_EXAMPLE = ch03.KVConfig(
     name="Llama-3-8B shape", layers=32, query_heads=32, kv_heads=8,
     head_dim=128, bytes_per_scalar=2,
 )
-"""The chapter's running example: 32 layers, 8 KV heads of 128, 2 bytes."""
 
 
 # chapters/ch04-efficient-architectures.qmd:125
@@ -60,6 +60,13 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
     head h's share of the output. A decoupled rotary key (rope_key_dim > 0)
     is rotated by position, so it cannot be merged: it is cached as it is
     and scored as in ``forward``, as DeepSeek-V2 does.
+
+    Args:
+        d_model: Model width.
+        query_heads: Heads; must divide ``d_model``.
+        latent_rank: Cached latent width r.
+        rope_key_dim: Width d_R of the decoupled rotary key (0 or even).
+        rope_base: Base b of the rotary key's bands (> 1).
     """
 
     def merged_weights(self) -> tuple[Tensor, Tensor]:
@@ -109,7 +116,7 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch04-efficient-architectures.qmd:553
+# chapters/ch04-efficient-architectures.qmd:560
 def quantize_kv(x: Tensor, bits: int, *,
                 per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d).
@@ -185,7 +192,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:807
+# chapters/ch04-efficient-architectures.qmd:814
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     return int(mask.sum())
@@ -216,7 +223,7 @@ def hops_needed(distance: int, window: int) -> int:
     return -(-distance // (window - 1))  # ceil(distance / (w - 1)), exactly
 
 
-# chapters/ch04-efficient-architectures.qmd:940
+# chapters/ch04-efficient-architectures.qmd:947
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -254,7 +261,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch04-efficient-architectures.qmd:1070
+# chapters/ch04-efficient-architectures.qmd:1077
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -286,7 +293,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:1274
+# chapters/ch04-efficient-architectures.qmd:1281
 def sliding_window_block_mask(seq_len: int, window: int,
                               block_size: int) -> Tensor:
     """Return the bool (n, n) tile mask of a causal window, n = ceil(T / b).
@@ -350,7 +357,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1449
+# chapters/ch04-efficient-architectures.qmd:1456
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -433,7 +440,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1641
+# chapters/ch04-efficient-architectures.qmd:1648
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -468,7 +475,7 @@ def sharpness_comparison(query_scale: float, seed: int = 11,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1759
+# chapters/ch04-efficient-architectures.qmd:1766
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -504,7 +511,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1920
+# chapters/ch04-efficient-architectures.qmd:1927
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
@@ -547,7 +554,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2128
+# chapters/ch04-efficient-architectures.qmd:2135
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -580,7 +587,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2375
+# chapters/ch04-efficient-architectures.qmd:2382
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.10).
@@ -601,7 +608,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2515
+# chapters/ch04-efficient-architectures.qmd:2522
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -630,6 +637,7 @@ class SelectiveSSMLayer(nn.Module):
 
     def __init__(self, d_model: int, state_size: int = 4, expand: int = 2, *,
                  selective: bool = True) -> None:
+        """Build the projections and the state's start; Args: the class's."""
         super().__init__()
         d_model = check_int("d_model", d_model, minimum=1)
         state_size = check_int("state_size", state_size, minimum=1)
@@ -675,7 +683,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2606
+# chapters/ch04-efficient-architectures.qmd:2614
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -702,9 +710,15 @@ class PositionalAttention(nn.Module):
 
     Attention by itself cannot tell positions apart, so the layer adds a
     learned table of positions (as TinyGPT does in Chapter 2) first.
+
+    Args:
+        d_model: Model width; the layer maps (B, T, d_model) to the same.
+        heads: Attention heads; must divide ``d_model``.
+        max_len: Rows of the position table, the longest T it can read.
     """
 
     def __init__(self, d_model: int, heads: int, max_len: int) -> None:
+        """Build the attention and the position table; Args: the class's."""
         super().__init__()
         self.attention = ch01.MultiHeadAttention(d_model, heads)
         max_len = check_int("max_len", max_len, minimum=1)
@@ -720,10 +734,17 @@ class CopyingModel(nn.Module):
 
     logits = head(norm(x + mixer(norm(x)))), x the token embeddings; only
     ``mixer`` differs between the models the chapter compares.
+
+    Args:
+        vocab: Token ids the embedding reads (the task's alphabet).
+        d_model: Width of each token vector.
+        mixer: The layer under test, mapping (B, T, d_model) to the same.
+        symbols: Symbols the head names: logits (B, T, symbols).
     """
 
     def __init__(self, vocab: int, d_model: int, mixer: nn.Module,
                  symbols: int) -> None:
+        """Build the embedding, norms and head; the Args are the class's."""
         super().__init__()
         vocab = check_int("vocab", vocab, minimum=1)
         d_model = check_int("d_model", d_model, minimum=1)
@@ -788,11 +809,10 @@ def train_copying(model: CopyingModel, *, steps: int, length: int,
             "losses": losses}
 
 
+#: The chapter's selective-copying task: 24 places, 4 symbols of 8 to copy.
 COPYING_TASK = {"length": 24, "copies": 4, "symbols": 8}
-"""The chapter's selective-copying task: 24 places, 4 symbols of 8 to copy."""
-
+#: The mixing layers the chapter trains on ``COPYING_TASK``.
 COPYING_MIXERS = ("selective SSM", "time-invariant SSM", "attention")
-"""The mixing layers the chapter trains on ``COPYING_TASK``."""
 
 
 def copying_trial(mixer: str, seed: int, *, steps: int = 800,
@@ -819,7 +839,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:2919
+# chapters/ch04-efficient-architectures.qmd:2939
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -859,7 +879,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3018
+# chapters/ch04-efficient-architectures.qmd:3038
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:

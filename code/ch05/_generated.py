@@ -8,6 +8,7 @@ import math
 import os
 import socket
 import time
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -24,10 +25,23 @@ from longctx.support import (
     check_tensor,
 )
 
-# chapters/ch05-measured.qmd:398
-#: The state of an online softmax: (m, l, a), shaped (..., R, 1),
-#: (..., R, 1) and (..., R, d_v) for R query rows.
-OnlineState = tuple[Tensor, Tensor, Tensor]
+
+# chapters/ch05-measured.qmd:400
+class OnlineState(NamedTuple):
+    """The state of an online softmax over the keys read so far, (m, l, a).
+
+    A plain tuple of the three tensors serves as well: the functions below
+    unpack it. R is the number of query rows.
+
+    Attributes:
+        running_max: m, (..., R, 1): the largest score each row has seen.
+        running_sum: l, (..., R, 1): the sum of e^(s_j - m) so far.
+        accumulator: a, (..., R, d_v): the sum of e^(s_j - m) v_j so far.
+    """
+
+    running_max: Tensor
+    running_sum: Tensor
+    accumulator: Tensor
 
 
 def online_softmax_start(rows: tuple[int, ...], value_width: int,
@@ -39,7 +53,7 @@ def online_softmax_start(rows: tuple[int, ...], value_width: int,
     running_max = like.new_full((*rows, 1), -math.inf)  # m
     running_sum = like.new_zeros((*rows, 1))  # l
     accumulator = like.new_zeros((*rows, value_width))  # a
-    return running_max, running_sum, accumulator
+    return OnlineState(running_max, running_sum, accumulator)
 
 
 def online_softmax_update(state: OnlineState, scores: Tensor,
@@ -58,7 +72,7 @@ def online_softmax_update(state: OnlineState, scores: Tensor,
     weights = (scores - shift).exp_()  # e^(s_j - m'), 0 where hidden
     mixed = values(weights) if callable(values) else weights @ values
     running_sum = running_sum * correction + weights.sum(-1, keepdim=True)
-    return new_max, running_sum, accumulator * correction + mixed
+    return OnlineState(new_max, running_sum, accumulator * correction + mixed)
 
 
 def merge_states(state: OnlineState, dim: int) -> OnlineState:
@@ -71,8 +85,8 @@ def merge_states(state: OnlineState, dim: int) -> OnlineState:
     top = running_max.amax(dim, keepdim=True)
     shift = torch.where(top.isfinite(), top, 0.0)
     correction = torch.exp(running_max - shift)  # e^(m_c - m)
-    return (top.squeeze(dim), (running_sum * correction).sum(dim),
-            (accumulator * correction).sum(dim))
+    return OnlineState(top.squeeze(dim), (running_sum * correction).sum(dim),
+                       (accumulator * correction).sum(dim))
 
 
 def finish_online_softmax(state: OnlineState) -> Tensor:
@@ -83,7 +97,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-measured.qmd:471
+# chapters/ch05-measured.qmd:485
 def visible_ranges(tokens: int, window: int | None = None,
                    sinks: int = 0) -> list[tuple[int, int]]:
     """Return the [start, stop) position runs the newest query may read.
@@ -117,7 +131,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:545
+# chapters/ch05-measured.qmd:559
 #: The bit widths the per-vector cache holds (the integer route's 4 and 8).
 PACKED_BITS = (4, 8)
 #: The bit widths the packer holds: 8/b codes of b bits share a byte.
@@ -249,7 +263,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out.mul_(cache.scale[..., start:stop, :])  # codes * scale
 
 
-# chapters/ch05-measured.qmd:694
+# chapters/ch05-measured.qmd:708
 def stacked_rows(query: Tensor, kv_heads: int, scale: float | None) -> Tensor:
     """Return the scaled query (B, H_q, 1, d) as rows (B, H_kv, G, d).
 
@@ -312,7 +326,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:820
+# chapters/ch05-measured.qmd:834
 def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
                  chunk: int) -> OnlineState:
     """Return the state (m, l, a) of every chunk of ``chunk`` keys at once.
@@ -356,7 +370,7 @@ def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
     return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
-# chapters/ch05-measured.qmd:967
+# chapters/ch05-measured.qmd:981
 def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Return int8 codes and float32 scales of each row of x (..., n)."""
     return ch02.quantize(x.float(), 8, dim=-1)
@@ -437,7 +451,7 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1111
+# chapters/ch05-measured.qmd:1125
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -616,7 +630,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1340
+# chapters/ch05-measured.qmd:1354
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:
@@ -639,7 +653,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1978
+# chapters/ch05-measured.qmd:1992
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
@@ -669,7 +683,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2381
+# chapters/ch05-measured.qmd:2395
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -702,7 +716,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2435
+# chapters/ch05-measured.qmd:2449
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -754,7 +768,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2532
+# chapters/ch05-measured.qmd:2546
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -815,7 +829,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2613
+# chapters/ch05-measured.qmd:2627
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -825,7 +839,18 @@ def free_local_port() -> int:
 
 @dataclasses.dataclass
 class RingResult:
-    """A ring run: the output, token ranges, bytes held and sent, times."""
+    """A ring run: the output, token ranges, bytes held and sent, times.
+
+    Attributes:
+        output: The attention output, shaped like the query (..., T, d).
+        parts: P, the ranks (processes) the ring ran on.
+        bounds: Each rank's (start, stop) token range.
+        cache_bytes_per_rank: Bytes of keys and values each rank held.
+        bytes_sent_per_step: [rank][step], P - 1 steps, in bytes.
+        compute_seconds: [rank][step], P steps, in seconds.
+        wait_seconds: [rank][step]: seconds waiting for a transfer after
+            compute.
+    """
 
     output: torch.Tensor
     parts: int
@@ -907,7 +932,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2820
+# chapters/ch05-measured.qmd:2845
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -948,7 +973,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2932
+# chapters/ch05-measured.qmd:2957
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:

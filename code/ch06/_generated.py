@@ -165,9 +165,12 @@ def key_free_text(token_ids: Tensor) -> Tensor:
 class KeyBatch(NamedTuple):
     """Windows with planted records, as ``key_batch`` returns them.
 
-    ``inputs`` and ``targets`` (B, T); ``answers`` (B, T), True at the
-    targets that are asked values; ``starts`` (B, K), where each record
-    begins (column 0: the record asked last).
+    Attributes:
+        inputs: Byte ids (B, T) the model reads.
+        targets: Byte ids (B, T), the inputs shifted by one.
+        answers: Bool (B, T), True at the targets that are asked values.
+        starts: (B, K) positions where each record begins (column 0: the
+            record asked last).
     """
 
     inputs: Tensor
@@ -232,7 +235,7 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
     return KeyBatch(window[:, :-1], window[:, 1:], answers[:, 1:], starts)
 
 
-# chapters/ch06-extension.qmd:466
+# chapters/ch06-extension.qmd:469
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
@@ -308,7 +311,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:565
+# chapters/ch06-extension.qmd:568
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -346,7 +349,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:631
+# chapters/ch06-extension.qmd:634
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -405,7 +408,7 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
     return only_first, only_second, min(1.0, 2 * tail)
 
 
-# chapters/ch06-extension.qmd:731
+# chapters/ch06-extension.qmd:734
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 

@@ -21,6 +21,7 @@ from ._generated import (
     read_with_cache,
     snap_votes,
     top_positions,
+    toy_seen,
 )
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "read_with_cache",
     "snap_votes",
     "top_positions",
+    "toy_seen",
 ]

@@ -16,10 +16,16 @@ from longctx import ch02, ch05, ch06, support
 class Seen(NamedTuple):
     """What one layer's heads have attended to, for the cached entries.
 
-    ``positions`` (B, H, n): where each entry sits in the text;
-    ``accumulated`` (B, H, n): A_j of Equation 7.1, over every query so
-    far; ``recent`` (B, H, w, n): the attention rows of the w newest
-    queries, from which V_j is summed.
+    Every policy reads one and returns the indices (B, H, keep) of the
+    entries to keep, sorted by position.
+
+    Attributes:
+        positions: (B, H, n) int: where each of the n entries sits in the
+            text.
+        accumulated: (B, H, n): A_j of Equation 7.1, over every query so
+            far.
+        recent: (B, H, w, n): the attention rows of the w newest queries,
+            from which V_j is summed.
     """
 
     positions: Tensor
@@ -29,6 +35,7 @@ class Seen(NamedTuple):
 
 def top_positions(score: Tensor, keep: int) -> Tensor:
     """Return the indices (B, H, keep) of the highest scores, in order."""
+    support.check_int("keep", keep, minimum=1, maximum=score.shape[-1])
     return score.topk(keep, dim=-1).indices.sort(dim=-1).values
 
 
@@ -38,7 +45,7 @@ def newest(seen: Seen, count: int) -> Tensor:
     return seen.positions > cutoff
 
 
-# chapters/ch07-forgetting.qmd:124
+# chapters/ch07-forgetting.qmd:131
 def keep_all(seen: Seen, keep: int) -> Tensor:
     """The full cache: every entry, whatever the budget."""
     return top_positions(-seen.positions.double(), seen.positions.shape[-1])
@@ -63,13 +70,19 @@ def keep_heavy(seen: Seen, keep: int, recent_share: float = 0.5) -> Tensor:
     return top_positions(score, keep)
 
 
-# chapters/ch07-forgetting.qmd:162
+# chapters/ch07-forgetting.qmd:169
 def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
     """Return SnapKV's votes (B, H, n), pooled along the cache.
 
     V_j of Equation 7.1 over the newest ``window`` queries, averaged over
-    ``pool`` neighbouring entries.
+    ``pool`` neighbouring entries (odd, so that each entry is the centre of
+    its neighbourhood); n is the number of cached entries. Neither has a
+    default here; the chapter's SnapKV uses window 4 and pool 5
+    (``POLICIES``).
     """
+    support.check_int("window", window, minimum=1)
+    if support.check_int("pool", pool, minimum=1) % 2 == 0:  # n + 1 votes
+        raise ValueError(f"pool must be odd (got {pool})")
     votes = seen.recent[..., -window:, :].sum(-2)  # (B, H, n)
     batch, heads, entries = votes.shape
     pooled = F.avg_pool1d(votes.reshape(batch * heads, 1, entries), pool,
@@ -79,7 +92,16 @@ def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
 
 
 def keep_snap(seen: Seen, keep: int, window: int, pool: int = 5) -> Tensor:
-    """SnapKV: the observation window itself and its best pooled votes."""
+    """SnapKV: the observation window itself and its best pooled votes.
+
+    Returns the indices (B, H, keep) of the entries kept, sorted by
+    position: the ``window`` newest (the chapter's policies use a window
+    of 4, ``POLICIES["snapkv"]``) and the ``keep - window`` best votes of
+    ``snap_votes``, pooled over ``pool`` (default 5) entries. ``keep`` must
+    hold the window and at most the n cached entries.
+    """
+    if support.check_int("keep", keep, minimum=1) < window:  # window cut
+        raise ValueError(f"keep must be at least window={window} (got {keep})")
     score = snap_votes(seen, window, pool).double()
     score[newest(seen, window)] = math.inf
     return top_positions(score, keep)
@@ -104,7 +126,26 @@ def pyramid_budgets(keep: int, layers: int, *, tokens: int,
     return budgets
 
 
-# chapters/ch07-forgetting.qmd:261
+# chapters/ch07-forgetting.qmd:235
+def toy_seen(entries: int = 12, window: int = 3, *, seed: int = 7) -> Seen:
+    """Return the chapter's small case: one head's random causal attention.
+
+    Scores 2 N(0, 1), drawn with ``seed``, between ``entries`` queries and
+    keys, softmaxed under a causal mask: ``positions`` 0..entries-1, and
+    ``recent`` the rows of the ``window`` newest queries.
+    """
+    entries = support.check_int("entries", entries, minimum=1)
+    window = support.check_int("window", window, minimum=1, maximum=entries)
+    seed = support.check_int("seed", seed, minimum=0)
+    scores = 2 * torch.randn(1, 1, entries, entries,
+                             generator=torch.Generator().manual_seed(seed))
+    causal = torch.ones(entries, entries, dtype=torch.bool).tril()
+    weights = scores.masked_fill(~causal, -math.inf).softmax(-1)  # (1,1,n,n)
+    return Seen(torch.arange(entries).view(1, 1, entries), weights.sum(-2),
+                weights[..., -window:, :])
+
+
+# chapters/ch07-forgetting.qmd:304
 class EvictingCache:
     """Per-layer keys and values (B, H, k_l, d_h) that a policy keeps.
 
@@ -195,7 +236,7 @@ class EvictingCache:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:374
+# chapters/ch07-forgetting.qmd:417
 class QuantizedCache:
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -263,7 +304,7 @@ class QuantizedCache:
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:462
+# chapters/ch07-forgetting.qmd:505
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -283,7 +324,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model(tokens, cache)
 
 
-# chapters/ch07-forgetting.qmd:483
+# chapters/ch07-forgetting.qmd:526
 #: Each policy: its keep function (None: stored in fewer bits), settings.
 POLICIES = {
     "full": (keep_all, {}),

@@ -27,6 +27,7 @@ __all__ = ["ApiEntry", "api_entries", "api_reference", "api_reference_markdown",
 
 SOURCE_COMMENT = re.compile(r"^# (?P<file>\S+\.qmd):(?P<line>\d+)\s*$")
 REFERENCE = re.compile(r"\[?" + CROSS_REFERENCE.pattern + r"\]?")  # `[@eq-x]` or `@eq-x`, brackets and all
+COMMENTED = re.compile(r"^((?:#:.*\n)+)(\w+)\s*[:=]", re.MULTILINE)  # a constant's `#:` lines: all it has (no docstring)
 
 
 @dataclass
@@ -159,14 +160,15 @@ def api_entries(root: Path | str | None = None, numbering: Numbering | None = No
             continue
         module = importlib.import_module(module_name)
         lines = defining_lines(generated)
+        notes = {match[2]: " ".join(line[2:].strip() for line in match[1].splitlines())
+                 for match in COMMENTED.finditer(generated.read_text(encoding="utf-8"))}
         for name in getattr(module, "__all__", []):
             obj = getattr(module, name)
             kind, signature = _signature(name, obj)
             file, line = lines.get(name, (None, None))
             section, fragment = _section_for(numbering, file, line) if file else (None, None)
-            entries.append(
-                ApiEntry(module_name, name, kind, signature, _summary(obj, kind), file, line, section, fragment)
-            )
+            summary = notes.get(name, "") if kind == "constant" else _summary(obj, kind)
+            entries.append(ApiEntry(module_name, name, kind, signature, summary, file, line, section, fragment))
     return entries
 
 
