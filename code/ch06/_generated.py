@@ -14,7 +14,7 @@ from tqdm import tqdm
 from longctx import ch01, ch02, ch03, support
 
 
-# chapters/ch06-extension.qmd:88
+# chapters/ch06-extension.qmd:89
 class RotarySelfAttention(ch02.CausalSelfAttention):
     """Chapter 2's causal attention with RoPE on queries and keys.
 
@@ -71,7 +71,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
                                               attn_mask=mask)
 
 
-# chapters/ch06-extension.qmd:159
+# chapters/ch06-extension.qmd:160
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's thresholds
 #: (the rope_scaling entry of its released config.json).
@@ -146,7 +146,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:325
+# chapters/ch06-extension.qmd:326
 #: The byte that opens a record and, at the end of a window, asks for one.
 KEY_MARK = "#"
 #: The bytes names and values are drawn from; the filler text has none.
@@ -235,7 +235,7 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
     return KeyBatch(window[:, :-1], window[:, 1:], answers[:, 1:], starts)
 
 
-# chapters/ch06-extension.qmd:469
+# chapters/ch06-extension.qmd:470
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
@@ -311,7 +311,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:568
+# chapters/ch06-extension.qmd:569
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -349,7 +349,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:634
+# chapters/ch06-extension.qmd:635
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -408,7 +408,7 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
     return only_first, only_second, min(1.0, 2 * tail)
 
 
-# chapters/ch06-extension.qmd:734
+# chapters/ch06-extension.qmd:735
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 
