@@ -21,13 +21,6 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHAPTERS = sorted(path.parent.name for path in (ROOT / "code").glob("ch*/_generated.py"))
 
-# Classes whose saved cells another change owns while this one is made (issue 37, item 2): each
-# still lacks its Args, and test_the_waiting_list_holds_only_classes_that_still_lack_args fails as
-# soon as one gains them, so the list only shrinks.
-WAITING = {
-    "ch02.CausalSelfAttention", "ch02.FeedForward", "ch02.Block", "ch02.KVCache",
-    "ch06.RotarySelfAttention", "ch06.RotaryGPT", "ch07.EvictingCache", "ch07.QuantizedCache",
-}
 
 
 def public_classes() -> list[tuple[str, type]]:
@@ -74,12 +67,7 @@ def test_the_walk_finds_the_classes_of_every_chapter():
 
 def _classes(*, modules_only: bool = False) -> list:
     return [pytest.param(key, cls, id=key) for key, cls in public_classes()
-            if key not in WAITING and (not modules_only or issubclass(cls, torch.nn.Module))]
-
-
-def test_every_waiting_class_has_a_docstring_of_its_own():
-    classes = dict(public_classes())
-    assert all(classes[key].__dict__.get("__doc__") for key in WAITING)
+            if not modules_only or issubclass(cls, torch.nn.Module)]
 
 
 @pytest.mark.parametrize(("key", "cls"), _classes())
@@ -96,14 +84,6 @@ def test_every_public_class_documents_its_own_arguments(key, cls):
 def test_a_layer_never_shows_pytorchs_init_docstring(key, cls):
     assert inspect.getdoc(cls.__init__) != inspect.getdoc(torch.nn.Module.__init__), key
     assert cls.__init__.__qualname__.split(".")[0] != "Module", key
-
-
-def test_the_waiting_list_holds_only_classes_that_still_lack_args():
-    classes = dict(public_classes())
-    assert WAITING <= set(classes), WAITING - set(classes)
-    done = sorted(key for key in WAITING if constructor_arguments(classes[key]) and not missing_arguments(classes[key])
-                  and argument_section(classes[key]))
-    assert not done, f"{done} now document their arguments: remove them from WAITING"
 
 
 def test_help_of_the_grouped_layer_opens_with_its_arguments():

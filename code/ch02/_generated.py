@@ -108,7 +108,14 @@ class GPTConfig:
 
 # chapters/ch02-tinygpt.qmd:248
 class CausalSelfAttention(ch01.MultiHeadAttention):
-    """Chapter 1's causal multi-head attention, able to continue a KV cache."""
+    """Chapter 1's causal multi-head attention, able to continue a KV cache.
+
+    Args:
+        d_model: Width d of each token's vector.
+        heads: Number of heads H; must divide ``d_model`` (head width
+            d_h = d / H).
+        bias: Whether the four linear layers have biases.
+    """
 
     def forward(
         self, x: Tensor, cache: "KVCache | None" = None, layer: int = 0
@@ -152,9 +159,15 @@ class CausalSelfAttention(ch01.MultiHeadAttention):
 
 
 class FeedForward(nn.Module):
-    """The per-token MLP: widen to 4d, apply GELU, project back to d."""
+    """The per-token MLP: widen to 4d, apply GELU, project back to d.
+
+    Args:
+        d_model: Width d of each token's vector.
+        dropout: Probability in [0, 1) of zeroing an output while training.
+    """
 
     def __init__(self, d_model: int, dropout: float = 0.0) -> None:
+        """Build the two linear layers; the Args are the class's."""
         super().__init__()
         d_model = check_int("d_model", d_model, minimum=1)
         dropout = check_number("dropout", dropout, minimum=0, below=1)
@@ -172,9 +185,13 @@ class Block(nn.Module):
     """One pre-norm transformer block.
 
     ``x + attention(norm(x))``, then ``x + mlp(norm(x))``.
+
+    Args:
+        config: The model's sizes: ``d_model``, ``heads`` and ``dropout``.
     """
 
     def __init__(self, config: GPTConfig) -> None:
+        """Build the two norms, the attention and the MLP."""
         super().__init__()
         self.attention_norm = nn.LayerNorm(config.d_model)
         self.attention = CausalSelfAttention(config.d_model, config.heads)
@@ -194,7 +211,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# chapters/ch02-tinygpt.qmd:341
+# chapters/ch02-tinygpt.qmd:358
 class TinyGPT(nn.Module):
     """A decoder-only transformer small enough to train on a CPU in seconds.
 
@@ -266,7 +283,7 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, d) -> (B, T, V)
 
 
-# chapters/ch02-tinygpt.qmd:536
+# chapters/ch02-tinygpt.qmd:553
 def unigram_entropy(
     token_ids: Iterable[int] | Tensor, vocab_size: int
 ) -> float:
@@ -442,7 +459,7 @@ def evaluate_loss(
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:826
+# chapters/ch02-tinygpt.qmd:843
 def next_token(
     logits: Tensor,
     temperature: float = 0.0,
@@ -531,7 +548,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:1028
+# chapters/ch02-tinygpt.qmd:1045
 class KVCache:
     """The keys and values a TinyGPT has computed: (B, H, T, d_h) per layer.
 
@@ -544,6 +561,14 @@ class KVCache:
     ``B``, ``H`` and ``d_h``; ``dtype`` and ``device`` those of the weights.
     An attention layer calls ``position`` and ``attend``; any object with
     those two methods can stand in for this cache.
+
+    Args:
+        layers: Number of layers L, one key and one value tensor each.
+        batch: Number of sequences B.
+        heads: Number of heads H.
+        head_dim: Width d_h of one head.
+        dtype: The tensors' dtype (the model's weights').
+        device: Where the tensors live (the model's weights').
     """
 
     def __init__(
@@ -628,7 +653,7 @@ def attend_with_cache(
     return ch01.scaled_dot_product_attention(query, key, value, mask)
 
 
-# chapters/ch02-tinygpt.qmd:1224
+# chapters/ch02-tinygpt.qmd:1249
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -654,7 +679,7 @@ def kv_cache_bytes(
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1555
+# chapters/ch02-tinygpt.qmd:1580
 #: The bit widths quantize's codes can hold: int8 up to 8 bits, int16 to 16.
 QUANTIZE_BITS = range(2, 17)
 

@@ -23,12 +23,20 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
     are taken; values are left alone. Positions start after the tokens
     already in the cache, so they may run past any length.
 
+    Args:
+        d_model: Width d of each token's vector.
+        heads: Number of heads H; the head width d_h = d / H must be even
+            and at least 4 (RoPE turns pairs of coordinates).
+        fused: Whether a pass without a cache uses PyTorch's fused
+            attention kernel instead of the teaching attention.
+
     Raises:
         TypeError: If ``fused`` is not a bool (and as Chapter 1's layer).
         ValueError: If the head width d / H is odd or below 4.
     """
 
     def __init__(self, d_model: int, heads: int, *, fused: bool = False):
+        """Build the projections and plain RoPE bands; the Args are the class's."""
         super().__init__(d_model, heads)
         self.fused = support.check_bool("fused", fused)
         if self.head_dim % 2 or self.head_dim < 4:
@@ -71,7 +79,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
                                               attn_mask=mask)
 
 
-# chapters/ch06-extension.qmd:160
+# chapters/ch06-extension.qmd:168
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's thresholds
 #: (the rope_scaling entry of its released config.json).
@@ -101,6 +109,11 @@ class RotaryGPT(ch02.TinyGPT):
     it, and positions past it are accepted. The model starts with plain
     RoPE bands of base b; ``set_rope`` switches every layer to a recipe.
 
+    Args:
+        config: The sizes; ``context_length`` is the trained length T_0.
+        base: The rotary base b of the plain bands (above 1).
+        fused: Whether passes without a cache use PyTorch's fused kernel.
+
     Raises:
         TypeError: If ``config`` is not a GPTConfig, or an argument has the
             wrong type.
@@ -109,6 +122,7 @@ class RotaryGPT(ch02.TinyGPT):
 
     def __init__(self, config: ch02.GPTConfig, *, base: float = 10_000.0,
                  fused: bool = False):
+        """Build TinyGPT's layers with rotary attention; the Args are the class's."""
         super().__init__(config)
         self.base = support.check_number("base", base, above=1)
         del self.position_embedding  # position enters through rotation alone
@@ -146,7 +160,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:326
+# chapters/ch06-extension.qmd:340
 #: The byte that opens a record and, at the end of a window, asks for one.
 KEY_MARK = "#"
 #: The bytes names and values are drawn from; the filler text has none.
@@ -235,7 +249,7 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
     return KeyBatch(window[:, :-1], window[:, 1:], answers[:, 1:], starts)
 
 
-# chapters/ch06-extension.qmd:470
+# chapters/ch06-extension.qmd:484
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
@@ -311,7 +325,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:569
+# chapters/ch06-extension.qmd:583
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -349,7 +363,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:635
+# chapters/ch06-extension.qmd:649
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -408,7 +422,7 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
     return only_first, only_second, min(1.0, 2 * tail)
 
 
-# chapters/ch06-extension.qmd:735
+# chapters/ch06-extension.qmd:749
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 

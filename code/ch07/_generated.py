@@ -154,6 +154,18 @@ class EvictingCache:
     attention; ``compress`` cuts every layer to its budget; each later
     token, read alone, attends over the kept entries and itself, is
     appended, and the policy evicts back to the budget.
+
+    ``make_cache`` builds one with checked arguments.
+
+    Args:
+        policy: A keep function (``keep_recent``, ``keep_sinks``, ...):
+            (what the layer has seen, keep) -> kept indices (B, H, keep).
+        fraction: The budget b, a fraction in (0, 1] of the tokens read.
+        layers: Number of layers L.
+        pyramid: Whether the layers' budgets fall with depth (PyramidKV)
+            rather than being equal.
+        **settings: The policy's own settings (``window``, ``pool``,
+            ``sinks``, ``recent_share``), passed to it at every eviction.
     """
 
     def __init__(self, policy, fraction: float, layers: int, *,
@@ -236,13 +248,22 @@ class EvictingCache:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:417
+# chapters/ch07-forgetting.qmd:429
 class QuantizedCache:
     """Keys and values stored in ``bits`` bits, every entry kept.
 
     Per token with absmax (Chapter 5's ``quantize_cache``), or KIVI-style
     (``ch05.KiviCache``: keys per channel in groups of ``group`` tokens,
     values per token, the newest ``residual`` or more in full precision).
+
+    ``make_cache`` builds one with checked arguments.
+
+    Args:
+        layers: Number of layers L.
+        bits: Bits a stored code has (8, 4 or 2 for KIVI; 8 or 4 per token).
+        kivi: Whether to store KIVI-style instead of per token.
+        group: Tokens a key scale covers (KIVI only).
+        residual: Newest tokens kept in full precision (KIVI only).
     """
 
     def __init__(self, layers: int, bits: int, *, kivi: bool = False,
@@ -304,7 +325,7 @@ class QuantizedCache:
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:505
+# chapters/ch07-forgetting.qmd:526
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -324,8 +345,13 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model(tokens, cache)
 
 
-# chapters/ch07-forgetting.qmd:526
-#: Each policy: its keep function (None: stored in fewer bits), settings.
+# chapters/ch07-forgetting.qmd:547
+#: Each policy's name -> (keep function, settings). An evicting policy's
+#: keep function picks the entries to keep; its settings are the
+#: function's own (``sinks`` first positions kept, H2O's ``recent_share``
+#: of the budget for the newest entries, SnapKV's observation ``window``
+#: and vote ``pool``). None marks a quantized cache, whose settings are
+#: ``bits`` a code and, KIVI-style, the key ``group`` and ``residual``.
 POLICIES = {
     "full": (keep_all, {}),
     "window": (keep_recent, {}),
