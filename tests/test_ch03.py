@@ -32,6 +32,22 @@ def test_kv_bytes_golden_values_of_the_opening_example():
     assert ch03.kv_bytes(config, 0) == 0
 
 
+def test_kv_bytes_given_a_config_mapping_says_how_to_build_a_kvconfig():
+    mapping = ch03.load_model_config("llama-3.1-8b")
+    with pytest.raises(TypeError, match=r"KVConfig\.from_hf_config\(mapping\)"):
+        ch03.kv_bytes(mapping, 4_096)
+    with pytest.raises(TypeError, match=r"^config must be a KVConfig \(got int 3\)$"):
+        ch03.kv_bytes(3, 4_096)
+    config = ch03.KVConfig.from_hf_config(mapping)
+    assert ch03.kv_bytes(config, 4_096) == 4_096 * 32 * 2 * 8 * 128 * 2  # T L (K and V) H_kv d_h s
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_both_float8_formats_are_one_byte_a_number(dtype):
+    mapping = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, "torch_dtype": dtype}
+    assert ch03.read_head_fields(mapping)["bytes_per_scalar"] == 1
+
+
 def kv_bytes_per_token(config: ch03.KVConfig) -> int:
     return ch03.kv_bytes(config, 1)
 

@@ -558,7 +558,15 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
         tokens: Tokens kept per sequence, T (>= 0; a negative count, which
             would give a negative size, is refused).
         batch: Sequences cached at once, B (>= 1).
+
+    Raises:
+        TypeError: If ``config`` is not a KVConfig (a config.json mapping
+            becomes one through ``KVConfig.from_hf_config``).
     """
+    if isinstance(config, Mapping):
+        raise TypeError("config must be a KVConfig (got a mapping: build one "
+                        "with KVConfig.from_hf_config(mapping))")
+    config = check_type("config", config, KVConfig)
     tokens = check_int("tokens", tokens, minimum=0)
     batch = check_int("batch", batch, minimum=1)
     global_layers = config.layers - config.windowed_layers
@@ -569,10 +577,10 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1511
+# chapters/ch03-long-context.qmd:1519
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
-               "float8_e4m3fn": 1, "int8": 1}
+               "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
 
 def read_head_fields(mapping: Mapping[str, Any],
                      bytes_per_scalar: int | None = None) -> dict[str, Any]:
@@ -617,7 +625,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1634
+# chapters/ch03-long-context.qmd:1642
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -656,7 +664,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1701
+# chapters/ch03-long-context.qmd:1709
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -746,7 +754,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:1957
+# chapters/ch03-long-context.qmd:1965
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -769,7 +777,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope_key_dim}
 
 
-# chapters/ch03-long-context.qmd:2013
+# chapters/ch03-long-context.qmd:2021
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -888,7 +896,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2368
+# chapters/ch03-long-context.qmd:2376
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -916,7 +924,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2455
+# chapters/ch03-long-context.qmd:2463
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
