@@ -181,6 +181,23 @@ def test_wheel_ships_every_saved_run_and_loads_each_outside_the_repository(wheel
         assert path.read_bytes() == (ROOT / folder / path.name).read_bytes(), name
 
 
+EXERCISES = sorted((ROOT / "tests" / "exercises").glob("ch*.py"))
+
+
+def test_every_chapter_module_has_an_exercise_script():
+    """Issue 37: one student's script a chapter, so no chapter's exercise path goes untried."""
+    chapters = {path.stem.split("_")[0] for path in EXERCISES}
+    assert chapters == set(_chapter_modules()), chapters ^ set(_chapter_modules())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", EXERCISES, ids=[path.stem for path in EXERCISES])
+def test_exercise_scripts_run_outside_the_repository(wheel_python, script, tmp_path):
+    """Each script asserts the chapter's number itself, with only the wheel's longctx to import."""
+    output = _run_outside(wheel_python, script.read_text(encoding="utf-8"), tmp_path / "scratch")
+    assert output.startswith(f"ok {script.stem.split('_')[0]} "), output
+
+
 @pytest.mark.slow
 def test_wheel_runs_the_readme_examples_outside_the_repository(wheel_python, tmp_path):
     for number, source in enumerate(_readme_examples()):
