@@ -590,7 +590,12 @@ def test_constructors_configs_readers_and_drivers_are_all_on_the_boundary_list(c
     assert not strays, f"BOUNDARIES[{chapter!r}] holds entries of other chapters: {strays}"
 
 
-@pytest.mark.parametrize("key", sorted(_entries()))
+# Their valid calls start gloo processes (seconds each): make test runs them, make test-fast does not.
+LAUNCHERS = {"ch05.ring_attention", "ch05.sharded_decode"}
+
+
+@pytest.mark.parametrize("key", [pytest.param(key, marks=pytest.mark.slow) if key in LAUNCHERS else key
+                                 for key in sorted(_entries())])
 def test_each_boundary_entry_is_current(key):
     """The entry names a callable the chapter has, and its valid call names every parameter and works,
     so each bad call differs from a call that works in exactly one argument."""
