@@ -260,6 +260,7 @@ def test_editable_install_points_at_this_repository(tmp_path):
     assert Path(data) == ROOT / "data"
 
 
+@pytest.mark.slow  # pyright comes from npm (web/node_modules): `make test-fast` needs no npm
 def test_pyright_resolves_every_chapter_and_support(tmp_path):
     if not PYRIGHT.exists():
         pytest.fail(f"pyright is not installed at {PYRIGHT}: run `make test` (it runs `npm ci --prefix web`)")
