@@ -45,6 +45,15 @@ def test_the_stage_copies_what_quarto_writes_beside_and_links_the_rest(fixture_b
     assert (stage / "data").is_symlink() and (stage / "data" / "x.json").read_text() == "{}"
     assert (stage / "references.bib").is_symlink()
     assert not (stage / "_freeze").exists() and not list(stage.rglob("*.quarto_ipynb"))
+    beta = fixture_book / "chapters" / "ch02-beta.qmd"
+    folded = "#| label: tbl-ch02-quads\n#| tbl-cap: >-\n#|   Quads by\n#|   length\n"
+    beta.write_text(beta.read_text().replace('#| label: tbl-ch02-quads\n#| tbl-cap: "Quads"\n', folded))
+    assert folded in beta.read_text()
+    quarto.stage_project(fixture_book, stage)
+    staged = (stage / "chapters" / "ch02-beta.qmd").read_text()
+    # Quarto would print a folded table caption's div as text: the stage gives it one line
+    assert '#| label: tbl-ch02-quads\n#| tbl-cap: "Quads by length"\n#|\n#|\n' in staged
+    assert staged.count("\n") == beta.read_text().count("\n")  # Quarto's line numbers are the chapter's
     quarto.stage_project(fixture_book, stage)  # a second stage replaces the first
     assert sorted(path.name for path in stage.iterdir()) == [
         "_quarto.yml", "chapters", "data", "index.qmd", "references.bib"]

@@ -1,10 +1,11 @@
 """The book, executed and rendered by Quarto (`booktools quarto`), and finished to load nothing from the web.
 
-1. Stage: `_build/quarto/` holds a copy of `_quarto.yml` and the chapters and links to the rest,
-   so Quarto writes nothing into the source tree and starts with no `_freeze/`.
+1. Stage: `_build/quarto/` holds a copy of `_quarto.yml` and the chapters (each cell's options
+   one a line) and links to the rest, so Quarto writes nothing into the source tree and starts
+   with no `_freeze/`.
 2. Render: `quarto render` there executes every chapter through Jupyter (a failing cell fails
    the render), evaluates the inline `{python}` values, numbers the references and formats the
-   citations, for every format `_quarto.yml` lists. Quarto's EPUB draws the diagrams with
+   citations, for every format `_quarto.yml` lists (the first format's run, frozen, serves the rest). Quarto's EPUB draws the diagrams with
    Chrome; Debian's `/usr/bin/chromium` is handed to it as `QUARTO_CHROMIUM`. The executed
    notebooks Quarto keeps go to `_build/executed/`, for the reader's notebooks.
 3. Finish: MathJax and Source Sans Pro are copied in from `web/node_modules/` (pinned in
@@ -14,6 +15,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 
 from .book import load_book
+from .qmd import parse_file
 
 __all__ = [
     "QuartoError", "build_quarto_book", "find_chromium", "find_quarto", "finish_html", "stage_project",
@@ -106,6 +109,32 @@ def stage_project(root: Path, stage: Path) -> None:
             shutil.copytree(item, stage / item.name, ignore=shutil.ignore_patterns("*_files", "*.quarto_ipynb"))
         else:
             shutil.copyfile(item, stage / item.name)
+    for entry in book.entries:
+        if (stage / entry.path).is_file():
+            _one_line_options(stage / entry.path)
+
+
+def _option_value(value) -> str:
+    """A cell option's value as one line of YAML: plain where it can be, else quoted."""
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_./-]+", value):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _one_line_options(path: Path) -> None:
+    """Rewrite each Python cell's `#|` options one a line, the file's line numbers kept.
+
+    Quarto 1.7 mangles a `tbl-cap` folded over several lines (`>-`) of a cell whose output is a
+    Markdown table: the page shows the caption's `:::` div as text.
+    """
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for cell in parse_file(path).python_cells:
+        count = len(cell.option_lines)
+        if count == len(cell.options):
+            continue  # already one option a line
+        options = [f"{cell.indent}#| {key}: {_option_value(value)}" for key, value in cell.options.items()]
+        lines[cell.line : cell.line + count] = options + [f"{cell.indent}#|"] * (count - len(options))
+    path.write_text("\n".join(lines), encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------
