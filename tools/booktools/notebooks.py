@@ -475,9 +475,9 @@ def finish_notebook(notebook, executed, url: str, display: str):
 
 
 def _code(source: str) -> str:
-    """A cell's code without its `#|` options (Quarto's executed notebook rewrites them)."""
+    """A cell's code without its `#|` options and trailing blank lines (Quarto's notebook drops them)."""
     lines = source.split("\n")
-    return "\n".join(lines[len(parse_options(lines, "<cell>", 1)[0]) :])
+    return "\n".join(lines[len(parse_options(lines, "<cell>", 1)[0]) :]).rstrip()
 
 
 def needs_kernel(notebook) -> bool:

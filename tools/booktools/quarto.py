@@ -297,8 +297,16 @@ def build_quarto_book(
     for frozen in (stage / "_freeze").rglob(f"execute-results/{formats[0]}.json"):
         for name in formats[1:]:
             shutil.copyfile(frozen, frozen.with_name(f"{name}.json"))
+    # Each later format's render empties _book/ (site_libs/ included): the first one's pages wait aside.
+    first = stage / "_first"
+    shutil.move(str(rendered), str(first))
     for name in formats[1:]:
-        render("--to", name, "--no-clean")
+        render("--to", name)
+        for item in rendered.iterdir():
+            if not (first / item.name).exists():
+                shutil.move(str(item), str(first / item.name))
+    shutil.rmtree(rendered, ignore_errors=True)
+    first.rename(rendered)
     outputs = {"html": "index.html", "epub": "*.epub", "pdf": "*.pdf"}
     missing = [name for name in formats if name in outputs and not list(rendered.glob(outputs[name]))]
     if missing:
