@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
@@ -13,13 +13,16 @@ REPO = Path(__file__).resolve().parents[1]
 VERBS = ("tangle", "notebooks", "check", "quarto")
 
 
-def test_module_entry_point_runs_and_lists_every_verb():
-    done = subprocess.run([sys.executable, "-m", "booktools", "--help"], capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 0
+def test_module_entry_point_runs_and_lists_every_verb(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["booktools", "--help"])
+    with pytest.raises(SystemExit) as caught:
+        runpy.run_module("booktools", run_name="__main__")  # `python -m booktools --help`, in this process
+    assert caught.value.code == 0
+    shown = capsys.readouterr().out
     for verb in VERBS:
-        assert verb in done.stdout
-    assert "html" not in done.stdout.replace("HTML and EPUB", "")  # Quarto is the one renderer
-    assert "\n    execute " not in done.stdout  # and the one executor: no verb of our own
+        assert verb in shown
+    assert "html" not in shown.replace("HTML and EPUB", "")  # Quarto is the one renderer
+    assert "\n    execute " not in shown  # and the one executor: no verb of our own
 
 
 @pytest.mark.parametrize("verb", VERBS)
