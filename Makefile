@@ -1,32 +1,28 @@
 # Long Context from Scratch: the commands. README.md names the two that matter:
-#   make test   every check: generated modules current, unit tests, every chapter executed, the book
-#               rendered by Quarto (HTML and EPUB, EPUBCheck) and read in Chromium
-#   make book   the book in _book/, rendered by Quarto (without Quarto: the executed notebooks/)
+#   make test   every check: generated modules current, unit tests, every chapter executed by Quarto as
+#               it renders the book (HTML and EPUB, EPUBCheck), the pages read in Chromium
+#   make book   the book in _book/, executed and rendered by Quarto (which must be on PATH)
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 BOOK   := $(PY) -m booktools
 ENV_STAMP := $(VENV)/.installed
-# Quarto: on PATH, or in the venv from `pip install quarto-cli`. A failed install is remembered here so
-# that it is tried once per environment, not on every build.
-QUARTO_FAILED := $(VENV)/.quarto-install-failed
 # MathJax and the Source Sans Pro font come from the npm registry (pinned in web/package-lock.json) and
 # are copied into _book/, so the book's pages load nothing from the network.
 WEB_STAMP := web/node_modules/.installed
 PORT ?= 8000
 
 .DEFAULT_GOAL := help
-.PHONY: help env tangle notebooks execute check book serve preview test test-fast lint bench bench-quick experiment clean distclean
+.PHONY: help env tangle notebooks check book serve preview test test-fast lint bench bench-quick experiment clean distclean
 
 help:
 	@echo "make test        run every check (first run creates .venv and installs the pins)"
-	@echo "make test-fast   every test that neither executes the chapters nor renders the book"
-	@echo "make book        build the book into _book/ and print the page to open"
+	@echo "make test-fast   every test that starts no kernel, Quarto, npm tool or worker process (under 30 s)"
+	@echo "make book        Quarto executes every chapter and renders the book into _book/ (HTML, EPUB)"
 	@echo "make serve       serve _book/ at http://127.0.0.1:8000/ (PORT=...)"
 	@echo "make tangle      regenerate code/chNN/ from the chapters' '# @save' cells"
-	@echo "make notebooks   executed notebooks/chNN-*.ipynb for Jupyter, outputs included"
-	@echo "make execute     run every chapter as a notebook into _build/executed/"
+	@echo "make notebooks   notebooks/chNN-*.ipynb for Jupyter, with the outputs of make book's execution"
 	@echo "make check       book integrity: references, labels, captions, generated code current"
 	@echo "make lint        ruff on code/ (the generated modules' style), tools/, tests/, benchmarks/, experiments/"
 	@echo "make bench       the measured benchmarks (4 to 8 minutes on 2 quiet cores)"
@@ -55,35 +51,23 @@ $(WEB_STAMP): web/package.json web/package-lock.json
 tangle: $(ENV_STAMP)
 	$(BOOK) tangle
 
-# The reader's notebooks: every chapter executed, then finished into notebooks/ with its outputs and
-# inline values, no Quarto syntax, and a first cell that installs longctx outside the repository.
-notebooks: execute
+# The reader's notebooks: the chapters as `make book` had Quarto execute them (_build/executed/),
+# finished into notebooks/ with their outputs and inline values, no Quarto syntax, and a first cell
+# that installs longctx outside the repository.
+notebooks: book
 	$(BOOK) notebooks
-
-execute: tangle
-	$(BOOK) execute --jobs 2
 
 check: $(ENV_STAMP)
 	$(BOOK) check
 
-# Quarto renders the chapters `execute` has just run (each chapter runs once; Quarto writes nothing
-# into the source tree: it works in _build/quarto/). Quarto from PATH, else `pip install quarto-cli`
-# into .venv (tried once per environment); without either: the executed notebooks/ and a line saying
-# how to get Quarto.
-book: execute
-	@q=$$(command -v quarto || { test -x $(VENV)/bin/quarto && echo $(VENV)/bin/quarto; } || true); \
-	if [ -z "$$q" ] && [ ! -e $(QUARTO_FAILED) ]; then \
-	  echo "Quarto not found; trying 'pip install quarto-cli' once for this environment"; \
-	  if $(PY) -m pip install --quiet --disable-pip-version-check quarto-cli >/dev/null 2>&1 && $(VENV)/bin/quarto --version >/dev/null 2>&1; \
-	  then q=$(VENV)/bin/quarto; else touch $(QUARTO_FAILED); fi; \
-	fi; \
-	if [ -n "$$q" ]; then \
-	  $(MAKE) --no-print-directory $(WEB_STAMP) && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(BOOK) quarto && \
-	  echo "The book: $(CURDIR)/_book/index.html (read it through 'make serve': search and page contents need http)"; \
-	else \
-	  $(BOOK) notebooks --quiet && \
-	  echo "No Quarto here, so no _book/: the executed chapters are in notebooks/. For the book, install Quarto (https://quarto.org/docs/get-started/) and run make book again."; \
-	fi
+# Quarto executes every chapter (Jupyter, the venv's kernel; a failing cell fails the build) and renders
+# the HTML and the EPUB; it works in _build/quarto/, a copy of the chapters, so it writes nothing into the
+# source tree and never thaws an old _freeze/. Quarto is a declared dependency: without it, one line says
+# where to get it.
+book: tangle $(WEB_STAMP)
+	@command -v quarto >/dev/null || { echo "make book needs Quarto on PATH: install it from https://quarto.org/docs/get-started/ and run make book again."; exit 2; }
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(BOOK) quarto
+	@echo "The book: $(CURDIR)/_book/index.html (read it through 'make serve': search and page contents need http)"
 
 # Serve _book/ on this machine only: the Quarto edition's search and page contents need http, not file://.
 serve:
@@ -98,15 +82,15 @@ preview: $(ENV_STAMP)
 	  c=$$(command -v google-chrome || command -v chromium-browser || command -v chromium || true); \
 	  PATH="$(CURDIR)/$(VENV)/bin:$$PATH" QUARTO_PYTHON="$(CURDIR)/$(PY)" TQDM_DISABLE=1 \
 	  QUARTO_CHROMIUM="$${QUARTO_CHROMIUM:-$$c}" $$q preview --to html; \
-	else echo "make preview needs Quarto (https://quarto.org/docs/get-started/, or 'pip install quarto-cli')."; exit 2; fi
+	else echo "make preview needs Quarto (https://quarto.org/docs/get-started/)."; exit 2; fi
 
 test: $(ENV_STAMP) $(WEB_STAMP)
 	$(PY) -m pytest
 
 # The edit-test loop: every test not marked `slow` (those execute the chapters, render the book, train a
-# model or run a benchmark). One torch thread: the fast tests' tensors are tiny, and a second thread only
-# spins (on 2 cores it doubles the CPU time). web/node_modules holds pyright, which a packaging test runs.
-test-fast: $(ENV_STAMP) $(WEB_STAMP)
+# model, run a benchmark, or start pyright from web/node_modules), so it needs no npm. One torch thread:
+# the fast tests' tensors are tiny, and a second thread only spins (on 2 cores it doubles the CPU time).
+test-fast: $(ENV_STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow" -q
 
 # code/ has its own settings (code/ruff.toml): isort with longctx first-party, Google docstrings.

@@ -1,14 +1,13 @@
-"""Shared fixtures: a copy of the small fixture book, and the real book executed once.
+"""Shared fixtures: a copy of the small fixture book, and the real book rendered by Quarto once.
 
 - `fixture_book` (function scope): a fresh copy of tests/fixtures/book/ in a temporary
   folder; tooling tests change it freely.
-- `book_execution` (session scope): every file the real `_quarto.yml` lists exported and
-  executed once, `--jobs 2`, into a temporary folder; gives the folder and each run.
+- `quarto_book` (session scope): the real book executed and rendered by Quarto once (HTML and
+  EPUB, `booktools.quarto.build_quarto_book`) into a temporary folder: the pages, and the
+  executed notebook Quarto kept of each chapter. A failing cell fails the render, and every test
+  that needs it fails with Quarto's message. Where `quarto` is not on PATH those tests skip,
+  saying so; in CI (the `CI` environment variable set) they fail instead.
 - `executed_book` (session scope): just that folder of executed notebooks (`<stem>.ipynb`).
-- `quarto_book` (session scope): the book (HTML and EPUB) rendered by Quarto from those same
-  executed notebooks, so no chapter runs twice. The render starts in the background as soon as
-  the chapters have run, and the tests that need it wait for it. Where `quarto` is not on PATH
-  they skip, saying so; in CI (the `CI` environment variable set) they fail instead.
 
 Every test that executes chapters, renders, trains a model or runs a benchmark is marked `slow`:
 `make test-fast` leaves them out.
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURE_BOOK = Path(__file__).resolve().parent / "fixtures" / "book"
 
 
-SLOW_FIXTURES = {"book_execution", "executed_book", "quarto_book"}
+SLOW_FIXTURES = {"executed_book", "quarto_book"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -55,95 +53,55 @@ def fixture_book(tmp_path: Path) -> Path:
 
 
 @dataclass
-class BookExecution:
-    """The real book, exported and executed once per test session."""
-
-    directory: Path  # the executed notebooks, <stem>.ipynb
-    runs: dict  # listed path ("chapters/ch01-attention.qmd") -> execute.ChapterRun
-    problems: list  # export problems ("FILE:LINE: message")
-    missing: list  # listed files that do not exist yet
-
-
-@pytest.fixture(scope="session")
-def book_execution(tmp_path_factory: pytest.TempPathFactory) -> BookExecution:
-    from booktools.book import load_book
-    from booktools.execute import execute_book
-
-    book = load_book(REPO)
-    work = tmp_path_factory.mktemp("real-book")
-    directory = work / "executed"
-    missing = [entry.path for entry in book.entries if not (book.root / entry.path).is_file()]
-    runs, problems = execute_book(book, directory, jobs=2, timeout=600, notebooks_dir=work / "notebooks")
-    if not problems and all(run.error is None for run in runs):
-        _start_quarto_render(directory, work / "quarto")
-    return BookExecution(directory, {run.source: run for run in runs}, problems, missing)
-
-
-@dataclass
 class QuartoBook:
-    """The Quarto edition, rendered once per test session from the executed chapters."""
+    """The Quarto edition, executed and rendered once per test session."""
 
     directory: Path  # the rendered _book/ (index.html, chapters/*.html, the .epub, site_libs/)
-    seconds: float  # wall time of the render (run beside other tests)
+    executed: Path  # the executed notebooks Quarto kept, <stem>.ipynb
+    seconds: float  # wall time of the render, execution included
 
 
 _QUARTO: dict = {}
 
 
-def _start_quarto_render(executed: Path, work: Path) -> None:
-    """Render the Quarto edition in a background thread while the other tests run."""
-    from booktools.quarto import build_quarto_book, find_quarto
-
-    if find_quarto() is None or os.environ.get("LONGCTX_QUARTO_BOOK_DIR"):
-        return
-
-    def render() -> None:
-        started = time.perf_counter()
-        try:
-            build_quarto_book(
-                REPO, executed, work / "_book", formats=["html", "epub"], stage=work / "stage", quiet=True
-            )
-            _QUARTO["book"] = QuartoBook(work / "_book", time.perf_counter() - started)
-            artifacts = REPO / "tests" / "artifacts"
-            artifacts.mkdir(parents=True, exist_ok=True)
-            (artifacts / "quarto-render-seconds.txt").write_text(f"{_QUARTO['book'].seconds:.1f}\n")
-        except Exception as exc:  # reported by the fixture, in the tests that need the book
-            _QUARTO["error"] = f"{type(exc).__name__}: {exc}"
-
-    _QUARTO["thread"] = threading.Thread(target=render, name="quarto-render", daemon=True)
-    _QUARTO["thread"].start()
-
-
 @pytest.fixture(scope="session")
-def quarto_book(request: pytest.FixtureRequest) -> QuartoBook:
+def quarto_book(tmp_path_factory: pytest.TempPathFactory) -> QuartoBook:
     """The rendered book; skips (saying why) where Quarto is not installed, and fails so in CI.
 
-    Set LONGCTX_QUARTO_BOOK_DIR to a rendered `_book/` to check that folder instead.
+    Set LONGCTX_QUARTO_BOOK_DIR to a rendered `_book/` (beside it, `_build/executed/`) to check
+    that folder instead.
     """
-    from booktools.quarto import find_quarto
+    from booktools.quarto import build_quarto_book, find_quarto
 
     override = os.environ.get("LONGCTX_QUARTO_BOOK_DIR")
     if override:
-        return QuartoBook(Path(override), 0.0)
-
+        return QuartoBook(Path(override), Path(override).parent / "_build" / "executed", 0.0)
     if find_quarto() is None:
         skip_or_fail(
-            "`quarto` is not on PATH (install it from quarto.org or `pip install quarto-cli`; on our "
-            "machines .ci/run gets it from ../shared/quarto-kit/setup.sh)"
+            "`quarto` is not on PATH (install it from quarto.org; on our machines .ci/run gets it "
+            "from ../shared/quarto-kit/setup.sh)"
         )
-    book_execution = request.getfixturevalue("book_execution")
-    if "thread" not in _QUARTO:
-        pytest.fail(f"the chapters did not execute, so Quarto had nothing to render: {book_execution.problems}")
-    _QUARTO["thread"].join()
     if "error" in _QUARTO:
-        pytest.fail(f"the Quarto render failed: {_QUARTO['error']}")
+        pytest.fail(_QUARTO["error"])
+    if "book" not in _QUARTO:
+        work = tmp_path_factory.mktemp("quarto")
+        started = time.perf_counter()
+        try:
+            build_quarto_book(REPO, work / "_book", executed=work / "executed", stage=work / "stage", quiet=True)
+        except Exception as exc:
+            _QUARTO["error"] = f"the Quarto render failed: {type(exc).__name__}: {exc}"
+            pytest.fail(_QUARTO["error"])
+        _QUARTO["book"] = QuartoBook(work / "_book", work / "executed", time.perf_counter() - started)
+        artifacts = REPO / "tests" / "artifacts"
+        artifacts.mkdir(parents=True, exist_ok=True)
+        (artifacts / "quarto-render-seconds.txt").write_text(f"{_QUARTO['book'].seconds:.1f}\n")
     return _QUARTO["book"]
 
 
 @pytest.fixture(scope="session")
-def executed_book(book_execution: BookExecution) -> Path:
-    """The folder of the real book's executed notebooks (one `<stem>.ipynb` per listed file)."""
-    return book_execution.directory
+def executed_book(quarto_book: QuartoBook) -> Path:
+    """The folder of the real book's executed notebooks (one `<stem>.ipynb` per chapter with code)."""
+    return quarto_book.executed
 
 
 @pytest.fixture

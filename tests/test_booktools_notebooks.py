@@ -14,14 +14,33 @@ from pathlib import Path
 import nbformat
 import pytest
 from booktools.book import BookError, load_book, repo_url
-from booktools.execute import execute_book
-from booktools.notebooks import export_book, finish_book, setup_cell_source, translate_inline
+from booktools.notebooks import export_notebooks, finish_book, setup_cell_source, translate_inline
 from booktools.numbering import book_numbering, compute_numbering
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_BOOK = REPO / "tests" / "fixtures" / "book"
 FIXTURE_URL = "https://github.com/example/fixture-book"
+
+
+def export_book(book, out: Path, files=None) -> tuple[list[Path], list[str]]:
+    """Write the unexecuted export of each listed (or named) file into `out`: (paths, problems)."""
+    exported, problems = export_notebooks(book, files)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{Path(info.display).stem}.ipynb" for info, _ in exported]
+    for path, (_, notebook) in zip(paths, exported, strict=True):
+        path.write_text(nbformat.writes(notebook) + "\n", encoding="utf-8")
+    return paths, problems
+
+
+def render_with_quarto(root: Path) -> None:
+    """Quarto executes and renders the (fixture) book at `root`, its executed notebooks to _build/executed/."""
+    from booktools.quarto import build_quarto_book, find_quarto
+    from conftest import skip_or_fail
+
+    if find_quarto() is None:
+        skip_or_fail("`quarto` is not on PATH")
+    build_quarto_book(root, root / "_book", node_modules=REPO / "web" / "node_modules", quiet=True)
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +224,7 @@ def test_callout_markdown_still_renders_in_nbconvert(exported):
     assert "<p>Models grow; see Figure 1.1.</p>" in rendered
 
 
-def test_inline_python_is_left_for_execute(exported):
+def test_inline_python_is_left_for_quartos_values(exported):
     assert "Four tokens give `{python} label` pairs." in markdown(exported["ch01-alpha"])
 
 
@@ -246,7 +265,7 @@ def _with_repo_url(root: Path, url: str = FIXTURE_URL) -> None:
 
 @pytest.fixture(scope="module")
 def reader_book(tmp_path_factory) -> tuple[Path, dict[str, nbformat.NotebookNode]]:
-    """The fixture book, its figure cell drawing and printing, executed and finished once."""
+    """The fixture book, its figure cell drawing and printing, executed by Quarto and finished once."""
     from conftest import FIXTURE_BOOK
 
     root = tmp_path_factory.mktemp("reader") / "book"
@@ -261,8 +280,7 @@ def reader_book(tmp_path_factory) -> tuple[Path, dict[str, nbformat.NotebookNode
         )
     )
     book = load_book(root)
-    runs, problems = execute_book(book, root / "_build" / "executed", notebooks_dir=root / "_build" / "export")
-    assert problems == [] and [run.error for run in runs] == [None] * 4
+    render_with_quarto(root)
     paths, problems = finish_book(book, root / "_build" / "executed", root / "notebooks")
     assert problems == []
     return root, {path.stem: nbformat.read(path, as_version=4) for path in paths}
@@ -408,8 +426,7 @@ def test_cli_finishes_executed_notebooks_and_reports_stale_ones(fixture_book, bo
     code, out, err = booktools(fixture_book, "notebooks", "chapters/ch02-beta.qmd")
     assert code == 1
     assert "chapters/ch02-beta.qmd:0: not executed yet (_build/executed/ch02-beta.ipynb is missing)" in err
-    code, out, err = booktools(fixture_book, "execute", "chapters/ch02-beta.qmd")
-    assert code == 0, err
+    render_with_quarto(fixture_book)
     code, out, err = booktools(fixture_book, "notebooks", "chapters/ch02-beta.qmd")
     assert code == 0, err
     assert sorted(path.name for path in (fixture_book / "notebooks").iterdir()) == ["ch02-beta.ipynb"]

@@ -1,4 +1,5 @@
-"""The one .qmd parser: front matter, blocks, cell options, line numbers, divs, section ids; BibTeX keys."""
+"""The one .qmd parser: front matter, blocks, cell options, line numbers, divs, section ids; BibTeX keys;
+an inline value's text, as Quarto prints it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 from booktools.bib import bibliography_keys, render_citations
 from booktools.book import load_book
-from booktools.qmd import Cell, Markdown, QmdError, pandoc_slug, parse, parse_heading, walk
+from booktools.qmd import Cell, Markdown, QmdError, inline_text, pandoc_slug, parse, parse_heading, walk
 
 
 def qmd(text: str) -> str:
@@ -317,3 +318,24 @@ def test_book_lists_chapters_then_appendices_in_order(fixture_book):
     assert [entry.module for entry in book.module_entries] == ["ch01", "ch02"]
     assert [entry.appendix for entry in book.entries] == [False, False, False, True]
     assert book.entries[1].line == 7
+
+
+def test_inline_values_are_formatted_as_quarto_does():
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.display import Markdown
+
+    shell = InteractiveShell.instance()
+
+    def show(value):
+        # the mime bundle a kernel returns for a `user_expressions` entry
+        data, metadata = shell.display_formatter.format(value)
+        return inline_text({"data": data, "metadata": metadata, "status": "ok"})
+
+    assert show("64.0 GiB") == "64.0 GiB"  # a str renders without quotes
+    assert show("it's") == "it's"
+    assert show(Markdown("**bold**")) == "**bold**"
+    assert show(42) == "42"
+    assert show(0.5) == "0.5"
+    assert show([1, 2]) == "[1, 2]"
+    assert show(("a", 1)) == "('a', 1)"  # a literal that is not a str keeps its repr
+    assert inline_text({"data": {"text/plain": "<object at 0x1>"}}) == "<object at 0x1>"

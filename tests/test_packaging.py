@@ -300,6 +300,7 @@ def test_declared_dependencies_are_satisfied_by_the_pins():
 # --------------------------------------------------------------------------- static tools
 
 
+@pytest.mark.slow  # a fresh interpreter, outside the repository
 def test_editable_install_points_at_this_repository(tmp_path):
     """`make env` installs the package as links to code/ and data/, never as copies."""
     script = "import longctx.ch03 as m; from longctx import support; print(m.__file__); print(support.data_path())"
@@ -308,6 +309,7 @@ def test_editable_install_points_at_this_repository(tmp_path):
     assert Path(data) == ROOT / "data"
 
 
+@pytest.mark.slow  # pyright comes from npm (web/node_modules): `make test-fast` needs no npm
 def test_pyright_resolves_every_chapter_and_support(tmp_path):
     if not PYRIGHT.exists():
         pytest.fail(f"pyright is not installed at {PYRIGHT}: run `make test` (it runs `npm ci --prefix web`)")
@@ -328,6 +330,7 @@ def test_pyright_resolves_every_chapter_and_support(tmp_path):
     assert revealed == ['Type of "KVConfig" is "type[KVConfig]"']
 
 
+@pytest.mark.slow  # jedi starts the environment's interpreter to read it
 def test_jedi_goes_to_kvconfigs_definition_in_the_generated_module(tmp_path):
     import jedi
 

@@ -1,16 +1,14 @@
-"""The Quarto edition: staged from the executed chapters, rendered by Quarto, checked by EPUBCheck.
+"""The Quarto edition: executed and rendered by Quarto from a staged copy, checked by EPUBCheck.
 
-The first tests need nothing but Python: how a chapter becomes the notebook Quarto renders, the
-staged project, the finishing step that makes every page load only what the book ships, the
-browser and TeX lookups, the API appendix's signatures. The rest read the edition that the
-`quarto_book` fixture (tests/conftest.py) renders once per session from the chapters the session
-has already executed (all marked `slow`); where Quarto or EPUBCheck is not installed they skip,
-saying so, and in CI (`CI` set) they fail instead.
+The first tests need nothing but Python: the staged project, the finishing step that makes every
+page load only what the book ships, the browser lookup, the API appendix's signatures. The rest
+read the edition that the `quarto_book` fixture (tests/conftest.py) executes and renders once
+per session (all marked `slow`); where Quarto or EPUBCheck is not installed they skip, saying so,
+and in CI (`CI` set) they fail instead.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -20,136 +18,45 @@ from pathlib import Path
 
 import nbformat
 import pytest
-import yaml
 from booktools import quarto
 from booktools.apiref import api_reference_markdown, wrap_signature
 from booktools.book import load_book
 from booktools.numbering import compute_numbering
-from booktools.qmd import parse_file
+from booktools.qmd import CROSSREF_PREFIXES, parse_file
 from bs4 import BeautifulSoup
 
 ROOT = Path(__file__).resolve().parents[1]
 EPUBCHECK = Path("/usr/share/java/epubcheck.jar")
 
 
-# --- staging: a chapter becomes the notebook Quarto renders -----------------------------------
+# --- staging: the book laid out for Quarto, away from the source tree -------------------------
 
 
-def _executed(cells: list[dict]) -> dict:
-    return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
-
-
-def _value(expression: str, plain: str) -> dict:
-    return {"expression": expression, "result": {"data": {"text/plain": plain}, "metadata": {}, "status": "ok"}}
-
-
-CHAPTER = """\
-# Demo {#sec-ch01-demo}
-
-Intro with `{python} n` and `{python} word`.
-
-```{python}
-#| label: fig-ch01-x
-#| fig-cap: "What?"
-n = 3
-```
-
-::: {.callout-tip}
-Inside: `{python} n`.
-
-```{python}
-print(n)
-```
-:::
-
-```{mermaid}
-graph LR
-  A --> B
-```
-"""
-
-
-@pytest.fixture
-def demo(tmp_path: Path):
-    path = tmp_path / "chapters" / "ch01-demo.qmd"
-    path.parent.mkdir()
-    path.write_text(CHAPTER)
-    return parse_file(path, tmp_path)
-
-
-def _ran(n_plain: str = "3") -> dict:
-    return _executed(
-        [
-            {"cell_type": "markdown", "metadata": {"user_expressions": [_value("n", n_plain), _value("word", "'*a*'")]}, "source": "x"},
-            {"cell_type": "code", "metadata": {"longctx": {"line": 5}}, "outputs": [{"output_type": "stream", "name": "stdout", "text": "A\n"}], "execution_count": 1, "source": ""},
-            {"cell_type": "markdown", "metadata": {"user_expressions": [_value("n", n_plain)]}, "source": "y"},
-            {"cell_type": "code", "metadata": {"longctx": {"line": 14}}, "outputs": [{"output_type": "stream", "name": "stdout", "text": "3\n"}], "execution_count": 2, "source": ""},
-        ]
-    )
-
-
-def test_a_chapter_becomes_its_markdown_its_cells_and_their_outputs(demo):
-    notebook = quarto.quarto_notebook(demo, _ran())
-    kinds = [cell["cell_type"] for cell in notebook["cells"]]
-    assert kinds == ["markdown", "code", "markdown", "code", "markdown"]
-    first, code, callout, inner, last = notebook["cells"]
-    assert first["source"] == "# Demo {#sec-ch01-demo}\n\nIntro with `{python} n` and `{python} word`."
-    assert code["source"] == '#| label: fig-ch01-x\n#| fig-cap: "What?"\nn = 3'  # options kept for Quarto
-    assert code["outputs"][0]["text"] == "A\n" and code["execution_count"] == 1
-    assert callout["source"] == "::: {.callout-tip}\nInside: `{python} n`."
-    assert inner["outputs"][0]["text"] == "3\n"
-    assert last["source"] == ":::\n\n```{mermaid}\ngraph LR\n  A --> B\n```"  # diagrams stay for Quarto
-    # the values Quarto prints, as Jupyter's user_expressions, in the cells that use them
-    assert first["metadata"]["user_expressions"] == [_value("n", "3"), _value("word", "'*a*'")]
-    assert callout["metadata"]["user_expressions"] == [_value("n", "3")]
-    nbformat.validate(nbformat.from_dict(notebook))
-
-
-def test_a_stale_execution_is_refused(demo):
-    ran = _ran()
-    ran["cells"][1]["metadata"]["longctx"]["line"] = 6  # the cell moved since it ran
-    with pytest.raises(quarto.QuartoError, match=r"chapters/ch01-demo.qmd:5: this cell is not in the executed notebook"):
-        quarto.quarto_notebook(demo, ran)
-    ran = _ran()
-    ran["cells"][0]["metadata"]["user_expressions"][1]["expression"] = "other"
-    with pytest.raises(quarto.QuartoError, match=r"no value for `\{python\} word`"):
-        quarto.quarto_notebook(demo, ran)
-    ran = _ran()
-    ran["cells"][2]["metadata"]["user_expressions"].append(_value("gone", "1"))
-    with pytest.raises(quarto.QuartoError, match="no longer uses"):
-        quarto.quarto_notebook(demo, ran)
-
-
-def test_the_staged_project_lists_notebooks_and_executes_nothing(fixture_book, tmp_path):
-    (fixture_book / "cite").mkdir()
-    (fixture_book / "cite" / "own.csl").write_text("<style/>\n")  # a style outside style/ travels too
-    with (fixture_book / "_quarto.yml").open("a") as config:
-        config.write("csl: cite/own.csl\n")
-    book = load_book(fixture_book)
-    executed = tmp_path / "executed"
-    executed.mkdir()
-    for entry in book.entries:
-        doc = parse_file(fixture_book / entry.path, fixture_book)
-        cells = []
-        for cell in doc.python_cells:
-            cells.append({"cell_type": "code", "metadata": {"longctx": {"line": cell.line}}, "outputs": [], "source": ""})
-        for block in doc.markdown:
-            found = re.findall(r"`\{python\} ([^`]+)`", block.text)
-            if found:
-                cells.append({"cell_type": "markdown", "metadata": {"user_expressions": [_value(e, "'10'") for e in found]}, "source": ""})
-        (executed / f"{Path(entry.path).stem}.ipynb").write_text(json.dumps(_executed(cells)))
+def test_the_stage_copies_what_quarto_writes_beside_and_links_the_rest(fixture_book, tmp_path):
+    (fixture_book / "data").mkdir()
+    (fixture_book / "data" / "x.json").write_text("{}")
+    (fixture_book / "_freeze").mkdir()  # an old freeze is never thawed
+    (fixture_book / "chapters" / "ch01-alpha.quarto_ipynb").write_text("{}")  # an interrupted render's
     stage = tmp_path / "stage"
-    staged = quarto.stage_project(book, executed, stage, formats=["html", "epub"])
-    assert staged == ["index.qmd", "chapters/ch01-alpha.ipynb", "chapters/ch02-beta.ipynb", "chapters/appendix-extra.qmd"]
-    config = yaml.safe_load((stage / "_quarto.yml").read_text())
-    assert config["book"]["chapters"] == staged[:3] and config["book"]["appendices"] == staged[3:]
-    assert config["execute"] == {"enabled": False}
-    assert list(config["format"]) == ["html", "epub"] and config["book"]["downloads"] == ["epub"]
-    assert (stage / "index.qmd").read_text() == (fixture_book / "index.qmd").read_text()
-    assert (stage / "references.bib").is_file()
-    assert config["csl"] == "cite/own.csl" and (stage / "cite" / "own.csl").read_text() == "<style/>\n"
-    alpha = nbformat.read(stage / "chapters" / "ch01-alpha.ipynb", as_version=4)
-    assert alpha.cells[0].cell_type == "raw" and alpha.cells[0].source.startswith("---\nexecute:")
+    quarto.stage_project(fixture_book, stage)
+    for name in ("_quarto.yml", "index.qmd", "chapters/ch01-alpha.qmd", "chapters/appendix-extra.qmd"):
+        assert (stage / name).is_file() and not (stage / name).is_symlink(), name
+        assert (stage / name).read_text() == (fixture_book / name).read_text()
+    assert (stage / "data").is_symlink() and (stage / "data" / "x.json").read_text() == "{}"
+    assert (stage / "references.bib").is_symlink()
+    assert not (stage / "_freeze").exists() and not list(stage.rglob("*.quarto_ipynb"))
+    beta = fixture_book / "chapters" / "ch02-beta.qmd"
+    folded = "#| label: tbl-ch02-quads\n#| tbl-cap: >-\n#|   Quads by\n#|   length\n"
+    beta.write_text(beta.read_text().replace('#| label: tbl-ch02-quads\n#| tbl-cap: "Quads"\n', folded))
+    assert folded in beta.read_text()
+    quarto.stage_project(fixture_book, stage)
+    staged = (stage / "chapters" / "ch02-beta.qmd").read_text()
+    # Quarto would print a folded table caption's div as text: the stage gives it one line
+    assert '#| label: tbl-ch02-quads\n#| tbl-cap: "Quads by length"\n#|\n#|\n' in staged
+    assert staged.count("\n") == beta.read_text().count("\n")  # Quarto's line numbers are the chapter's
+    quarto.stage_project(fixture_book, stage)  # a second stage replaces the first
+    assert sorted(path.name for path in stage.iterdir()) == [
+        "_quarto.yml", "chapters", "data", "index.qmd", "references.bib"]
 
 
 def _fake_node_modules(root: Path) -> Path:
@@ -195,7 +102,7 @@ def test_finishing_makes_every_page_load_only_what_the_book_ships(tmp_path):
             '<a href="https://github.com/o/r/edit/main/chapters/ch01-a.ipynb#L1">edit</a>'
         )
     )
-    changed = quarto.finish_html(out, _fake_node_modules(tmp_path), repo_url="https://github.com/o/r")
+    changed = quarto.finish_html(out, _fake_node_modules(tmp_path))
     assert set(changed) == {out / "index.html", chapter}
     index, text = (out / "index.html").read_text(), chapter.read_text()
     for page in (index, text):
@@ -205,13 +112,12 @@ def test_finishing_makes_every_page_load_only_what_the_book_ships(tmp_path):
     assert '<link href="../site_libs/fonts/source-sans-pro.css" rel="stylesheet">' in text
     assert 'href="chapters/ch01-a.html#eq-ch01-x"' in index  # a fragment on another page
     assert 'href="../index.html#top"' in text and 'href="#nowhere"' in text  # unknown ids stay
-    assert "blob/main/chapters/ch01-a.qmd" in text and "edit/main/chapters/ch01-a.qmd#L1" in text
     assert (out / "site_libs" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2" / "MathJax_Main-Regular.woff").is_file()
     css = (out / "site_libs" / "fonts" / "source-sans-pro.css").read_text()
     assert css.count("@font-face") == len(quarto.FONT_WEIGHTS) * len(quarto.FONT_SUBSETS)
     assert "cyrillic" not in css and ".woff)" not in css
     assert "src: url(source-sans-pro-greek-700-italic.woff2) format('woff2');" in css
-    assert quarto.finish_html(out, _fake_node_modules(tmp_path / "again"), repo_url="https://github.com/o/r") == []
+    assert quarto.finish_html(out, _fake_node_modules(tmp_path / "again")) == []
 
 
 def test_a_mathjax_file_the_book_does_not_ship_is_an_error(tmp_path):
@@ -236,7 +142,7 @@ def test_debian_chromium_is_found_for_quarto(tmp_path):
 def test_no_quarto_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(quarto, "find_quarto", lambda: None)
     with pytest.raises(quarto.QuartoError, match="Quarto is not installed"):
-        quarto.build_quarto_book(ROOT, tmp_path, tmp_path / "_book")
+        quarto.build_quarto_book(ROOT, tmp_path / "_book")
 
 
 # --- the API appendix ----------------------------------------------------------------------------
@@ -298,7 +204,7 @@ def test_the_api_appendix_reads_each_chapter_once(monkeypatch):
 
 @pytest.mark.slow
 def test_the_render_leaves_the_source_tree_as_it_was(quarto_book):
-    """Quarto worked in a staging folder: no index.html, .quarto/, *_files/ or .gitignore edit here."""
+    """Quarto worked in a staging folder: no index.html, .quarto/, _freeze/, *_files/ or .gitignore edit here."""
     for leftover in ("index.html", "index.tex", ".quarto", "_freeze", "chapters/ch01-attention_files"):
         assert not (ROOT / leftover).exists(), leftover
     assert not list(ROOT.glob("chapters/*.quarto_ipynb")) and not list(ROOT.glob("chapters/*.html"))
@@ -415,3 +321,50 @@ def test_a_long_tuple_default_is_wrapped_inside_its_parentheses():
     assert shown.splitlines()[2] == "    depths: tuple[float, ...] = ("
     # the same signature, once the layout's spaces and trailing commas are taken out
     assert re.sub(r",([)\]])", r"\1", "".join(shown.split())) == "".join(long.split())
+
+
+@pytest.mark.slow
+def test_the_three_editions_carry_the_same_reference_citation_and_value(quarto_book, tmp_path):
+    """Chapter 3's first figure reference, first citation and first inline value read the same in the
+    HTML page, the EPUB and the reader's notebook (which `make notebooks` writes from this render)."""
+    from booktools.notebooks import finish_book
+    from booktools.qmd import BRACKET, INLINE_EXPRESSION, REFERENCE, inline_text
+
+    book = load_book(ROOT)
+    source = "chapters/ch03-long-context.qmd"
+    doc = parse_file(ROOT / source, ROOT)
+    prose = "\n".join(block.text for block in doc.markdown)
+    prose = INLINE_EXPRESSION.sub("", prose)
+    label = next(match.group("key") for match in REFERENCE.finditer(prose) if match.group("key").startswith("fig-"))
+    reference = compute_numbering(book).targets[label].text
+    assert re.fullmatch(r"Figure 3\.\d+", reference)
+    cited = next(match.group(0) for match in BRACKET.finditer(prose)
+                 if not any(f"@{prefix}" in match.group(0) for prefix in CROSSREF_PREFIXES))
+    executed = nbformat.read(quarto_book.executed / "ch03-long-context.ipynb", as_version=4)
+    value = next(text for cell in executed.cells for entry in cell.metadata.get("user_expressions", [])
+                 if len(text := inline_text(entry["result"])) >= 6)
+
+    paths, problems = finish_book(book, quarto_book.executed, tmp_path, [source])
+    assert problems == []
+    notebook = " ".join(cell.source for cell in nbformat.read(paths[0], as_version=4).cells
+                        if cell.cell_type == "markdown")
+    page = BeautifulSoup((quarto_book.directory / "chapters" / "ch03-long-context.html").read_text(), "html.parser")
+    html = " ".join(page.get_text(" ").replace("\u00a0", " ").split())
+    keys = re.findall(r"@([\w:.-]+)", cited)
+
+    def citation(soup: BeautifulSoup) -> str:
+        span = next(span for span in soup.select("span.citation") if span["data-cites"].split() == keys)
+        return " ".join(span.get_text().replace("\u00a0", " ").split())
+
+    with zipfile.ZipFile(next(quarto_book.directory.glob("*.epub"))) as archive:
+        chapter = next(text for name in archive.namelist() if name.endswith(".xhtml")
+                       and label in (text := archive.read(name).decode("utf-8")))
+    chapter = BeautifulSoup(chapter, "html.parser")
+    epub = " ".join(chapter.get_text(" ").replace("\u00a0", " ").split())
+    notebook = " ".join(notebook.replace("\u00a0", " ").split())
+    citation_text = citation(page)
+    assert re.fullmatch(r"\(.+ \d{4}[a-z]?\)", citation_text) and citation(chapter) == citation_text
+    assert citation_text in notebook
+    for edition, text in (("html", html), ("epub", epub), ("notebook", notebook)):
+        assert reference in text, (edition, reference)
+        assert value in text, (edition, value)

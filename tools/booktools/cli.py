@@ -51,27 +51,6 @@ def cmd_tangle(book, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_execute(book, args: argparse.Namespace) -> int:
-    from .execute import execute_book
-
-    out = Path(args.out).resolve() if args.out else book.root / "_build" / "executed"
-    started = time.perf_counter()
-
-    def report(run) -> None:
-        if not args.quiet or run.error:
-            print(f"{run.source}: {'ok' if run.error is None else 'FAILED'} in {run.seconds:.1f} s", flush=True)
-        if run.error:
-            print(run.error, file=sys.stderr, flush=True)
-
-    runs, problems = execute_book(book, out, args.files or None, jobs=args.jobs, timeout=args.timeout, report=report)
-    _print_problems(problems, "execute")
-    failed = [run for run in runs if run.error]
-    if not args.quiet:
-        print(f"execute: {len(runs) - len(failed)} of {len(runs)} notebook(s) ok in "
-              f"{time.perf_counter() - started:.1f} s -> {book.display(out)}")
-    return EXIT_PROBLEMS if problems or failed else EXIT_OK
-
-
 def cmd_notebooks(book, args: argparse.Namespace) -> int:
     from .notebooks import finish_book
 
@@ -98,25 +77,21 @@ def cmd_check(book, args: argparse.Namespace) -> int:
 def cmd_quarto(book, args: argparse.Namespace) -> int:
     from .quarto import QuartoError, build_quarto_book
 
-    executed = Path(args.executed).resolve() if args.executed else book.root / "_build" / "executed"
     out = Path(args.out).resolve() if args.out else book.root / "_book"
-    formats = [name.strip() for name in args.to.split(",") if name.strip()] if args.to else None
     try:
-        result = build_quarto_book(book.root, executed, out, formats=formats)
+        result = build_quarto_book(book.root, out)
     except QuartoError as exc:
         print(f"quarto: {exc}", file=sys.stderr)
         return EXIT_PROBLEMS
-    for name, reason in result["skipped"].items():
-        print(f"quarto: {name.upper()} skipped: {reason}")
-    print(f"quarto: rendered {', '.join(result['formats'])} in {result['seconds']:.0f} s -> {out}")
+    print(f"quarto: executed and rendered {', '.join(result['formats'])} in {result['seconds']:.0f} s -> {out}")
     return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m booktools",
-        description="Tools for the executable book: tangle chapters into modules, execute them as notebooks, "
-        "check the book's integrity, write the reader's notebooks, render the book with Quarto.",
+        description="Tools for the executable book: tangle chapters into modules, check the book's integrity, "
+        "execute and render the book with Quarto, write the reader's notebooks from Quarto's executed chapters.",
         epilog="Exit status: 0 success, 1 the book has problems (printed as FILE:LINE: message), 2 usage error.",
     )
     parser.add_argument("--root", help="the book's root (the folder holding _quarto.yml); default: found from the cwd")
@@ -129,21 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     tangle.add_argument("-q", "--quiet", action="store_true", help="print only problems")
     tangle.set_defaults(run=cmd_tangle)
 
-    execute = verbs.add_parser("execute", help="execute the chapters as notebooks into _build/executed/")
-    execute.add_argument("files", nargs="*", help=files_help)
-    execute.add_argument("--out", help="output folder (default: _build/executed/)")
-    execute.add_argument("--jobs", "-j", type=int, default=1, help="chapters executed in parallel (default 1)")
-    execute.add_argument("--timeout", type=int, default=600, help="seconds one cell may run (default 600)")
-    execute.add_argument("-q", "--quiet", action="store_true")
-    execute.set_defaults(run=cmd_execute)
-
     notebooks = verbs.add_parser(
         "notebooks",
-        help="the reader's notebooks/chNN-*.ipynb: the executed chapters (run `execute` first) with their "
+        help="the reader's notebooks/chNN-*.ipynb: the chapters Quarto executed (run `quarto` first) with their "
         "outputs and inline values, no Quarto syntax, and a first cell that installs longctx outside the repository",
     )
     notebooks.add_argument("files", nargs="*", help=files_help)
-    notebooks.add_argument("--executed", help="the executed notebooks (default: _build/executed/)")
+    notebooks.add_argument("--executed", help="Quarto's executed notebooks (default: _build/executed/)")
     notebooks.add_argument("--out", help="output folder (default: notebooks/)")
     notebooks.add_argument("-q", "--quiet", action="store_true")
     notebooks.set_defaults(run=cmd_notebooks)
@@ -151,10 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     check = verbs.add_parser("check", help="check cross-references, citations, labels, captions, saved code and modules")
     check.set_defaults(run=cmd_check)
 
-    quarto = verbs.add_parser("quarto", help="render the book with Quarto into _book/ from the executed chapters")
-    quarto.add_argument("--executed", help="the executed notebooks (default: _build/executed/)")
+    quarto = verbs.add_parser("quarto", help="execute and render the book with Quarto into _book/ (HTML and EPUB)")
     quarto.add_argument("--out", help="output folder (default: _book/)")
-    quarto.add_argument("--to", help="formats, comma-separated (default: html,epub, and pdf where TeX is installed)")
     quarto.set_defaults(run=cmd_quarto)
     return parser
 
@@ -162,8 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "jobs", 1) < 1:
-        parser.error("--jobs must be at least 1")
     try:
         book = load_book(Path(args.root).resolve() if args.root else find_root())
         return args.run(book, args)

@@ -1,5 +1,5 @@
-"""The chapters as Jupyter notebooks that read cleanly without Quarto: what `execute` runs, and
-(finished with the executed outputs) the reader's `notebooks/`.
+"""The reader's `notebooks/`: the chapters as Jupyter notebooks that read cleanly without Quarto,
+with the outputs and inline values of Quarto's own execution of the book (`booktools quarto`).
 
 One notebook per listed file, markdown split at headings (levels 1-3), code cells and callouts.
 Headings carry their numbers ("## 3.2 Grouped heads", "# Appendix A: Title"); cross-references
@@ -8,9 +8,9 @@ become "Figure 3.2", "Section 3.4"; a labelled equation gets `\\tag{3.1}`; capti
 "(Vaswani et al. 2017)" (one pandoc run for the book); callouts become titled `<div>` blocks
 (split around code cells, `callout-continued`); diagrams stay fenced, with caption and alt text.
 Each code cell keeps its `#|` lines and carries metadata `longctx` (`source`, `line`; a figure's
-or table's `kind` and `label`; `collapsed` in a collapsed callout); inline `{python}` values are left for
-`execute`. The reader's notebooks drop the `#|` lines, fill in the values and open with a cell
-that installs `longctx` outside the repository.
+or table's `kind` and `label`; `collapsed` in a collapsed callout). The reader's notebooks drop the
+`#|` lines, take each cell's outputs and each inline value from the notebook Quarto executed, and
+open with a cell that installs `longctx` outside the repository.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from .qmd import (
 )
 
 __all__ = [
-    "export_book", "export_chapter", "export_notebooks", "finish_book", "finish_notebook",
+    "export_chapter", "export_notebooks", "finish_book", "finish_notebook",
     "needs_kernel", "setup_cell_source", "translate_inline",
 ]
 
@@ -366,24 +366,6 @@ def export_notebooks(
     return exported, problems
 
 
-def export_book(
-    book: Book, out: Path, files: list[str | Path] | None = None
-) -> tuple[list[Path], list[str]]:
-    """Write the unexecuted notebook of every listed (or named) file that exists (what `execute` runs).
-
-    Returns:
-        (paths, problems): the notebooks (written or already current) and the problems
-        ("FILE:LINE: message") that stopped a chapter from being exported.
-    """
-    exported, problems = export_notebooks(book, files)
-    paths = []
-    for info, notebook in exported:
-        path = out / f"{Path(info.display).stem}.ipynb"
-        write_if_changed(path, nbformat.writes(notebook) + "\n")
-        paths.append(path)
-    return paths, problems
-
-
 # ---------------------------------------------------------------------------
 # the reader's notebooks: the export, executed, finished for Jupyter
 
@@ -439,7 +421,7 @@ def finish_notebook(notebook, executed, url: str, display: str):
 
     Code cells get the executed cell's outputs and lose their Quarto `#|` option lines (a folded
     or hidden cell is collapsed with Jupyter's `source_hidden`); markdown cells get their inline
-    values, each formatted by `execute.inline_text` from the executed notebook's
+    values, each formatted by `qmd.inline_text` from the executed notebook's
     `user_expressions`; a notebook with code starts with the `setup_cell_source` cell.
 
     Raises:
@@ -453,14 +435,14 @@ def finish_notebook(notebook, executed, url: str, display: str):
         if cell.cell_type == "markdown"
         for entry in cell.metadata.get("user_expressions", [])
     ]
-    stale = "the executed notebook is stale ({}); run `make execute` (or `python -m booktools execute`)"
+    stale = "the executed notebook is stale ({}); run `make book` (or `python -m booktools quarto`)"
     code_index = 0
     for cell in notebook.cells:
         line = cell.metadata.get("longctx", {}).get("line", 0)
         if cell.cell_type == "code":
             ran = ran_code[code_index] if code_index < len(ran_code) else None
             code_index += 1
-            if ran is None or ran.source != cell.source:
+            if ran is None or _code(ran.source) != _code(cell.source):
                 raise StaleNotebook(f"{display}:{line}: " + stale.format("this cell changed since it ran"))
             cell.outputs = ran.get("outputs", [])
             cell.execution_count = ran.get("execution_count")
@@ -492,6 +474,12 @@ def finish_notebook(notebook, executed, url: str, display: str):
     return notebook
 
 
+def _code(source: str) -> str:
+    """A cell's code without its `#|` options and trailing blank lines (Quarto's notebook drops them)."""
+    lines = source.split("\n")
+    return "\n".join(lines[len(parse_options(lines, "<cell>", 1)[0]) :]).rstrip()
+
+
 def needs_kernel(notebook) -> bool:
     """Whether a notebook has code to run or inline values to compute."""
     return any(
@@ -506,7 +494,7 @@ def finish_book(
     """Write the reader's notebooks: each listed (or named) file exported, with its executed outputs.
 
     Args:
-        executed: the folder `booktools execute` wrote (`<stem>.ipynb` per file).
+        executed: the notebooks Quarto executed (`booktools quarto` moves them there, `<stem>.ipynb`).
         out: where the reader's notebooks go (`notebooks/`).
 
     Returns:
@@ -527,7 +515,7 @@ def finish_book(
             if not path.is_file():
                 problems.append(
                     f"{info.display}:0: not executed yet ({book.display(path)} is missing); "
-                    "run `make execute` (or `python -m booktools execute`)"
+                    "run `make book` (or `python -m booktools quarto`)"
                 )
                 continue
             ran = nbformat.read(str(path), as_version=4)

@@ -1,20 +1,20 @@
-"""The book, rendered by Quarto from the chapters `execute` has already run (`booktools quarto`).
+"""The book, executed and rendered by Quarto (`booktools quarto`), and finished to load nothing from the web.
 
-1. Stage: each listed file becomes a Quarto notebook in `_build/quarto/`, its markdown exactly as
-   written, its cells with their `#|` options and the executed notebook's outputs and inline values
-   (`user_expressions`, which Quarto reads as its own); a copy of `_quarto.yml` lists them and turns
-   execution off. Each chapter runs once, and Quarto writes nothing into the source tree.
-2. Render: `quarto render` there (html, epub, and pdf where TeX exists). Quarto's EPUB draws the
-   diagrams with Chrome; Debian's `/usr/bin/chromium` is handed to it as `QUARTO_CHROMIUM`.
+1. Stage: `_build/quarto/` holds a copy of `_quarto.yml` and the chapters (each cell's options
+   one a line) and links to the rest, so Quarto writes nothing into the source tree and starts
+   with no `_freeze/`.
+2. Render: `quarto render` there executes every chapter through Jupyter (a failing cell fails
+   the render), evaluates the inline `{python}` values, numbers the references and formats the
+   citations, for every format `_quarto.yml` lists (the first format's run, frozen, serves the rest). Quarto's EPUB draws the diagrams with
+   Chrome; Debian's `/usr/bin/chromium` is handed to it as `QUARTO_CHROMIUM`. The executed
+   notebooks Quarto keeps go to `_build/executed/`, for the reader's notebooks.
 3. Finish: MathJax and Source Sans Pro are copied in from `web/node_modules/` (pinned in
-   `web/package-lock.json`), so no page asks another host for anything; source links name the `.qmd`.
+   `web/package-lock.json`), so no page asks another host for anything.
 4. Publish: the new `_book/` replaces the old one only when the render succeeded.
 """
 
 from __future__ import annotations
 
-import copy
-import glob
 import json
 import os
 import re
@@ -24,15 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
-from .book import Book, BookError, load_book, repo_url, write_atomic
-from .notebooks import NOTEBOOK_KERNELSPEC
-from .qmd import INLINE_EXPRESSION, Document, QmdError, parse_file
+from .book import load_book
+from .qmd import parse_file
 
 __all__ = [
-    "QuartoError", "build_quarto_book", "find_chromium", "find_quarto", "find_tex", "finish_html",
-    "quarto_notebook", "stage_project",
+    "QuartoError", "build_quarto_book", "find_chromium", "find_quarto", "finish_html", "stage_project",
 ]
 
 STAGE_DIR = Path("_build") / "quarto"
@@ -60,12 +56,8 @@ class QuartoError(RuntimeError):
 
 
 def find_quarto() -> str | None:
-    """The `quarto` command: on PATH, or in the virtual environment (`pip install quarto-cli`)."""
-    found = shutil.which("quarto")
-    if found:
-        return found
-    candidate = Path(sys.prefix) / "bin" / "quarto"
-    return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+    """The `quarto` command on PATH, else None."""
+    return shutil.which("quarto")
 
 
 def find_chromium(environ=None, which=shutil.which) -> str | None:
@@ -86,16 +78,40 @@ def find_chromium(environ=None, which=shutil.which) -> str | None:
     return None
 
 
-def find_tex() -> str | None:
-    """A TeX engine Quarto can render PDF with (on PATH, or Quarto's TinyTeX), else None."""
-    found = [shutil.which(name) for name in ("lualatex", "xelatex", "pdflatex")]
-    for pattern in ("~/.TinyTeX/bin/*/xelatex", "~/Library/TinyTeX/bin/*/xelatex"):
-        found += sorted(glob.glob(os.path.expanduser(pattern)))
-    return next((path for path in found if path), None)
-
-
 # ---------------------------------------------------------------------------
-# staging: one Quarto notebook per listed file
+# staging: the book's files, for Quarto to execute and render away from the source tree
+
+#: What a render never needs (build output, caches, the environment) and Quarto must not see.
+_NOT_STAGED = {".git", ".venv", "_book", "_build", "_freeze", ".quarto", "notebooks", "build",
+               ".pytest_cache", ".ruff_cache", ".hypothesis", "node_modules"}
+
+
+def stage_project(root: Path, stage: Path) -> None:
+    """Lay out the book in `stage` (emptied first) for `quarto render` to run there.
+
+    `_quarto.yml`, the listed files and `chapters/` are copied, since Quarto writes beside each
+    chapter while it executes it; every other top-level entry (`code/`, `data/`, `experiments/`,
+    `style/`, ...) is a link to the source, so a chapter's `support.book_root()` (the stage)
+    finds the saved runs and data it reads. Quarto's `_freeze/` starts empty: every render
+    executes every chapter.
+    """
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    book = load_book(root)
+    copied = {"_quarto.yml", ".gitignore", "chapters"} | {entry.path for entry in book.entries}
+    for item in sorted(root.iterdir()):
+        if item.name in _NOT_STAGED or item.name.startswith(".") and item.name != ".gitignore":
+            continue
+        if item.name not in copied:
+            (stage / item.name).symlink_to(item.resolve(), target_is_directory=item.is_dir())
+        elif item.is_dir():
+            shutil.copytree(item, stage / item.name, ignore=shutil.ignore_patterns("*_files", "*.quarto_ipynb"))
+        else:
+            shutil.copyfile(item, stage / item.name)
+    for entry in book.entries:
+        if (stage / entry.path).is_file():
+            _one_line_options(stage / entry.path)
 
 
 def _option_value(value) -> str:
@@ -105,132 +121,20 @@ def _option_value(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def quarto_notebook(doc: Document, executed: dict) -> dict:
-    """The notebook Quarto renders for one chapter (an nbformat-4 dict).
+def _one_line_options(path: Path) -> None:
+    """Rewrite each Python cell's `#|` options one a line, the file's line numbers kept.
 
-    Args:
-        doc: the parsed `.qmd`.
-        executed: its executed notebook (nbformat dict) from `booktools execute`.
-
-    Raises:
-        QuartoError: the executed notebook does not match the chapter (it is stale).
+    Quarto 1.7 mangles a `tbl-cap` folded over several lines (`>-`) of a cell whose output is a
+    Markdown table: the page shows the caption's `:::` div as text.
     """
-    lines = doc.path.read_text(encoding="utf-8").replace("\r\n", "\n").split("\n")
-    ran = executed.get("cells", [])
-    outputs = {int(cell["metadata"]["longctx"]["line"]): cell for cell in ran
-               if cell.get("cell_type") == "code" and "line" in cell.get("metadata", {}).get("longctx", {})}
-    values = [value for cell in ran if cell.get("cell_type") == "markdown"
-              for value in cell.get("metadata", {}).get("user_expressions", [])]
-    cells: list[dict] = []
-    start = 0  # 0-based index of the first line not yet placed
-    if doc.front_matter:
-        # Quarto reads a notebook's front matter from a raw cell at the top. An empty block stays
-        # in the markdown, where Pandoc reads it as it reads the .qmd (`check` reports it).
-        cells.append({"cell_type": "raw", "metadata": {}, "source": "\n".join(lines[: doc.front_matter_lines])})
-        start = doc.front_matter_lines
-    pending = values
-
-    def add_markdown(end: int) -> None:
-        text = "\n".join(lines[start:end]).strip("\n")
-        if not text.strip():
-            return
-        given: dict[str, dict] = {}
-        for match in INLINE_EXPRESSION.finditer(text):
-            expression = match.group("expr").strip()
-            if not pending or pending[0]["expression"] != expression:
-                raise QuartoError(f"{doc.display}: the executed notebook has no value for `{{python}} "
-                                  f"{expression}` here; execute the chapter again (`make execute`)")
-            given.setdefault(expression, pending.pop(0)["result"])
-        metadata = {"user_expressions": [{"expression": key, "result": value} for key, value in given.items()]}
-        cells.append({"cell_type": "markdown", "metadata": metadata if given else {}, "source": text})
-
-    for cell in doc.python_cells:
-        add_markdown(cell.line - 1)
-        body = [text[len(cell.indent) :] if text.startswith(cell.indent) else text for text in cell.code_lines]
-        # Options go to Quarto one per line, whatever YAML spelling the chapter uses (a caption
-        # folded over several lines to fit 80 columns reaches Quarto's notebook reader mangled).
-        body = [f"#| {key}: {_option_value(value)}" for key, value in cell.options.items()] + body
-        if cell.line not in outputs:
-            raise QuartoError(f"{doc.display}:{cell.line}: this cell is not in the executed notebook; execute "
-                              "the chapter again (`make execute`)")
-        cells.append({"cell_type": "code", "execution_count": outputs[cell.line].get("execution_count"),
-                      "metadata": {}, "outputs": copy.deepcopy(outputs[cell.line].get("outputs", [])),
-                      "source": "\n".join(body)})
-        start = cell.end_line
-    add_markdown(len(lines))
-    if pending:
-        raise QuartoError(
-            f"{doc.display}: the executed notebook has inline values the chapter no longer uses; "
-            "execute the chapter again (`make execute`)"
-        )
-    for index, cell in enumerate(cells):
-        cell["id"] = f"cell-{index}"
-    metadata = {"kernelspec": dict(NOTEBOOK_KERNELSPEC), "language_info": {"name": "python"}}
-    return {"cells": cells, "metadata": metadata, "nbformat": 4, "nbformat_minor": 5}
-
-
-def stage_project(book: Book, executed: Path, stage: Path, *, formats: list[str]) -> list[str]:
-    """Write the Quarto project that renders the executed chapters into `stage` (emptied first).
-
-    Returns:
-        The staged files, as `_quarto.yml` lists them.
-    """
-    import nbformat
-
-    if stage.exists():
-        shutil.rmtree(stage)
-    stage.mkdir(parents=True)
-    renamed: dict[str, str] = {}
-    for entry in book.entries:
-        source = book.root / entry.path
-        if not source.is_file():
-            continue
-        try:
-            doc = parse_file(source, book.root)
-        except QmdError as exc:
-            raise QuartoError(str(exc)) from None
-        notebook_path = executed / f"{Path(entry.path).stem}.ipynb"
-        if not doc.python_cells:
-            # Nothing to execute: Quarto renders the file itself (as a notebook, a preface's
-            # `{.unnumbered}` heading would become the title of a numbered chapter).
-            target = stage / entry.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
-            renamed[entry.path] = entry.path
-            continue
-        if not notebook_path.is_file():
-            raise QuartoError(
-                f"{entry.path} has not been executed ({book.display(notebook_path)} is missing): run `make execute` first"
-            )
-        ran = json.loads(notebook_path.read_text(encoding="utf-8"))
-        staged = str(Path(entry.path).with_suffix(".ipynb"))
-        target = stage / staged
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # nbformat writes each source as a list of lines, as Quarto expects (a single string loses its newlines)
-        target.write_text(nbformat.writes(nbformat.from_dict(quarto_notebook(doc, ran))) + "\n", encoding="utf-8")
-        renamed[entry.path] = staged
-    config = copy.deepcopy(book.config)
-    config["book"] = dict(config.get("book") or {})
-    for key in set(config["book"]) & {"chapters", "appendices"}:
-        config["book"][key] = [renamed.get(path, path) for path in config["book"][key] or []]
-    config["execute"] = {"enabled": False}
-    # Quarto renders every format the project lists (its `--to a,b` does not work for books).
-    given = config.get("format") or {}
-    config["format"] = {name: (given.get(name) if isinstance(given, dict) else None) or {} for name in formats}
-    config["book"].pop("downloads", None)
-    if downloads := [name for name in ("pdf", "epub") if name in formats]:
-        config["book"]["downloads"] = downloads
-    config.setdefault("project", {})["output-dir"] = "_book"
-    write_atomic(stage / "_quarto.yml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True, width=100))
-    if (book.root / ASSETS).is_dir():
-        shutil.copytree(book.root / ASSETS, stage / ASSETS)
-    # The .bib files and the citation style (`csl:`), at the paths the staged _quarto.yml names.
-    for path in [*book.bibliography, *([book.csl] if book.csl else [])]:
-        target = stage / path.relative_to(book.root)
-        if path.is_file() and not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
-    return [renamed[entry.path] for entry in book.entries if entry.path in renamed]
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for cell in parse_file(path).python_cells:
+        count = len(cell.option_lines)
+        if count == len(cell.options):
+            continue  # already one option a line
+        options = [f"{cell.indent}#| {key}: {_option_value(value)}" for key, value in cell.options.items()]
+        lines[cell.line : cell.line + count] = options + [f"{cell.indent}#|"] * (count - len(options))
+    path.write_text("\n".join(lines), encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------
@@ -265,13 +169,12 @@ def _copy_fonts(package: Path, fonts: Path) -> Path:
     return target
 
 
-def finish_html(out: Path, node_modules: Path, *, repo_url: str | None = None) -> list[Path]:
+def finish_html(out: Path, node_modules: Path) -> list[Path]:
     """Make the rendered HTML pages self-contained; returns the pages changed.
 
     MathJax (and its fonts) and Source Sans Pro are copied into `out/site_libs/`; each page loads
     MathJax from there instead of a CDN and drops the CDN polyfill (a Promise polyfill for
-    browsers older than every one MathJax 3 supports). Links to the source on `repo_url` name
-    the chapter's `.qmd` rather than the staged notebook.
+    browsers older than every one MathJax 3 supports).
     """
     mathjax = out / "site_libs" / "mathjax"
     for item in MATHJAX_FILES:
@@ -284,11 +187,6 @@ def finish_html(out: Path, node_modules: Path, *, repo_url: str | None = None) -
             shutil.copyfile(source, target)
     shutil.copyfile(node_modules / "mathjax" / "LICENSE", mathjax / "LICENSE")
     fonts_css = _copy_fonts(node_modules / FONT_PACKAGE, out / "site_libs" / "fonts")
-    source_link = None
-    if repo_url:
-        source_link = re.compile(
-            r'(href="' + re.escape(repo_url.rstrip("/")) + r'/(?:blob|edit)/[^"#?]*?)\.ipynb(?=["#?])'
-        )
     pages = sorted(out.rglob("*.html"))
     ids = {page: set(_ID.findall(page.read_text(encoding="utf-8"))) for page in pages}
     owners: dict[str, list[Path]] = {}
@@ -324,8 +222,6 @@ def finish_html(out: Path, node_modules: Path, *, repo_url: str | None = None) -
         if "</head>" in new and "source-sans-pro.css" not in new:
             link = f'<link href="{_relative(page, fonts_css)}" rel="stylesheet">\n'
             new = new.replace("</head>", link + "</head>", 1)
-        if source_link is not None:
-            new = source_link.sub(r"\1.qmd", new)
         if new != text:
             page.write_text(new, encoding="utf-8")
             changed.append(page)
@@ -338,75 +234,86 @@ def finish_html(out: Path, node_modules: Path, *, repo_url: str | None = None) -
 
 def build_quarto_book(
     root: Path,
-    executed: Path,
     out: Path,
     *,
-    formats: list[str] | None = None,
+    executed: Path | None = None,
     stage: Path | None = None,
     quarto: str | None = None,
     node_modules: Path | None = None,
     quiet: bool = False,
 ) -> dict:
-    """Render the Quarto edition of the book from its executed notebooks into `out`.
+    """Execute and render the book with Quarto (every format `_quarto.yml` lists) into `out`.
 
-    Args:
-        root: the book's root.
-        executed: the folder of executed notebooks (`booktools execute`).
-        out: where the rendered book goes (replaced only when the render succeeds).
-        formats: Quarto formats; default html and epub, and pdf where TeX exists.
-        stage: the staging project (default `_build/quarto/` under `root`).
+    Quarto runs each chapter through Jupyter (a failing cell fails the render), evaluates the
+    inline values, numbers the cross-references and formats the citations; it runs in `stage`
+    (default `_build/quarto/`). Quarto keeps each chapter's executed notebook
+    (`keep-ipynb`); they are moved to `executed` (default `_build/executed/`, `<stem>.ipynb`),
+    from which `booktools notebooks` writes the reader's notebooks.
 
     Returns:
-        {"formats": rendered, "skipped": {format: reason}, "seconds": wall time}.
+        {"formats": rendered, "seconds": wall time}.
 
     Raises:
-        QuartoError: Quarto, MathJax or an executed chapter is missing, or the render failed.
+        QuartoError: Quarto or MathJax is missing, or the render failed (a cell raised, ...).
     """
     started = time.perf_counter()
     book = load_book(root)
     quarto = quarto or find_quarto()
     if quarto is None:
-        raise QuartoError("Quarto is not installed (quarto.org, or `pip install quarto-cli`)")
-    skipped: dict[str, str] = {}
-    if formats is None:
-        formats = ["html", "epub"]
-        if find_tex():
-            formats.append("pdf")
-        else:
-            skipped["pdf"] = "no TeX installation (install one with `quarto install tinytex`)"
+        raise QuartoError("Quarto is not installed: see https://quarto.org/docs/get-started/")
     node_modules = node_modules or root / "web" / "node_modules"
     for item in ("mathjax/" + MATHJAX_FILES[0], f"{FONT_PACKAGE}/400.css"):
         if not (node_modules / item).exists():
             raise QuartoError(f"{node_modules / item} is missing: run `npm ci --prefix web`")
     stage = stage or root / STAGE_DIR
-    stage_project(book, executed, stage, formats=formats)
+    executed = executed or root / "_build" / "executed"
+    stage_project(root, stage)
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("QUARTO_PYTHON", sys.executable)
+    env.setdefault("TQDM_DISABLE", "1")
+    env.setdefault("PYTHONHASHSEED", "0")
     chromium = find_chromium()
     if chromium:
-        env["QUARTO_CHROMIUM"] = chromium
-    command = [quarto, "render"]
-    if quiet:
-        command.append("--quiet")
-    done = subprocess.run(command, cwd=stage, env=env, capture_output=quiet, text=True)
+        env["QUARTO_CHROMIUM"] = chromium  # Quarto's EPUB draws the diagrams with it
     rendered = stage / "_book"
+    formats = list(book.config.get("format") or {}) or ["html"]
+
+    def render(*arguments: str) -> None:
+        # quiet: Quarto's log is kept for the error message (its own --quiet drops a cell's traceback)
+        done = subprocess.run([quarto, "render", *arguments], cwd=stage, env=env, capture_output=quiet, text=True)
+        if done.returncode != 0:
+            tail = ((done.stdout or "") + (done.stderr or ""))[-3000:] if quiet else ""
+            raise QuartoError(f"`quarto render` failed in {stage} (exit {done.returncode}); {out} was left as it was\n{tail}")
+
+    # Quarto executes a chapter once per format. The first format's run executes every chapter and
+    # keeps its notebook; its frozen results then serve the other formats, which execute nothing.
+    render("--to", formats[0], "--metadata", "keep-ipynb:true")
+    if executed.exists():
+        shutil.rmtree(executed)
+    executed.mkdir(parents=True)
+    for kept in stage.rglob("*.quarto_ipynb"):
+        shutil.move(str(kept), str(executed / f"{kept.stem}.ipynb"))
+    for frozen in (stage / "_freeze").rglob(f"execute-results/{formats[0]}.json"):
+        for name in formats[1:]:
+            shutil.copyfile(frozen, frozen.with_name(f"{name}.json"))
+    # Each later format's render empties _book/ (site_libs/ included): the first one's pages wait aside.
+    first = stage / "_first"
+    shutil.move(str(rendered), str(first))
+    for name in formats[1:]:
+        render("--to", name)
+        for item in rendered.iterdir():
+            if not (first / item.name).exists():
+                shutil.move(str(item), str(first / item.name))
+    shutil.rmtree(rendered, ignore_errors=True)
+    first.rename(rendered)
     outputs = {"html": "index.html", "epub": "*.epub", "pdf": "*.pdf"}
     missing = [name for name in formats if name in outputs and not list(rendered.glob(outputs[name]))]
-    if done.returncode != 0 or missing:
-        tail = ((done.stdout or "") + (done.stderr or ""))[-3000:] if quiet else ""
-        raise QuartoError(
-            f"`quarto render` failed in {stage} (exit {done.returncode}"
-            + (f", no {', '.join(missing)} output" if missing else "")
-            + f"); _book/ was left as it was\n{tail}"
-        )
-    try:
-        url = repo_url(book)
-    except BookError:
-        url = None  # no source links to name
-    finish_html(rendered, node_modules, repo_url=url)
+    if missing:
+        raise QuartoError(f"`quarto render` in {stage} wrote no {', '.join(missing)}; {out} was left as it was")
+    finish_html(rendered, node_modules)
     if out.exists():
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(rendered), str(out))
-    return {"formats": formats, "skipped": skipped, "seconds": time.perf_counter() - started}
+    return {"formats": formats, "seconds": time.perf_counter() - started}
