@@ -44,7 +44,7 @@ $(ENV_STAMP): requirements.txt pyproject.toml tools/pyproject.toml
 	@touch $@
 
 $(WEB_STAMP): web/package.json web/package-lock.json
-	@command -v npm >/dev/null || { echo "make: npm (Node.js) is needed once, to install MathJax and Mermaid into web/node_modules"; exit 2; }
+	@command -v npm >/dev/null || { echo "make: npm (Node.js) is needed once, to install MathJax and the font into web/node_modules"; exit 2; }
 	npm ci --prefix web --no-audit --no-fund --loglevel=error
 	@touch $@
 
