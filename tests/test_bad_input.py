@@ -1,6 +1,6 @@
 """Bad input, checked where it enters: the boundary list, and the values that would pass unnoticed.
 
-The book's rule (DESIGN.md, "Checks at the boundary") has two halves, and this file
+The book's rule (CONTRIBUTING.md, "Bad input: checked at the boundary") has two halves, and this file
 checks each from a list written out by hand:
 
 - ``BOUNDARIES``, one table per chapter, names every place where an argument enters

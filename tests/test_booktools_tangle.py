@@ -1,4 +1,4 @@
-"""Every tangle rule of DESIGN.md, and each error case, on tiny books in temporary folders."""
+"""Every tangle rule of CONTRIBUTING.md ("Saved cells and the tangle"), and each error case, on tiny books in temporary folders."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Where the saved code checks its arguments: at the boundaries, not in the kernels.
 
-The book's rule (DESIGN.md, "Checks at the boundary"): arguments are checked where they
+The book's rule (CONTRIBUTING.md, "Bad input: checked at the boundary"): arguments are checked where they
 enter from a person, one line per argument through a plain ``longctx.support`` helper,
 and kernels keep their bodies for the algorithm. Two halves, two pieces of evidence:
 

@@ -1,10 +1,13 @@
-"""The book's infrastructure, shared by every chapter: argument checks, figure style, data files.
+"""The book's infrastructure, shared by every chapter: argument checks, figure style, data files, saved runs.
 
 Nothing here is taught; the chapters import it so that their saved code can stay about
 attention. The checks are for the boundaries, where an argument enters from a person (a
 config, a constructor, a reader, a driver): a wrong type raises ``TypeError``, a wrong
 value raises ``ValueError``, and the message names the argument, says what is allowed and
 shows what was given, before any work is done. One helper per kind of check.
+``runs`` holds the one timer (``time_call``), the record of a run (``machine_record``,
+``timed_run``, ``write_results``) and the one loader of saved runs (``load_results``), which
+finds them in the installed package from any folder.
 """
 
 from .checks import (

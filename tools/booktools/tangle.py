@@ -1,6 +1,6 @@
 """Tangle: the `# @save` cells of each chapter become `code/chNN/_generated.py` + `__init__.py`.
 
-The rules are DESIGN.md's "The tangle rules". The generated module reads like a library: the
+The rules are CONTRIBUTING.md's "Saved cells and the tangle". The generated module reads like a library: the
 saved cells' top-level imports come first, once each; then each saved block under a
 `# chapters/FILE.qmd:LINE` comment naming its first line. The tangle tangles: ruff's isort
 rules (`ruff check --fix-only --select I`, the pinned ruff, one run for the whole book) put
