@@ -36,7 +36,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
     """
 
     def __init__(self, d_model: int, heads: int, *, fused: bool = False):
-        """Build the projections and plain RoPE bands; the Args are the class's."""
+        """Build the projections and RoPE bands; the Args are the class's."""
         super().__init__(d_model, heads)
         self.fused = support.check_bool("fused", fused)
         if self.head_dim % 2 or self.head_dim < 4:
@@ -122,7 +122,7 @@ class RotaryGPT(ch02.TinyGPT):
 
     def __init__(self, config: ch02.GPTConfig, *, base: float = 10_000.0,
                  fused: bool = False):
-        """Build TinyGPT's layers with rotary attention; the Args are the class's."""
+        """Build TinyGPT's layers, rotary; the Args are the class's."""
         super().__init__(config)
         self.base = support.check_number("base", base, above=1)
         del self.position_embedding  # position enters through rotation alone
