@@ -55,9 +55,8 @@ def check_int(name: str, value: object, *, minimum: int | None = None, maximum: 
               optional: bool = False) -> int | None:
     """Return ``value`` as a Python int in ``[minimum, maximum]`` (either bound may be None).
 
-    Any integer type will do (``int``, a NumPy integer, a one-element integer
-    tensor); ``bool`` and floats are refused, even ``2.0``. With ``optional``,
-    None (an argument left unset: no window, no seed) is returned as it is.
+    Any integer type will do (``int``, a NumPy integer, a one-element integer tensor); ``bool``
+    and floats are refused, even ``2.0``. With ``optional``, None (unset) is returned as it is.
     """
     if optional and value is None:
         return None
@@ -107,9 +106,8 @@ def check_number(name: str, value: object, *, minimum: float | None = None, abov
                  maximum: float | None = None, below: float | None = None, optional: bool = False) -> float | None:
     """Return ``value`` as a Python float within the bounds given.
 
-    ``minimum`` and ``maximum`` are inclusive, ``above`` and ``below`` strict.
-    NaN, infinities, ``bool``, tensors, complex numbers and strings are refused;
-    with ``optional``, None passes.
+    ``minimum`` and ``maximum`` are inclusive, ``above`` and ``below`` strict. NaN, infinities,
+    ``bool``, tensors, complex numbers and strings are refused; with ``optional``, None passes.
     """
     if optional and value is None:
         return None
