@@ -145,8 +145,32 @@ def toy_seen(entries: int = 12, window: int = 3, *, seed: int = 7) -> Seen:
                 weights[..., -window:, :])
 
 
-# chapters/ch07-forgetting.qmd:304
-class EvictingCache:
+# chapters/ch07-forgetting.qmd:307
+class TokensRead:
+    """The tokens each layer of a cache has read, which set its positions.
+
+    A cache that evicts keeps fewer entries than it has read, so the next
+    token's RoPE position is this count, not the number of entries stored.
+
+    Args:
+        layers: Number of layers L.
+    """
+
+    def __init__(self, layers: int):
+        """Start every layer at 0 tokens read."""
+        self.read = [0] * layers  # tokens each layer has read
+
+    @property
+    def length(self) -> int:
+        """Return the number of tokens read so far."""
+        return self.read[0]
+
+    def position(self, layer: int) -> int:
+        """Return the position of ``layer``'s next token: the tokens read."""
+        return self.read[layer]
+
+
+class EvictingCache(TokensRead):
     """Per-layer keys and values (B, H, k_l, d_h) that a policy keeps.
 
     After t tokens layer l holds k_l(t) entries a head, summing to
@@ -175,16 +199,7 @@ class EvictingCache:
         self.window = settings.get("window", 1)  # w rows kept for votes
         self.keys, self.values = [None] * layers, [None] * layers
         self.seen: list[Seen | None] = [None] * layers
-        self.read = [0] * layers  # tokens each layer has read
-
-    @property
-    def length(self) -> int:
-        """Return the number of tokens read so far."""
-        return self.read[0]
-
-    def position(self, layer: int) -> int:
-        """Return the position of ``layer``'s next token: the tokens read."""
-        return self.read[layer]
+        super().__init__(layers)
 
     def layer_budgets(self, tokens: int) -> list[int]:
         """Return k_l(t), the entries a head keeps in each layer."""
@@ -248,8 +263,8 @@ class EvictingCache:
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:429
-class QuantizedCache:
+# chapters/ch07-forgetting.qmd:447
+class QuantizedCache(TokensRead):
     """Keys and values stored in ``bits`` bits, every entry kept.
 
     Per token with absmax (Chapter 5's ``quantize_cache``), or KIVI-style
@@ -271,16 +286,7 @@ class QuantizedCache:
         self.bits, self.kivi = bits, kivi
         self.group, self.residual = group, residual
         self.stored = [None] * layers
-        self.read = [0] * layers  # tokens each layer has read
-
-    @property
-    def length(self) -> int:
-        """Return the number of tokens read so far."""
-        return self.read[0]
-
-    def position(self, layer: int) -> int:
-        """Return the position of ``layer``'s next token: the tokens read."""
-        return self.read[layer]
+        super().__init__(layers)
 
     def store(self, key: Tensor, value: Tensor):
         """Return keys and values (B, H, T, d_h) in this cache's format."""
@@ -325,7 +331,7 @@ class QuantizedCache:
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:526
+# chapters/ch07-forgetting.qmd:535
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -345,7 +351,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model(tokens, cache)
 
 
-# chapters/ch07-forgetting.qmd:547
+# chapters/ch07-forgetting.qmd:556
 #: Each policy's name -> (keep function, settings). An evicting policy's
 #: keep function picks the entries to keep; its settings are the
 #: function's own (``sinks`` first positions kept, H2O's ``recent_share``
