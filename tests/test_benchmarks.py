@@ -170,6 +170,7 @@ print(json.dumps(report))
 """
 
 
+@pytest.mark.slow  # starts another Python process
 def test_set_allocator_returns_or_keeps_a_freed_block():
     # a fresh process, so that no free block of an earlier test's heap serves the 16 MiB
     import subprocess
@@ -332,6 +333,7 @@ def test_memory_formula_uses_ch03_kv_bytes():
     assert memory.formula_bytes("window-4k", 10_000)[0] == ch03.kv_bytes(config, decode.WINDOW)
 
 
+@pytest.mark.slow  # starts gloo processes
 def test_ring_benchmark_record_has_every_field():
     record = ring.measure_ring(2, 5, heads=1, head_dim=4)
     assert set(ring.RECORD_FIELDS) <= set(record)

@@ -345,6 +345,7 @@ def test_jedi_goes_to_kvconfigs_definition_in_the_generated_module(tmp_path):
     assert generated.read_text().splitlines()[definition.line - 1].startswith("class KVConfig")
 
 
+@pytest.mark.slow  # starts another Python process
 @pytest.mark.parametrize("folder", ["root", "chapters", "outside"])
 def test_chapter_5s_setup_runs_from_any_folder(folder, tmp_path):
     """Chapter 5 imports the repository's benchmarks package without touching sys.path: make env

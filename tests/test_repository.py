@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +38,7 @@ def test_every_make_target_the_readme_names_exists():
     assert named <= targets, f"README names targets the Makefile lacks: {sorted(named - targets)}"
 
 
+@pytest.mark.slow  # starts another Python process
 def test_readme_python_examples_run():
     """The snippets a reader will paste first must work as printed."""
     blocks = _fenced_blocks(README, "python")
@@ -69,6 +71,7 @@ def test_code_folder_is_not_a_package_and_does_not_shadow_the_standard_library()
     assert not done.stdout.strip().startswith(str(ROOT))
 
 
+@pytest.mark.slow  # starts another Python process
 def test_every_chapter_module_imports_from_outside_the_repository(tmp_path):
     chapters = sorted(p.name for p in (ROOT / "code").glob("ch[0-9][0-9]"))
     assert chapters[:5] == ["ch01", "ch02", "ch03", "ch04", "ch05"]
