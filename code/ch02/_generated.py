@@ -653,7 +653,7 @@ def attend_with_cache(
     return ch01.scaled_dot_product_attention(query, key, value, mask)
 
 
-# chapters/ch02-tinygpt.qmd:1249
+# chapters/ch02-tinygpt.qmd:1442
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -679,7 +679,7 @@ def kv_cache_bytes(
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1580
+# chapters/ch02-tinygpt.qmd:1560
 #: The bit widths quantize's codes can hold: int8 up to 8 bits, int16 to 16.
 QUANTIZE_BITS = range(2, 17)
 
