@@ -551,6 +551,42 @@ def test_yarn_hand_derived_values():
     assert torch.equal(ds[:11], plain[:11]) and torch.allclose(ds[23:], plain[23:] / 40)
 
 
+def test_a_phrase_scores_the_same_at_both_ends_of_the_corpus():
+    # The chapter's check: "Mr. Darcy" at its first and last place in the corpus, Gemma 3 1B's global bands,
+    # a query on the "D" and a key on the "M"; the score depends only on the 4-byte offset.
+    corpus = ch02.load_corpus()
+    first, last = corpus.index("Mr. Darcy"), corpus.rindex("Mr. Darcy")
+    assert (first, last) == (11_715, 298_504)
+    gemma = ch03.load_model_config("gemma-3-1b")
+    bands, _ = ch03.rope_from_config(gemma)
+    gen = torch.Generator().manual_seed(1813)
+    q, k = torch.randn(2, 1, gemma["head_dim"], generator=gen, dtype=torch.float64)
+
+    def score(m, n):
+        return (ch03.apply_rope(q, [m], bands) * ch03.apply_rope(k, [n], bands)).sum().item()
+
+    assert score(first + 4, first) == pytest.approx(score(last + 4, last), abs=1e-9)
+    assert abs(score(first + 8, first) - score(first + 4, first)) > 1.0
+
+
+def test_deepseek_rotary_key_under_each_recipe():
+    # The chapter's comparison: DeepSeek-V2-Lite's own width, base, T_0 and factor given to every recipe,
+    # Llama 3 with Llama 3.1's edges (l = 1, h = 4). Counts of bands kept and divided by the full factor.
+    raw = ch03.load_model_config("deepseek-v2-lite")
+    scaling = raw["rope_scaling"]
+    plain, _ = ch03.inverse_frequencies(64, base=raw["rope_theta"])
+    counts = {}
+    for method in ch03.ROPE_METHODS:
+        bands, _ = ch03.inverse_frequencies(64, method=method, base=raw["rope_theta"], factor=scaling["factor"],
+                                            original_context=scaling["original_max_position_embeddings"])
+        counts[method] = (int((bands == plain).sum()), int(torch.isclose(bands, plain / 40, rtol=1e-12).sum()))
+    assert counts == {"rope": (32, 0), "pi": (0, 32), "ntk": (1, 1), "yarn": (11, 9), "llama3": (18, 9)}
+    shipped, magnitude = ch03.rope_from_config(raw)
+    yarn, _ = ch03.inverse_frequencies(64, method="yarn", base=raw["rope_theta"], factor=40.0,
+                                       original_context=4_096)
+    assert torch.equal(shipped, yarn) and magnitude == 1.0
+
+
 def test_inverse_frequencies_refuses_what_would_give_bands_silently():
     """A formula, not a boundary: only an odd width and an unknown method, which would not fail."""
     with pytest.raises(ValueError, match="dim must be even"):

@@ -1,6 +1,6 @@
 # Generated from chapters/ch03-long-context.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-"""Attention, Position, and Long Context: the code saved from chapters/ch03-long-context.qmd."""
+"""Positions That Stretch, Caches That Shrink: the code saved from chapters/ch03-long-context.qmd."""
 
 from ._generated import (
     DTYPE_BYTES,

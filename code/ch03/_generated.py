@@ -1,6 +1,6 @@
 # Generated from chapters/ch03-long-context.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-"""Code saved from chapters/ch03-long-context.qmd ("Attention, Position, and Long Context")."""
+"""Code saved from chapters/ch03-long-context.qmd ("Positions That Stretch, Caches That Shrink")."""
 
 import json
 import math
@@ -25,7 +25,7 @@ from longctx.support import (
 )
 
 
-# chapters/ch03-long-context.qmd:166
+# chapters/ch03-long-context.qmd:204
 def apply_rope(vectors: Tensor, positions: Tensor | list[int],
                frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
     """Return ``vectors`` (..., T, d_R) rotated by RoPE (Equation 3.1).
@@ -48,7 +48,7 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int],
     return turned.flatten(-2) * magnitude                  # (..., T, d_R)
 
 
-# chapters/ch03-long-context.qmd:248
+# chapters/ch03-long-context.qmd:347
 def interleaved_to_half_order(width: int) -> Tensor:
     """Return the order (0, 2, ..., 1, 3, ...) from interleaved to half."""
     return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
@@ -70,7 +70,7 @@ def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
     return turned[..., order]
 
 
-# chapters/ch03-long-context.qmd:369
+# chapters/ch03-long-context.qmd:487
 #: The config excerpts shipped in data/configs/, in the chapter's order.
 MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite",
                       "mistral-7b-v0.1", "gemma-3-1b")
@@ -105,13 +105,13 @@ def merge_text_config(mapping: Mapping[str, Any]) -> dict[str, Any]:
     return {**mapping, **nested} if isinstance(nested, Mapping) else {**mapping}
 
 
-# chapters/ch03-long-context.qmd:538
+# chapters/ch03-long-context.qmd:668
 #: The RoPE constructions ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
 
 
 def ntk_base(base: float, factor: float, dim: int) -> float:
-    """NTK's larger base b' = b * a^(d_R / (d_R - 2)) (Equation 3.3)."""
+    """NTK's larger base b' = b * a^(d_R / (d_R - 2)) (Equation 3.5)."""
     return base * factor ** (dim / (dim - 2))
 
 
@@ -150,8 +150,8 @@ def inverse_frequencies(dim: int,                      # d_R, even
 
     ``rope``: omega_j = base^(-2j/dim) (Equation 3.1). ``pi``: every band
     divided by ``factor``. ``ntk``: the bands of ``ntk_base`` (Equation
-    3.3). ``yarn``: the ramp of Equation 3.4, with magnitude
-    0.1 ln(factor) + 1. ``llama3``: the wavelength bands of Equation 3.5.
+    3.5). ``yarn``: the ramp of Equation 3.4, with magnitude
+    0.1 ln(factor) + 1. ``llama3``: the wavelength bands of Equation 3.3.
     Every method but YaRN returns magnitude 1. An odd ``dim``, an unknown
     ``method`` or a ``factor`` below 1 is refused: each would give bands
     without an error.
@@ -177,7 +177,7 @@ def inverse_frequencies(dim: int,                      # d_R, even
         return bands, yarn_magnitude(factor)
     wavelength = 2 * math.pi / plain                               # lambda_j
     share = (original_context / wavelength - low) / (high - low)   # s_j
-    blended = (1 - share) * plain / factor + share * plain    # Equation 3.5
+    blended = (1 - share) * plain / factor + share * plain    # Equation 3.3
     bands = torch.where(wavelength > original_context / low,   # long: / a
                         plain / factor, blended)
     bands = torch.where(wavelength < original_context / high,  # short: keep
@@ -199,7 +199,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:723
+# chapters/ch03-long-context.qmd:852
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 
@@ -273,7 +273,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     if original is None:
         raise ValueError("config is missing required field "
                          "'original_max_position_embeddings'")
-    if kind == "llama3":           # h > l: else Equation 3.5 runs backwards
+    if kind == "llama3":           # h > l: else Equation 3.3 runs backwards
         low = check_number("low_freq_factor", config_value(
             scaling, "low_freq_factor", 1.0), above=0)
         high = check_number("high_freq_factor", config_value(
@@ -310,7 +310,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:1016
+# chapters/ch03-long-context.qmd:1129
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_700,           # one generator for all draws
                     trials: int = 256,           # per depth
@@ -435,7 +435,7 @@ def _probe_trials(draws: Tensor, needle_at: Tensor, frequencies: Tensor,
     return hit, weights.gather(2, at)[..., 0].double()
 
 
-# chapters/ch03-long-context.qmd:1322
+# chapters/ch03-long-context.qmd:1435
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.6).
@@ -577,7 +577,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1519
+# chapters/ch03-long-context.qmd:1632
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
@@ -625,7 +625,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1642
+# chapters/ch03-long-context.qmd:1755
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -664,7 +664,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1709
+# chapters/ch03-long-context.qmd:1822
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -754,7 +754,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:1965
+# chapters/ch03-long-context.qmd:2078
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -777,7 +777,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope_key_dim}
 
 
-# chapters/ch03-long-context.qmd:2021
+# chapters/ch03-long-context.qmd:2134
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -896,7 +896,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2376
+# chapters/ch03-long-context.qmd:2489
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -924,7 +924,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2463
+# chapters/ch03-long-context.qmd:2576
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
