@@ -31,10 +31,19 @@ def scalar_ssm(a: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.tensor([[a]], dtype=F64), torch.ones(1, dtype=F64), torch.ones(1, dtype=F64)
 
 
-# The chapter's one-value task: 16 seeded filler values in [-1, 1), a marked 4 at position 3.
-RECALL_VALUES = (2 * torch.rand(16, generator=torch.Generator().manual_seed(24), dtype=F64) - 1).index_fill_(
-    0, torch.tensor([3]), 4.0)
-RECALL_MARKERS = torch.zeros(16, dtype=F64).index_fill_(0, torch.tensor([3]), 1.0)
+def first_sentence() -> str:
+    """The corpus's first sentence, "It is a truth ... wife.", as the chapter cuts it."""
+    text = ch02.load_corpus()
+    text = text[text.index("It is a truth"):]
+    return text[: text.index("wife.") + len("wife.")]
+
+
+# The chapter's carry task: the first sentence's bytes, centred and scaled; a marker on each capital.
+SENTENCE = first_sentence()
+SENTENCE_CODES = torch.tensor(list(SENTENCE.encode("utf-8")), dtype=F64)
+CARRY_VALUES = (SENTENCE_CODES - SENTENCE_CODES.mean()) / SENTENCE_CODES.std()
+CARRY_MARKERS = torch.tensor([float(ch.isupper()) for ch in SENTENCE], dtype=F64)
+FIRST_ONLY = torch.zeros(len(SENTENCE), dtype=F64).index_fill_(0, torch.tensor([0]), 1.0)
 OPENING = "It is a truth universally acknowledged"  # the corpus's first sentence begins so
 
 
@@ -336,21 +345,36 @@ def test_block_sparse_refuses_what_would_silently_drop_pairs():
 # --------------------------------------------------------------------------- linear attention
 
 
+def space_probe(scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chapter's "where were the spaces?" probe on "It is a": linear and softmax outputs and weights."""
+    text = "It is a"
+    keys = torch.tensor([[1.0 if c == " " else -1.0, 1.0 if c in "AEIOUaeiou" else -1.0] for c in text], dtype=F64)
+    values = torch.arange(len(text), dtype=F64)[:, None]  # each byte's position
+    queries = (scale * torch.tensor([2.0, -1.0], dtype=F64)).expand(len(text), 2)
+    linear, _ = ch04.linear_attention_recurrent(queries, keys, values)
+    soft, soft_weights = ch01.scaled_dot_product_attention(queries, keys, values, ch01.causal_mask(7), scale=1.0)
+    return linear, soft, ch04.linear_attention_weights(queries, keys), soft_weights
+
+
 def test_linear_attention_worked_example():
-    draw = torch.Generator().manual_seed(40)  # the chapter's seeded three tokens
-    keys = torch.randint(-1, 3, (3, 2), generator=draw).double()
-    queries = torch.randint(-1, 3, (3, 2), generator=draw).double()
-    values = torch.randint(1, 10, (3, 1), generator=draw).double()
-    assert keys.tolist() == [[1.0, 2.0], [2.0, 0.0], [-1.0, -1.0]] and queries[2].tolist() == [1.0, 2.0]
-    assert values.flatten().tolist() == [8.0, 7.0, 1.0]
     e = math.exp(-1)
-    assert torch.allclose(ch04.feature_map(keys), torch.tensor([[2.0, 3.0], [3.0, 1.0], [e, e]], dtype=F64))
-    out, (summed, total) = ch04.linear_attention_recurrent(queries, keys, values)
-    assert torch.allclose(total, torch.tensor([5 + e, 4 + e], dtype=F64))
-    weights = [13.0, 9.0, 5 * e]  # phi(q) . phi(k_j) with phi(q) = (2, 3)
-    assert out[2, 0].item() == pytest.approx((8 * 13 + 7 * 9 + 1 * 5 * e) / sum(weights), abs=1e-12)
-    soft, _ = ch01.scaled_dot_product_attention(queries, keys, values, ch01.causal_mask(3), scale=1.0)
-    assert round(out[2, 0].item(), 2) == 7.08 and round(soft[2, 0].item(), 2) == 7.95
+    keys = torch.tensor([[-1.0, 1.0], [-1.0, -1.0], [1.0, -1.0]], dtype=F64)  # vowel, consonant, space
+    assert torch.allclose(ch04.feature_map(keys), torch.tensor([[e, 2.0], [e, e], [2.0, e]], dtype=F64))
+    linear, soft, linear_weights, soft_weights = space_probe(1.0)
+    raw = {"vowel": 3 * e + 2 * e, "consonant": 3 * e + e * e, "space": 6 + e * e}  # phi(q) = (3, 1/e)
+    order = ["vowel", "consonant", "space", "vowel", "consonant", "space", "vowel"]  # I t _ i s _ a
+    expected = sum(raw[kind] * t for t, kind in enumerate(order)) / sum(raw[kind] for kind in order)
+    assert linear[-1, 0].item() == pytest.approx(expected, abs=1e-12)
+    assert round(linear[-1, 0].item(), 2) == 3.24 and round(soft[-1, 0].item(), 2) == 3.48
+    assert round(linear_weights[-1, [2, 5]].sum().item(), 2) == 0.61
+    assert round(soft_weights[-1, [2, 5]].sum().item(), 2) == 0.98
+
+
+def test_linear_attention_share_has_a_ceiling_softmax_does_not():
+    ceiling = 4 / (4 + 5 * math.exp(-1))  # the keys' first features: 2 per space, 1/e for the others
+    shares = [space_probe(c)[2][-1, [2, 5]].sum().item() for c in (1.0, 4.0, 64.0)]
+    assert shares[0] < shares[1] < shares[2] <= ceiling and shares[2] == pytest.approx(ceiling, abs=1e-9)
+    assert space_probe(8.0)[3][-1, [2, 5]].sum().item() > 0.999999
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -420,16 +444,15 @@ def test_linear_attention_weights_rows_sum_to_one_and_are_causal():
 
 
 def test_sharpness_numbers_of_the_weight_figure():
-    doubled, plain = ch04.sharpness_comparison(2.0), ch04.sharpness_comparison(1.0)
-    assert round(doubled["softmax"]["mean_of_row_max"], 2) == 0.55
-    assert round(doubled["softmax"]["max"], 2) == 0.81
-    assert round(doubled["linear"]["mean_of_row_max"], 2) == 0.19
-    assert round(doubled["linear"]["max"], 2) == 0.26
-    assert round(plain["softmax"]["mean_of_row_max"], 2) == 0.35
-    assert round(plain["linear"]["mean_of_row_max"], 2) == 0.18
-    for result in (doubled, plain):
+    sixteen, plain = ch04.sharpness_comparison(16.0), ch04.sharpness_comparison(1.0)  # the Measure-it box
+    assert round(sixteen["softmax"]["mean_of_row_max"], 2) == 0.93
+    assert round(sixteen["softmax"]["max"], 2) == 1.0
+    assert round(sixteen["linear"]["mean_of_row_max"], 3) == 0.063
+    assert round(plain["softmax"]["mean_of_row_max"], 2) == 0.21
+    assert round(plain["linear"]["mean_of_row_max"], 3) == 0.057
+    for result in (sixteen, plain):
         for weights in result["weights"]:
-            assert torch.allclose(weights.sum(dim=-1), torch.ones(10))
+            assert torch.allclose(weights.sum(dim=-1), torch.ones(24))
     with pytest.raises(ValueError, match="query_scale must be > 0"):
         ch04.sharpness_comparison(0.0)
 
@@ -450,7 +473,9 @@ def test_ssm_worked_example_counts_the_spaces_of_the_corpus():
     assert states[-1].item() == pytest.approx(0.75**10 + 0.75**7 + 0.75**5, abs=1e-12)
     assert ch04.ssm_kernel(A, B, C, 4).tolist() == [1.0, 0.75, 0.5625, 0.421875]
     assert torch.allclose(ch04.ssm_convolution(x, A, B, C), states, atol=1e-12)
-    assert round(ch04.ssm_kernel(*scalar_ssm(0.99), 151)[-1].item(), 3) == 0.221
+    half_life = len(SENTENCE)  # the kernel figure: A halves an input over the first sentence's bytes
+    kernel = ch04.ssm_kernel(*scalar_ssm(0.5 ** (1 / half_life)), half_life + 1)
+    assert half_life == 117 and kernel[-1].item() == pytest.approx(0.5, abs=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -465,9 +490,10 @@ def test_ssm_convolution_equals_recurrence(seed):
 
 def test_selective_step_sizes_and_discretization():
     marked, plain = ch04.step_sizes(torch.tensor([1.0, 0.0], dtype=F64)).tolist()
-    assert round(marked, 3) == 5.007 and round(plain, 4) == 0.0067
+    assert round(marked, 3) == 5.007 and round(plain, 5) == 0.00091  # softplus(12 - 7), softplus(-7)
     keep, write = ch04.discretize(torch.tensor([marked, plain], dtype=F64))
-    assert [round(v, 4) for v in keep.tolist()] == [0.0067, 0.9933]
+    assert [round(v, 5) for v in keep.tolist()] == [0.00669, 0.99909]
+    assert round(math.log(2) / plain) == 760  # the state's half-life in bytes
     assert torch.allclose(keep + write, torch.ones(2, dtype=F64))  # a = -1, b = 1
     keep_half, write_half = ch04.discretize(torch.tensor([0.3], dtype=F64), a=-2.0, b=3.0)
     assert write_half.item() == pytest.approx((math.exp(-0.6) - 1) / -2.0 * 3.0)
@@ -475,16 +501,22 @@ def test_selective_step_sizes_and_discretization():
     assert ch04.discretize(small, a=-1.5, b=2.0)[1].item() == pytest.approx(1e-4 * 2.0, rel=1e-3)
 
 
-def test_selective_recall_beats_every_fixed_step():
-    final = ch04.selective_ssm(RECALL_VALUES, ch04.step_sizes(RECALL_MARKERS))[-1].item()
-    assert round(final, 2) == 3.67
-    grid = torch.logspace(-3, 1, 400, dtype=F64).tolist()
-    finals = [ch04.selective_ssm(RECALL_VALUES, torch.full((16,), d, dtype=F64))[-1].item() for d in grid]
-    nearest = min(finals, key=lambda f: abs(f - 4.0))
-    assert round(nearest, 2) == 0.16 and max(finals) < 1.0
+def test_selective_carry_beats_every_fixed_step():
+    tokens = len(SENTENCE)
+    assert CARRY_MARKERS.sum() == 1 and CARRY_MARKERS[0] == 1  # one capital: the opening "I"
+    delta = ch04.step_sizes(CARRY_MARKERS)
+    weight = ch04.selective_ssm(FIRST_ONLY, delta)[-1].item()  # x_0's weight in the last state
+    assert round(weight, 2) == 0.89
     softplus = lambda x: math.log1p(math.exp(x))  # noqa: E731
-    write_marked, keep_plain = 1 - math.exp(-softplus(5.0)), math.exp(-softplus(-5.0))
-    assert round(write_marked * 4 * keep_plain**12, 2) == 3.67
+    write_capital, keep_other = 1 - math.exp(-softplus(5.0)), math.exp(-softplus(-7.0))
+    assert weight == pytest.approx(write_capital * keep_other ** (tokens - 1), abs=1e-12)
+    grid = torch.logspace(-4, 1, 251, dtype=F64).tolist()
+    weights = [ch04.selective_ssm(FIRST_ONLY, torch.full((tokens,), d, dtype=F64))[-1].item() for d in grid]
+    best = (1 / tokens) * (1 - 1 / tokens) ** (tokens - 1)  # the best fixed keep factor, 1 - 1/T
+    assert max(weights) <= best + 1e-12 and max(weights) == pytest.approx(best, abs=2e-5)
+    assert round(best, 4) == 0.0032 and weight > 200 * best
+    final = ch04.selective_ssm(CARRY_VALUES, delta)[-1].item()
+    assert round(CARRY_VALUES[0].item(), 2) == -0.59 and round(final, 2) == -0.53
 
 
 def test_discretize_refuses_a_rate_that_is_not_negative():
@@ -587,9 +619,9 @@ def test_loop_and_scan_gradients_are_equal(seed):
 
 
 def test_selective_ssm_through_the_parallel_scan():
-    keep, write = ch04.discretize(ch04.step_sizes(RECALL_MARKERS))
-    by_loop = ch04.selective_ssm(RECALL_VALUES, ch04.step_sizes(RECALL_MARKERS))
-    assert ch04.parallel_scan(keep, write * RECALL_VALUES)[-1].item() == pytest.approx(by_loop[-1].item(), abs=1e-12)
+    keep, write = ch04.discretize(ch04.step_sizes(CARRY_MARKERS))
+    by_loop = ch04.selective_ssm(CARRY_VALUES, ch04.step_sizes(CARRY_MARKERS))
+    assert torch.allclose(ch04.parallel_scan(keep, write * CARRY_VALUES), by_loop, atol=1e-12)
 
 
 def test_scan_rounds_of_no_steps_is_zero():
@@ -650,12 +682,12 @@ def test_selective_scan_with_constant_steps_is_the_convolution_of_equation_4_5()
             assert torch.allclose(y[i, d], expected, atol=1e-10)
 
 
-def test_recall_under_delta_b_ends_at_18_5_not_3_67():
+def test_carry_under_delta_b_weighs_4_50_not_0_89():
     one = lambda v: v.reshape(1, 1, -1)  # noqa: E731
-    ones = one(torch.ones(16, dtype=F64))
-    y = ch04.selective_scan(one(RECALL_VALUES), one(ch04.step_sizes(RECALL_MARKERS)),
+    ones = one(torch.ones(len(SENTENCE), dtype=F64))
+    y = ch04.selective_scan(one(FIRST_ONLY), one(ch04.step_sizes(CARRY_MARKERS)),
                             torch.tensor([[-1.0]], dtype=F64), ones, ones)
-    assert f"{y[0, 0, -1].item():.1f}" == "18.5"
+    assert f"{y[0, 0, -1].item():.2f}" == "4.50"
 
 
 def test_time_invariant_layer_is_a_convolution_per_channel():
