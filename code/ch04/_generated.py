@@ -19,33 +19,48 @@ from longctx.support import (
     check_type,
 )
 
-# chapters/ch04-efficient-architectures.qmd:72
-#: The chapter's running example: 32 layers, 8 KV heads of 128, 2 bytes.
+# chapters/ch04-efficient-architectures.qmd:98
+#: Gemma 3 1B's attention with all 26 layers global (the shipped model
+#: windows 22 of them): 4 query heads, 1 KV head of 256, bf16.
 RUNNING_EXAMPLE = ch03.KVConfig(
-    name="Llama-3-8B shape", layers=32, query_heads=32, kv_heads=8,
-    head_dim=128, bytes_per_scalar=2,
+    name="Gemma 3 1B, every layer global", layers=26, query_heads=4,
+    kv_heads=1, head_dim=256, bytes_per_scalar=2,
 )
 
 
-# chapters/ch04-efficient-architectures.qmd:125
+# chapters/ch04-efficient-architectures.qmd:134
 def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
-    """Return what a T-token context costs attention (Equation 4.1).
+    """Return what the token at position T costs attention (Equation 4.1).
 
-    A dict with ``tokens``; ``pairs_per_head_per_layer``, T^2;
-    ``causal_pairs_per_head_per_layer``, T(T+1)/2; and ``kv_bytes``,
-    Chapter 3's ``kv_bytes`` for ``config`` (default RUNNING_EXAMPLE),
-    which refuses a negative ``tokens``.
+    A dict with ``tokens``; ``keys_read``, the sum over layers of
+    n(T) = T, or min(T, W) in a windowed layer; ``attention_flops`` for
+    generating that token (absorbed reads for a latent cache);
+    ``pairs_per_head_per_layer``, T^2, and
+    ``causal_pairs_per_head_per_layer``, T(T+1)/2, for a whole prompt;
+    and ``kv_bytes``, Chapter 3's ``kv_bytes`` of ``config`` (default
+    RUNNING_EXAMPLE), which refuses a negative ``tokens``.
     """
     config = RUNNING_EXAMPLE if config is None else config
+    cache = ch03.kv_bytes(config, tokens)  # checks config and tokens
+    windowed = config.windowed_layers
+    keys_read = ((config.layers - windowed) * tokens
+                 + windowed * min(tokens, config.window or tokens))
+    if config.latent_rank is None:  # score d_h numbers, mix d_h numbers
+        per_key = 4 * config.query_heads * config.head_dim
+    else:  # score r + d_R latent numbers, mix r
+        width = 2 * config.latent_rank + config.rope_key_dim
+        per_key = 2 * config.query_heads * width
     return {
         "tokens": tokens,
+        "keys_read": keys_read,
+        "attention_flops": per_key * keys_read,
         "pairs_per_head_per_layer": tokens * tokens,
         "causal_pairs_per_head_per_layer": tokens * (tokens + 1) // 2,
-        "kv_bytes": ch03.kv_bytes(config, tokens),
+        "kv_bytes": cache,
     }
 
 
-# chapters/ch04-efficient-architectures.qmd:358
+# chapters/ch04-efficient-architectures.qmd:439
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -116,20 +131,7 @@ class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch04-efficient-architectures.qmd:560
-def quantize_kv(x: Tensor, bits: int, *,
-                per: str = "token") -> tuple[Tensor, Tensor]:
-    """Return (codes, scale) for cached keys or values (..., T, d).
-
-    ``per="token"``: one scale per cached vector, the usual choice;
-    ``per="channel"``: one scale per channel across the tokens, KIVI's
-    choice for keys. The rounding is Chapter 2's ``quantize``, which
-    refuses bits outside 2..16; another ``per`` is refused here.
-    """
-    per = check_choice("per", per, ("token", "channel"))
-    return ch02.quantize(x, bits, dim=-1 if per == "token" else -2)
-
-
+# chapters/ch04-efficient-architectures.qmd:632
 def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
                                  scale_bytes: int = 2) -> int:
     """Return the cache bytes per token at ``bits`` per number (Equation 4.3).
@@ -149,10 +151,27 @@ def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
     return vectors * (-(-width * bits // 8) + scale_bytes)
 
 
+# chapters/ch04-efficient-architectures.qmd:712
+def quantize_kv(x: Tensor, bits: int, *,
+                per: str = "token") -> tuple[Tensor, Tensor]:
+    """Return (codes, scale) for cached keys or values (..., T, d).
+
+    Absmax codes, scale = max|x| / (2^(bits-1) - 1), through Chapter 2's
+    ``quantize``, which refuses bits outside 2..16. ``per="token"``: one
+    scale per cached vector;
+    ``per="channel"``: one scale per channel across the T tokens, KIVI's
+    choice for keys. Another ``per`` is refused.
+    """
+    per = check_choice("per", per, ("token", "channel"))
+    return ch02.quantize(x, bits, dim=-1 if per == "token" else -2)
+
+
+# chapters/ch04-efficient-architectures.qmd:734
 def quantized_cache_error(bits: int, *, keys_per: str = "token",
-                          tokens: int = 64, dim: int = 64,
+                          tokens: int = 512, dim: int = 256,
                           outlier_channels: int = 0,
-                          outlier_scale: float = 10.0, seed: int = 0) -> float:
+                          outlier_scale: float = 8.0,
+                          seed: int = 1813) -> float:
     """Return the relative error of causal attention from a quantized cache.
 
     The error is ||approx - exact|| / ||exact|| of the outputs when keys
@@ -192,7 +211,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:814
+# chapters/ch04-efficient-architectures.qmd:942
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     return int(mask.sum())
@@ -223,7 +242,7 @@ def hops_needed(distance: int, window: int) -> int:
     return -(-distance // (window - 1))  # ceil(distance / (w - 1)), exactly
 
 
-# chapters/ch04-efficient-architectures.qmd:947
+# chapters/ch04-efficient-architectures.qmd:1075
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -261,7 +280,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch04-efficient-architectures.qmd:1077
+# chapters/ch04-efficient-architectures.qmd:1207
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -270,7 +289,7 @@ def global_local_mask(seq_len: int, window: int,
     Every token reads the global tokens and they read every token; with
     ``causal=True`` nothing reads the future, so a global token at g reads
     0..g and is read by g..T-1. ``causal=False`` is the encoder form of
-    Longformer and BigBird: the band |i - j| < w, global rows and columns.
+    Longformer and BigBird: the band |i - j| < W, global rows and columns.
     """
     window = check_int("window", window, minimum=1)
     chosen = list(global_tokens)
@@ -284,7 +303,7 @@ def global_local_mask(seq_len: int, window: int,
 
 
 def strided_mask(seq_len: int, stride: int) -> Tensor:
-    """Return the causal strided mask of Equation 4.5.
+    """Return the causal strided mask of Equation 4.5, period p = stride.
 
     Query i reads the last ``stride`` keys and every stride-th key before.
     """
@@ -293,7 +312,22 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:1281
+# chapters/ch04-efficient-architectures.qmd:1457
+def tiles_touched(token_mask: Tensor, block_size: int) -> Tensor:
+    """Return the bool (n, n) tiles of a (T, T) mask, n = ceil(T / b).
+
+    Tile (q, k) is True when query block q and key block k share at least
+    one allowed pair: the tiles a tile-by-tile kernel must compute.
+    """
+    block_size = check_int("block_size", block_size, minimum=1)
+    tokens = token_mask.shape[-1]
+    n_blocks = -(-tokens // block_size)
+    padding = n_blocks * block_size - tokens  # the last block may be short
+    grid = F.pad(token_mask, (0, padding, 0, padding))
+    grid = grid.view(n_blocks, block_size, n_blocks, block_size)  # (q,i,k,j)
+    return grid.permute(0, 2, 1, 3).flatten(2).any(dim=-1)  # (q, k)
+
+
 def sliding_window_block_mask(seq_len: int, window: int,
                               block_size: int) -> Tensor:
     """Return the bool (n, n) tile mask of a causal window, n = ceil(T / b).
@@ -307,7 +341,7 @@ def sliding_window_block_mask(seq_len: int, window: int,
     n_blocks = -(-seq_len // block_size)
     first = torch.arange(n_blocks) * block_size  # first token of each block
     last = torch.clamp(first + block_size, max=seq_len) - 1  # and its last
-    # some i in the query block and j in the key block with 0 <= i - j < w:
+    # some i in the query block and j in the key block with 0 <= i - j < W:
     not_all_future = last[:, None] >= first[None, :]
     not_all_too_old = first[:, None] - last[None, :] < window
     return not_all_future & not_all_too_old
@@ -357,7 +391,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1535
+# chapters/ch04-efficient-architectures.qmd:1772
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -440,7 +474,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1779
+# chapters/ch04-efficient-architectures.qmd:2016
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -475,7 +509,7 @@ def sharpness_comparison(query_scale: float, seed: int = 1813,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1867
+# chapters/ch04-efficient-architectures.qmd:2104
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -511,7 +545,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:2062
+# chapters/ch04-efficient-architectures.qmd:2299
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
@@ -554,7 +588,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2245
+# chapters/ch04-efficient-architectures.qmd:2482
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -587,7 +621,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2496
+# chapters/ch04-efficient-architectures.qmd:2733
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.10).
@@ -608,7 +642,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2635
+# chapters/ch04-efficient-architectures.qmd:2872
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -683,7 +717,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2728
+# chapters/ch04-efficient-architectures.qmd:2965
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -839,7 +873,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:3053
+# chapters/ch04-efficient-architectures.qmd:3290
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -879,7 +913,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3152
+# chapters/ch04-efficient-architectures.qmd:3392
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:
