@@ -896,6 +896,48 @@ def test_windowed_shipped_configs_stop_growing_at_their_window():
     assert round(26 * 32_768 * per_layer_token / ch03.kv_bytes(gemma, 32_768), 1) == 6.0    # the chapter's ratio
 
 
+def test_tokens_that_fit_golden_values_of_the_limits_table():
+    device = 80 * GIB
+    fits = {name: ch03.tokens_that_fit(ch03.KVConfig.from_hf_config(ch03.load_model_config(name)), device)
+            for name in ch03.MODEL_CONFIG_NAMES}
+    assert fits == {"llama-2-7b": 163_840, "llama-3.1-8b": 655_360, "deepseek-v2-lite": 2_761_681,
+                    "mistral-7b-v0.1": None, "gemma-3-1b": 20_968_704}
+    llama31 = ch03.KVConfig.from_hf_config(ch03.load_model_config("llama-3.1-8b"))
+    assert ch03.tokens_that_fit(llama31, device, batch=5) == 131_072       # five full conversations
+    assert ch03.tokens_that_fit(llama31, device, batch=6) < 131_072
+
+
+@FAST
+@given(layers=st.integers(1, 6), windowed=st.integers(0, 6), window=st.integers(1, 40),
+       kv=st.integers(1, 3), width=st.integers(1, 8), s=st.sampled_from([1, 2, 4]),
+       batch=st.integers(1, 3), budget=st.integers(0, 200_000))
+def test_tokens_that_fit_is_the_exact_inverse_of_kv_bytes(layers, windowed, window, kv, width, s, batch,
+                                                          budget):
+    windowed = min(windowed, layers)
+    config = ch03.KVConfig("x", layers=layers, query_heads=kv, kv_heads=kv, head_dim=width,
+                           bytes_per_scalar=s, window=window if windowed else None,
+                           windowed_layers=windowed)
+    fit = ch03.tokens_that_fit(config, budget, batch)
+    if fit is None:                          # every layer windowed, plateau below the budget
+        assert windowed == layers and ch03.kv_bytes(config, 10**9, batch) <= budget
+    else:
+        assert ch03.kv_bytes(config, fit, batch) <= budget < ch03.kv_bytes(config, fit + 1, batch)
+
+
+def test_tokens_that_fit_of_a_latent_cache_and_its_boundary_errors():
+    latent = ch03.KVConfig("lat", layers=3, query_heads=4, head_dim=8, bytes_per_scalar=2,
+                           latent_rank=10, rope_key_dim=6)
+    assert ch03.tokens_that_fit(latent, 3 * 16 * 2 * 7) == 7             # (r + d_R) s L bytes a token
+    with pytest.raises(TypeError, match="config"):
+        ch03.tokens_that_fit({"num_hidden_layers": 2}, 100)
+    with pytest.raises(ValueError, match="budget"):
+        ch03.tokens_that_fit(latent, -1)
+    with pytest.raises(ValueError, match="batch"):
+        ch03.tokens_that_fit(latent, 100, batch=0)
+    with pytest.raises(TypeError, match="budget"):
+        ch03.tokens_that_fit(latent, 1.5)
+
+
 class _LargestTensor(TorchDispatchMode):
     """Records the element count of the largest tensor with new storage that any operation creates.
 

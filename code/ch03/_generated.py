@@ -963,3 +963,33 @@ def read_window_fields(mapping: Mapping[str, Any],
     if windowed == 0:
         return {}
     return {"window": window, "windowed_layers": windowed}
+
+
+# chapters/ch03-long-context.qmd:2627
+def tokens_that_fit(config: KVConfig, budget: int,
+                    batch: int = 1) -> int | None:
+    """Return the most tokens T with kv_bytes(config, T, batch) <= budget.
+
+    Equation 3.6 turned around: while T < W every layer holds T tokens;
+    past the window only the global layers grow. ``None`` means that no
+    length fills ``budget``: every layer is windowed, and the cache stops
+    at W tokens a layer, below the budget.
+
+    Raises:
+        TypeError: If ``config`` is not a KVConfig or a count not an int.
+        ValueError: If ``budget`` is negative or ``batch`` is below 1.
+    """
+    config = check_type("config", config, KVConfig)
+    budget = check_int("budget", budget, minimum=0)              # M, bytes
+    batch = check_int("batch", batch, minimum=1)                 # B
+    slot = (batch * config.cached_scalars_per_layer_token()
+            * config.bytes_per_scalar)           # one token in one layer
+    slots = budget // slot                       # layer-token slots in M
+    every_layer = slots // config.layers         # T while T < W
+    if config.window is None or every_layer < config.window:
+        return every_layer
+    global_layers = config.layers - config.windowed_layers       # L_g
+    if global_layers == 0:                       # the cache stops at W
+        return None
+    windowed = config.windowed_layers * config.window            # L_w W
+    return (slots - windowed) // global_layers
