@@ -965,7 +965,7 @@ def read_window_fields(mapping: Mapping[str, Any],
     return {"window": window, "windowed_layers": windowed}
 
 
-# chapters/ch03-long-context.qmd:2627
+# chapters/ch03-long-context.qmd:2740
 def tokens_that_fit(config: KVConfig, budget: int,
                     batch: int = 1) -> int | None:
     """Return the most tokens T with kv_bytes(config, T, batch) <= budget.
