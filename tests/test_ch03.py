@@ -739,6 +739,22 @@ def test_probe_golden_means_and_ordering():
     assert hits["rope"] < hits["ntk"] < min(hits["pi"], hits["yarn"], hits["llama3"])
 
 
+def test_probe_reach_at_one_hit_in_two_is_the_chapters():
+    """The chapter's effective length: how far before the query every nearer depth still wins half the draws."""
+    context = ch03.retrieval_probe.__kwdefaults__["context"]
+
+    def reach(rows):
+        found = 0
+        for row in reversed(rows):                               # nearest to the query first
+            if row["accuracy"] < 0.5:
+                break
+            found = context - 1 - round(row["depth_percent"] / 100 * (context - 2))
+        return found
+
+    reaches = {m: reach(ch03.retrieval_probe(m)) for m in ("rope", "pi", "ntk", "yarn", "llama3")}
+    assert reaches == {"rope": 1, "pi": 257, "ntk": 1, "yarn": 1, "llama3": 1}
+
+
 def test_probe_is_reproducible_and_accepts_custom_bands():
     small = dict(trials=16, context=32, original_context=8, dim=8)
     assert ch03.retrieval_probe("yarn", seed=5, **small) == ch03.retrieval_probe("yarn", seed=5, **small)

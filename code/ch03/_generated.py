@@ -312,13 +312,13 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
 
 # chapters/ch03-long-context.qmd:1024
 def retrieval_probe(method: str | tuple[Tensor, float], *,
-                    seed: int = 1_813,           # one generator for all draws
-                    trials: int = 192,           # per depth
-                    context: int = 5_120,        # T_1
-                    original_context: int = 128, # T_0; factor T_1 / T_0
-                    dim: int = 32,               # rotary width
-                    base: float = 10_000.0,      # b of the bands
-                    chunk: int = 16,             # trials scored together
+                    seed: int = 1_813,            # one generator, all draws
+                    trials: int = 192,            # per depth
+                    context: int = 5_120,         # T_1 = 40 T_0
+                    original_context: int = 128,  # T_0, TinyGPT's length
+                    dim: int = 32,                # rotary width
+                    base: float = 10_000.0,       # b of the bands
+                    chunk: int = 16,              # trials scored together
                     ) -> list[dict[str, float]]:
     """Return needle retrieval by depth under one RoPE construction, 41 rows.
 
