@@ -20,7 +20,6 @@ from ._generated import (
     expand_block_mask,
     feature_map,
     global_local_mask,
-    hops_needed,
     hybrid_cache_bytes,
     linear_attention_chunked,
     linear_attention_quadratic,
@@ -32,7 +31,6 @@ from ._generated import (
     quantized_cache_error,
     quantized_kv_bytes_per_token,
     receptive_field,
-    rolling_buffer_slots,
     scan_rounds,
     selective_copying_batch,
     selective_scan,
@@ -40,7 +38,6 @@ from ._generated import (
     sequential_scan,
     sharpness_comparison,
     sliding_window_block_mask,
-    sliding_window_decode,
     ssm_convolution,
     ssm_kernel,
     ssm_recurrent,
@@ -49,7 +46,6 @@ from ._generated import (
     strided_mask,
     train_copying,
     weight_sharpness,
-    window_reach,
 )
 
 __all__ = [
@@ -70,7 +66,6 @@ __all__ = [
     "expand_block_mask",
     "feature_map",
     "global_local_mask",
-    "hops_needed",
     "hybrid_cache_bytes",
     "linear_attention_chunked",
     "linear_attention_quadratic",
@@ -82,7 +77,6 @@ __all__ = [
     "quantized_cache_error",
     "quantized_kv_bytes_per_token",
     "receptive_field",
-    "rolling_buffer_slots",
     "scan_rounds",
     "selective_copying_batch",
     "selective_scan",
@@ -90,7 +84,6 @@ __all__ = [
     "sequential_scan",
     "sharpness_comparison",
     "sliding_window_block_mask",
-    "sliding_window_decode",
     "ssm_convolution",
     "ssm_kernel",
     "ssm_recurrent",
@@ -99,5 +92,4 @@ __all__ = [
     "strided_mask",
     "train_copying",
     "weight_sharpness",
-    "window_reach",
 ]

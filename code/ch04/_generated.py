@@ -192,7 +192,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:814
+# chapters/ch04-efficient-architectures.qmd:806
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     return int(mask.sum())
@@ -202,66 +202,17 @@ def receptive_field(mask: Tensor, layers: int) -> Tensor:
     """Return a bool (T, T) grid: True where input j reaches output i.
 
     ``mask`` is one layer's bool (T, T) visibility; ``layers`` layers
-    compose it with itself, a Boolean matrix power (0 layers: the identity).
+    compose it with itself, a Boolean matrix power (Equation 4.4; 0
+    layers: the identity).
     """
     step = mask.to(torch.float64)
     heard = torch.eye(mask.shape[0], dtype=torch.float64, device=mask.device)
     for _ in range(layers):
-        heard = ((step @ heard) > 0).to(torch.float64)  # one more hop
+        heard = ((step @ heard) > 0).to(torch.float64)  # one more read
     return heard.bool()
 
 
-def window_reach(window: int, layers: int) -> int:
-    """Return L (w - 1): how far back L windowed layers carry (Equation 4.4)."""
-    window = check_int("window", window, minimum=1)
-    return layers * (window - 1)
-
-
-def hops_needed(distance: int, window: int) -> int:
-    """Return ceil(distance / (w - 1)): layers needed to carry a token back."""
-    window = check_int("window", window, minimum=2)
-    return -(-distance // (window - 1))  # ceil(distance / (w - 1)), exactly
-
-
-# chapters/ch04-efficient-architectures.qmd:947
-def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
-    """Return the token in each of ``window`` ring slots (-1 = still empty).
-
-    Token t is written to slot t mod window, over the token that left.
-    """
-    window = check_int("window", window, minimum=1)
-    slots = [-1] * window
-    for token in range(max(0, tokens_seen - window), tokens_seen):
-        slots[token % window] = token
-    return slots
-
-
-def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
-                          window: int) -> tuple[Tensor, int]:
-    """Return (outputs, most entries held) of decoding with a ring of w slots.
-
-    query, key: (..., T, d); value: (..., T, d_v). Token t overwrites slot
-    t mod w, and the outputs equal attention masked with
-    ``ch03.visibility_mask(T, window=w)`` (Equation 4.4).
-    """
-    window = check_int("window", window, minimum=1)
-    *lead, tokens, width = key.shape
-    key_ring = key.new_zeros(*lead, window, width)  # (..., w, d): all there is
-    value_ring = value.new_zeros(*lead, window, value.shape[-1])
-    outputs, most = [], 0
-    for t in range(tokens):
-        key_ring[..., t % window, :] = key[..., t, :]
-        value_ring[..., t % window, :] = value[..., t, :]
-        held = min(t + 1, window)  # slots 0 .. held-1 are filled
-        most = max(most, held)
-        out, _ = ch01.scaled_dot_product_attention(
-            query[..., t : t + 1, :], key_ring[..., :held, :],
-            value_ring[..., :held, :])
-        outputs.append(out)
-    return torch.cat(outputs, dim=-2), most
-
-
-# chapters/ch04-efficient-architectures.qmd:1077
+# chapters/ch04-efficient-architectures.qmd:927
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -293,7 +244,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:1281
+# chapters/ch04-efficient-architectures.qmd:1131
 def sliding_window_block_mask(seq_len: int, window: int,
                               block_size: int) -> Tensor:
     """Return the bool (n, n) tile mask of a causal window, n = ceil(T / b).
@@ -357,7 +308,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1456
+# chapters/ch04-efficient-architectures.qmd:1306
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -440,7 +391,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1648
+# chapters/ch04-efficient-architectures.qmd:1498
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -475,7 +426,7 @@ def sharpness_comparison(query_scale: float, seed: int = 11,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1766
+# chapters/ch04-efficient-architectures.qmd:1616
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -511,7 +462,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1927
+# chapters/ch04-efficient-architectures.qmd:1777
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
@@ -554,7 +505,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2135
+# chapters/ch04-efficient-architectures.qmd:1985
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -587,7 +538,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2382
+# chapters/ch04-efficient-architectures.qmd:2232
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.10).
@@ -608,7 +559,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2522
+# chapters/ch04-efficient-architectures.qmd:2372
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -683,7 +634,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2614
+# chapters/ch04-efficient-architectures.qmd:2464
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -839,7 +790,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:2939
+# chapters/ch04-efficient-architectures.qmd:2789
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -879,7 +830,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3038
+# chapters/ch04-efficient-architectures.qmd:2888
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:
