@@ -1004,7 +1004,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch03-long-context.qmd:2772
+# chapters/ch03-long-context.qmd:2774
 def window_reach(window: int, layers: int) -> int:
     """Return L (W - 1): how far back L windowed layers carry (Equation 3.10).
     """
