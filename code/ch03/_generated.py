@@ -965,7 +965,7 @@ def read_window_fields(mapping: Mapping[str, Any],
     return {"window": window, "windowed_layers": windowed}
 
 
-# chapters/ch03-long-context.qmd:2620
+# chapters/ch03-long-context.qmd:2623
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -1004,17 +1004,14 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch03-long-context.qmd:2774
+# chapters/ch03-long-context.qmd:2777
 def window_reach(window: int, layers: int) -> int:
-    """Return L (W - 1): how far back L windowed layers carry (Equation 3.10).
-    """
+    """Return L (W - 1), how far L windowed layers carry (Equation 3.10)."""
     window = check_int("window", window, minimum=1)
-    layers = check_int("layers", layers, minimum=0)
     return layers * (window - 1)
 
 
 def hops_needed(distance: int, window: int) -> int:
     """Return ceil(D / (W - 1)): windowed layers that carry D positions."""
-    distance = check_int("distance", distance, minimum=0)
     window = check_int("window", window, minimum=2)
     return -(-distance // (window - 1))  # ceil(D / (W - 1)), exactly
