@@ -331,15 +331,15 @@ SILENT: list[Silent] = [
     # start=-1 turned the rotary keys to positions before the text, with no error
     Silent("ch03", "a negative start for the latent layer's rotary key",
            lambda: _latent_layer()(_randn(1, 2, 16), start=-1), "start"),
+    Silent("ch03", "a zero window while decoding", lambda: _ch("ch03").sliding_window_decode(*_qkv(), 0), "window"),
+    Silent("ch03", "a zero window in the reach", lambda: _ch("ch03").window_reach(0, 2), "window"),
+    Silent("ch03", "a zero-slot ring buffer", lambda: _ch("ch03").rolling_buffer_slots(5, 0), "window"),
     # Chapter 4
-    Silent("ch04", "a zero window while decoding", lambda: _ch("ch04").sliding_window_decode(*_qkv(), 0), "window"),
     Silent("ch04", "a zero chunk", lambda: _ch("ch04").linear_attention_chunked(*_qkv(), 0), "chunk_size"),
     Silent("ch04", "a zero window in a mask", lambda: _ch("ch04").global_local_mask(6, 0), "window"),
     Silent("ch04", "a zero stride", lambda: _ch("ch04").strided_mask(8, 0), "stride"),
     Silent("ch04", "a zero block", lambda: _ch("ch04").expand_block_mask(torch.ones(2, 2, dtype=torch.bool), 0, 4),
            "block_size"),
-    Silent("ch04", "a zero window in the reach", lambda: _ch("ch04").window_reach(0, 2), "window"),
-    Silent("ch04", "a zero-slot ring buffer", lambda: _ch("ch04").rolling_buffer_slots(5, 0), "window"),
     Silent("ch04", "1 bit through quantize_kv", lambda: _ch("ch04").quantize_kv(_randn(3, 8), 1), "bits"),
     Silent("ch04", "17 bits through quantize_kv", lambda: _ch("ch04").quantize_kv(_randn(3, 8), 17), "bits"),
     Silent("ch04", "0 bits in the cache's bytes",

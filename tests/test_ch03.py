@@ -432,6 +432,82 @@ def test_visibility_mask_rows_are_the_last_rows_of_the_grid(n, rows, window, sin
     assert torch.equal(ch03.causal_rows(rows, n), ch01.causal_mask(n)[n - rows:])
 
 
+def test_window_masks_at_tinygpts_positions():
+    """@fig-ch03-masks: 128 positions, a window of one eighth, four sinks."""
+    assert int(ch03.visibility_mask(128).sum()) == 8_256
+    assert int(ch03.visibility_mask(128, window=16).sum()) == 113 * 16 + sum(range(16)) == 1_928
+    assert int(ch03.visibility_mask(128, window=16, sinks=4).sum()) == 1_928 + 442
+    row = ch03.visibility_mask(128, window=16, sinks=4, query_len=1)[0]
+    assert row.nonzero().flatten().tolist() == [0, 1, 2, 3, *range(112, 128)]
+
+
+@FAST
+@given(tokens=st.integers(1, 40), window=st.integers(1, 9), width=st.integers(1, 8), batch=st.integers(1, 3),
+       seed=st.integers(0, 2**16))
+def test_rolling_buffer_equals_masked_attention_and_never_exceeds_window(tokens, window, width, batch, seed):
+    generator = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(batch, tokens, width, generator=generator, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(batch, tokens, 5, generator=generator, dtype=torch.float64)
+    streamed, largest = ch03.sliding_window_decode(q, k, v, window)
+    masked, _ = ch01.scaled_dot_product_attention(q, k, v, ch03.visibility_mask(tokens, window=window))
+    assert torch.allclose(streamed, masked, atol=1e-12)
+    assert largest == min(tokens, window) <= window
+
+
+def test_rolling_buffer_slots_follow_t_mod_w():
+    # the section's passage: 100 bytes through a ring of 16, wrapped 4 slots past a full turn
+    assert ch03.rolling_buffer_slots(100, 16) == [96, 97, 98, 99, *range(84, 96)]
+    assert ch03.rolling_buffer_slots(96, 16) == list(range(80, 96))
+    assert ch03.rolling_buffer_slots(2, 4) == [0, 1, -1, -1]
+    assert ch03.rolling_buffer_slots(0, 3) == [-1, -1, -1]
+
+
+def test_window_reach_and_hops_on_the_shipped_configs():
+    mistral = ch03.KVConfig.from_hf_config(ch03.load_model_config("mistral-7b-v0.1"))
+    gemma = ch03.KVConfig.from_hf_config(ch03.load_model_config("gemma-3-1b"))
+    assert ch03.window_reach(mistral.window, mistral.layers) == 32 * 4_095 == 131_040
+    assert ch03.hops_needed(32_767, mistral.window) == 9      # Mistral's whole context by layer 9
+    assert ch03.hops_needed(131_040, 4_096) == 32
+    assert ch03.window_reach(gemma.window, 5) == 2_555        # a run of Gemma's windowed layers
+    assert ch03.window_reach(16, 2) == 30 and ch03.window_reach(1, 7) == 0 and ch03.window_reach(9, 0) == 0
+
+
+@pytest.mark.parametrize("distance", [0, 1, 2, 3, 511, 512, 2_555, 32_767, 131_040, 10**15 + 7])
+@pytest.mark.parametrize("window", [2, 3, 512, 4_096])
+def test_hops_needed_is_the_exact_ceiling(distance, window):
+    hops = ch03.hops_needed(distance, window)
+    assert hops * (window - 1) >= distance > (hops - 1) * (window - 1) or distance == hops == 0
+
+
+def test_window_sizes_that_would_give_silent_wrong_answers_are_refused():
+    """A zero window (or a window of 1 when counting hops) is refused where it enters."""
+    q = torch.randn(5, 4, generator=torch.Generator().manual_seed(3))
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        ch03.sliding_window_decode(q, q, q, 0)
+    with pytest.raises(TypeError, match="window must be an int"):
+        ch03.sliding_window_decode(q, q, q, 2.0)
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        ch03.window_reach(0, 3)  # would return a negative reach
+    with pytest.raises(TypeError, match="window must be an int"):
+        ch03.window_reach(2.5, 3)  # the review's case: once returned 4.5
+    with pytest.raises(ValueError, match="window"):
+        ch03.hops_needed(5, 1)
+    with pytest.raises(ValueError, match="window"):
+        ch03.rolling_buffer_slots(3, 0)
+    with pytest.raises(ValueError, match="tokens_seen"):
+        ch03.rolling_buffer_slots(-1, 3)
+
+
+def test_gemma_window_mix_never_falls_below_its_global_share():
+    """@eq-ch03-window-bytes: the ratio to all-global falls towards L_global / L = 4/26."""
+    gemma = ch03.KVConfig.from_hf_config(ch03.load_model_config("gemma-3-1b"))
+    full = ch03.KVConfig("all global", layers=26, query_heads=4, kv_heads=1, head_dim=256, bytes_per_scalar=2)
+    assert ch03.kv_bytes(gemma, 32_768) == (4 * 32_768 + 22 * 512) * 2 * 256 * 2
+    assert ch03.kv_bytes(gemma, 512) == ch03.kv_bytes(full, 512)
+    ratios = [ch03.kv_bytes(gemma, t) / ch03.kv_bytes(full, t) for t in (512, 2_048, 32_768, 10**7)]
+    assert ratios == sorted(ratios, reverse=True) and min(ratios) > 4 / 26
+
+
 # --- RoPE (@eq-ch03-rope, @eq-ch03-rope-relative) ------------------------------------------------------
 
 

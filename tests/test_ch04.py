@@ -76,7 +76,7 @@ def test_public_names_are_what_an_exercise_imports():
 def test_docstrings_name_equations_by_their_numbers():
     numbers = {label: target.number for label, target in book_numbering().items() if label.startswith("eq-ch04-")}
     cited = {
-        "cost": [ch04.context_cost], "window": [ch04.window_reach, ch04.sliding_window_decode],
+        "cost": [ch04.context_cost], "paths": [ch04.receptive_field],
         "strided": [ch04.strided_mask], "linear": [ch04.linear_attention_recurrent, ch04.linear_attention_chunked],
         "ssm": [ch04.ssm_recurrent, ch04.ssm_kernel], "selective": [ch04.discretize, ch04.selective_ssm],
         "scan": [ch04.parallel_scan], "mamba": [ch04.selective_scan, ch04.SelectiveSSMLayer],
@@ -149,7 +149,7 @@ def test_running_example_is_the_shipped_gemma_with_every_layer_global():
     every_layer_global = replace(shipped, name=ch04.RUNNING_EXAMPLE.name, window=None, windowed_layers=0)
     assert every_layer_global == ch04.RUNNING_EXAMPLE
     mistral = ch03.KVConfig.from_hf_config(ch03.load_model_config("mistral-7b-v0.1"))
-    assert ch04.window_reach(mistral.window, mistral.layers) == 131_040
+    assert ch03.window_reach(mistral.window, mistral.layers) == 131_040
 
 
 def test_context_cost_rejects_bad_input():
@@ -164,21 +164,16 @@ def test_context_cost_rejects_bad_input():
 # --------------------------------------------------------------------------- sliding windows
 
 
-def test_window_worked_example_on_the_corpus_bytes():
-    text = ch02.load_corpus()
-    text = text[text.index(OPENING):][:17]
-    assert text == "It is a truth uni"
-    mask = ch03.visibility_mask(16, window=4)
-    assert ch04.pairs_computed(mask) == 58
-    assert ch04.pairs_computed(ch01.causal_mask(16)) == 136
-    field = ch04.receptive_field(mask, 3)
-    assert "".join(text[j] for j in field[15].nonzero().flatten().tolist()) == "a truth un"
-    assert not field[15, 5] and ch04.receptive_field(mask, 4)[15, 5]
-    assert ch04.window_reach(4, 3) == 9
-    assert ch04.window_reach(4096, 32) == 131_040
-    assert ch04.hops_needed(131_040, 4096) == 32
-    assert ch04.hops_needed(99_999, 4096) == 25
-    assert ch04.hops_needed(15, 4) == 5  # the self-test: the last byte hears the I after 5 layers
+def test_window_worked_example_on_tinygpts_positions():
+    """The section's check: TinyGPT's 128 positions, a window of 16, its 2 layers."""
+    tiny = ch02.GPTConfig(vocab_size=256)
+    band = ch03.visibility_mask(tiny.context_length, window=16)
+    assert ch04.pairs_computed(band) == 113 * 16 + 120 == 1_928
+    assert ch04.pairs_computed(ch01.causal_mask(tiny.context_length)) == 8_256
+    heard = ch04.receptive_field(band, tiny.layers)
+    assert heard[-1].nonzero()[0].item() == 127 - 30 == 97
+    assert int(heard.sum(dim=1).max()) == 31
+    assert not heard[127, 96] and ch04.receptive_field(band, 3)[127, 96]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -187,56 +182,8 @@ def test_receptive_field_reaches_exactly_layers_times_window_minus_one(seed):
     n, w, layers = sizes["tokens"], sizes["window"], sizes["layers"]
     field = ch04.receptive_field(ch03.visibility_mask(n, window=w), layers)
     distance = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-    expected = (distance >= 0) & (distance <= ch04.window_reach(w, layers))
+    expected = (distance >= 0) & (distance <= ch03.window_reach(w, layers))
     assert torch.equal(field, expected)
-
-
-@pytest.mark.parametrize("distance", [0, 1, 2, 3, 4095, 4096, 99_999, 131_040, 10**15 + 7])
-@pytest.mark.parametrize("window", [2, 3, 4096])
-def test_hops_needed_is_the_exact_ceiling(distance, window):
-    hops = ch04.hops_needed(distance, window)
-    assert hops * (window - 1) >= distance > (hops - 1) * (window - 1) or distance == hops == 0
-
-
-def test_window_band_after_three_layers_is_ten_wide():
-    field = ch04.receptive_field(ch03.visibility_mask(16, window=4), 3)
-    assert int(field.sum(dim=1).max()) == 10
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-def test_rolling_buffer_equals_masked_attention_and_never_exceeds_window(seed):
-    sizes = random_sizes(seed, tokens=(1, 40), window=(1, 9), width=(1, 8), batch=(1, 3))
-    t, w = sizes["tokens"], sizes["window"]
-    q, k = randn(sizes["batch"], t, sizes["width"], seed=seed), randn(sizes["batch"], t, sizes["width"], seed=seed + 50)
-    v = randn(sizes["batch"], t, 5, seed=seed + 99)
-    streamed, largest = ch04.sliding_window_decode(q, k, v, w)
-    masked, _ = ch01.scaled_dot_product_attention(q, k, v, ch03.visibility_mask(t, window=w))
-    assert torch.allclose(streamed, masked, atol=1e-12)
-    assert largest == min(t, w) <= w
-
-
-def test_rolling_buffer_slots_follow_t_mod_w():
-    assert ch04.rolling_buffer_slots(16, 4) == [12, 13, 14, 15]
-    assert ch04.rolling_buffer_slots(17, 4) == [16, 13, 14, 15]  # byte 16 replaces byte 12
-    assert ch04.rolling_buffer_slots(2, 4) == [0, 1, -1, -1]
-    assert ch04.rolling_buffer_slots(0, 3) == [-1, -1, -1]
-
-
-def test_window_sizes_that_would_give_silent_wrong_answers_are_refused():
-    """A zero window (or a window of 1 when counting hops) is refused where it enters."""
-    q = randn(5, 4, seed=0)
-    with pytest.raises(ValueError, match="window must be a positive integer"):
-        ch04.sliding_window_decode(q, q, q, 0)
-    with pytest.raises(TypeError, match="window must be an int"):
-        ch04.sliding_window_decode(q, q, q, 2.0)
-    with pytest.raises(ValueError, match="window must be a positive integer"):
-        ch04.window_reach(0, 3)  # would return a negative reach
-    with pytest.raises(TypeError, match="window must be an int"):
-        ch04.window_reach(2.5, 3)  # the review's case: once returned 4.5
-    with pytest.raises(ValueError, match="window must be an integer >= 2"):
-        ch04.hops_needed(5, 1)
-    with pytest.raises(ValueError, match="window must be a positive integer"):
-        ch04.rolling_buffer_slots(3, 0)
 
 
 # --------------------------------------------------------------------------- sparse patterns
@@ -495,7 +442,7 @@ def test_decode_paths_build_nothing_of_size_t_squared():
     assert absorbed_step.largest < cache_tokens * cache_tokens // 4
     q, k, v = (randn(cache_tokens, 4, seed=s) for s in (5, 6, 7))
     with LargestTensor() as ring:
-        ch04.sliding_window_decode(q, k, v, window=16)
+        ch03.sliding_window_decode(q, k, v, window=16)
     assert ring.largest < cache_tokens * cache_tokens // 16
     with LargestTensor() as recurrent:
         ch04.linear_attention_recurrent(q, k, v)

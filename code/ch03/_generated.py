@@ -896,7 +896,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2636
+# chapters/ch03-long-context.qmd:2610
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -965,7 +965,59 @@ def read_window_fields(mapping: Mapping[str, Any],
     return {"window": window, "windowed_layers": windowed}
 
 
-# chapters/ch03-long-context.qmd:2887
+# chapters/ch03-long-context.qmd:2883
+def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
+    """Return the token in each of ``window`` ring slots (-1 = still empty).
+
+    Token t is written to slot t mod window, over the token that left.
+    """
+    tokens_seen = check_int("tokens_seen", tokens_seen, minimum=0)
+    window = check_int("window", window, minimum=1)
+    slots = [-1] * window
+    for token in range(max(0, tokens_seen - window), tokens_seen):
+        slots[token % window] = token
+    return slots
+
+
+def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
+                          window: int) -> tuple[Tensor, int]:
+    """Return (outputs, most entries held) of decoding with a ring of W slots.
+
+    query, key: (..., T, d); value: (..., T, d_v). Token t overwrites slot
+    t mod W, and the outputs equal attention masked with
+    ``visibility_mask(T, window=W)``.
+    """
+    window = check_int("window", window, minimum=1)
+    *lead, tokens, width = key.shape
+    key_ring = key.new_zeros(*lead, window, width)  # (..., W, d): all there is
+    value_ring = value.new_zeros(*lead, window, value.shape[-1])
+    outputs, most = [], 0
+    for t in range(tokens):
+        key_ring[..., t % window, :] = key[..., t, :]
+        value_ring[..., t % window, :] = value[..., t, :]
+        held = min(t + 1, window)  # slots 0 .. held-1 are filled
+        most = max(most, held)
+        out, _ = ch01.scaled_dot_product_attention(
+            query[..., t : t + 1, :], key_ring[..., :held, :],
+            value_ring[..., :held, :])
+        outputs.append(out)
+    return torch.cat(outputs, dim=-2), most
+
+
+# chapters/ch03-long-context.qmd:3037
+def window_reach(window: int, layers: int) -> int:
+    """Return L (W - 1), how far L windowed layers carry (Equation 3.10)."""
+    window = check_int("window", window, minimum=1)
+    return layers * (window - 1)
+
+
+def hops_needed(distance: int, window: int) -> int:
+    """Return ceil(D / (W - 1)): windowed layers that carry D positions."""
+    window = check_int("window", window, minimum=2)
+    return -(-distance // (window - 1))  # ceil(D / (W - 1)), exactly
+
+
+# chapters/ch03-long-context.qmd:3198
 def tokens_that_fit(config: KVConfig, budget: int,
                     batch: int = 1) -> int | None:
     """Return the most tokens T with kv_bytes(config, T, batch) <= budget.

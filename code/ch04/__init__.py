@@ -20,7 +20,6 @@ from ._generated import (
     expand_block_mask,
     feature_map,
     global_local_mask,
-    hops_needed,
     hybrid_cache_bytes,
     linear_attention_chunked,
     linear_attention_quadratic,
@@ -32,7 +31,6 @@ from ._generated import (
     quantized_cache_error,
     quantized_kv_bytes_per_token,
     receptive_field,
-    rolling_buffer_slots,
     scan_rounds,
     selective_copying_batch,
     selective_scan,
@@ -40,7 +38,6 @@ from ._generated import (
     sequential_scan,
     sharpness_comparison,
     sliding_window_block_mask,
-    sliding_window_decode,
     ssm_convolution,
     ssm_kernel,
     ssm_recurrent,
@@ -50,7 +47,6 @@ from ._generated import (
     tiles_touched,
     train_copying,
     weight_sharpness,
-    window_reach,
 )
 
 __all__ = [
@@ -71,7 +67,6 @@ __all__ = [
     "expand_block_mask",
     "feature_map",
     "global_local_mask",
-    "hops_needed",
     "hybrid_cache_bytes",
     "linear_attention_chunked",
     "linear_attention_quadratic",
@@ -83,7 +78,6 @@ __all__ = [
     "quantized_cache_error",
     "quantized_kv_bytes_per_token",
     "receptive_field",
-    "rolling_buffer_slots",
     "scan_rounds",
     "selective_copying_batch",
     "selective_scan",
@@ -91,7 +85,6 @@ __all__ = [
     "sequential_scan",
     "sharpness_comparison",
     "sliding_window_block_mask",
-    "sliding_window_decode",
     "ssm_convolution",
     "ssm_kernel",
     "ssm_recurrent",
@@ -101,5 +94,4 @@ __all__ = [
     "tiles_touched",
     "train_copying",
     "weight_sharpness",
-    "window_reach",
 ]

@@ -211,7 +211,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:942
+# chapters/ch04-efficient-architectures.qmd:929
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     return int(mask.sum())
@@ -221,66 +221,17 @@ def receptive_field(mask: Tensor, layers: int) -> Tensor:
     """Return a bool (T, T) grid: True where input j reaches output i.
 
     ``mask`` is one layer's bool (T, T) visibility; ``layers`` layers
-    compose it with itself, a Boolean matrix power (0 layers: the identity).
+    compose it with itself, a Boolean matrix power (Equation 4.4; 0
+    layers: the identity).
     """
     step = mask.to(torch.float64)
     heard = torch.eye(mask.shape[0], dtype=torch.float64, device=mask.device)
     for _ in range(layers):
-        heard = ((step @ heard) > 0).to(torch.float64)  # one more hop
+        heard = ((step @ heard) > 0).to(torch.float64)  # one more read
     return heard.bool()
 
 
-def window_reach(window: int, layers: int) -> int:
-    """Return L (w - 1): how far back L windowed layers carry (Equation 4.4)."""
-    window = check_int("window", window, minimum=1)
-    return layers * (window - 1)
-
-
-def hops_needed(distance: int, window: int) -> int:
-    """Return ceil(distance / (w - 1)): layers needed to carry a token back."""
-    window = check_int("window", window, minimum=2)
-    return -(-distance // (window - 1))  # ceil(distance / (w - 1)), exactly
-
-
-# chapters/ch04-efficient-architectures.qmd:1075
-def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
-    """Return the token in each of ``window`` ring slots (-1 = still empty).
-
-    Token t is written to slot t mod window, over the token that left.
-    """
-    window = check_int("window", window, minimum=1)
-    slots = [-1] * window
-    for token in range(max(0, tokens_seen - window), tokens_seen):
-        slots[token % window] = token
-    return slots
-
-
-def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
-                          window: int) -> tuple[Tensor, int]:
-    """Return (outputs, most entries held) of decoding with a ring of w slots.
-
-    query, key: (..., T, d); value: (..., T, d_v). Token t overwrites slot
-    t mod w, and the outputs equal attention masked with
-    ``ch03.visibility_mask(T, window=w)`` (Equation 4.4).
-    """
-    window = check_int("window", window, minimum=1)
-    *lead, tokens, width = key.shape
-    key_ring = key.new_zeros(*lead, window, width)  # (..., w, d): all there is
-    value_ring = value.new_zeros(*lead, window, value.shape[-1])
-    outputs, most = [], 0
-    for t in range(tokens):
-        key_ring[..., t % window, :] = key[..., t, :]
-        value_ring[..., t % window, :] = value[..., t, :]
-        held = min(t + 1, window)  # slots 0 .. held-1 are filled
-        most = max(most, held)
-        out, _ = ch01.scaled_dot_product_attention(
-            query[..., t : t + 1, :], key_ring[..., :held, :],
-            value_ring[..., :held, :])
-        outputs.append(out)
-    return torch.cat(outputs, dim=-2), most
-
-
-# chapters/ch04-efficient-architectures.qmd:1207
+# chapters/ch04-efficient-architectures.qmd:1045
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -312,7 +263,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:1457
+# chapters/ch04-efficient-architectures.qmd:1295
 def tiles_touched(token_mask: Tensor, block_size: int) -> Tensor:
     """Return the bool (n, n) tiles of a (T, T) mask, n = ceil(T / b).
 
@@ -391,7 +342,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1772
+# chapters/ch04-efficient-architectures.qmd:1610
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -474,7 +425,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:2016
+# chapters/ch04-efficient-architectures.qmd:1854
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -509,7 +460,7 @@ def sharpness_comparison(query_scale: float, seed: int = 1813,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:2104
+# chapters/ch04-efficient-architectures.qmd:1942
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -545,7 +496,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:2299
+# chapters/ch04-efficient-architectures.qmd:2137
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
@@ -588,7 +539,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2482
+# chapters/ch04-efficient-architectures.qmd:2320
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -621,7 +572,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2733
+# chapters/ch04-efficient-architectures.qmd:2571
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.10).
@@ -642,7 +593,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2872
+# chapters/ch04-efficient-architectures.qmd:2710
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -717,7 +668,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2965
+# chapters/ch04-efficient-architectures.qmd:2803
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -873,7 +824,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:3290
+# chapters/ch04-efficient-architectures.qmd:3128
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -913,7 +864,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3392
+# chapters/ch04-efficient-architectures.qmd:3230
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:
