@@ -577,7 +577,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1522
+# chapters/ch03-long-context.qmd:1521
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
@@ -625,7 +625,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1661
+# chapters/ch03-long-context.qmd:1659
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -664,7 +664,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1732
+# chapters/ch03-long-context.qmd:1730
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -896,7 +896,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2285
+# chapters/ch03-long-context.qmd:2286
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -967,7 +967,7 @@ class AbsorbedLatentAttention(ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch03-long-context.qmd:2634
+# chapters/ch03-long-context.qmd:2641
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -995,7 +995,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2721
+# chapters/ch03-long-context.qmd:2728
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
