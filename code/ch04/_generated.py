@@ -2,7 +2,6 @@
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
 """Code saved from chapters/ch04-efficient-architectures.qmd ("Efficient architectures: windows, sums, states and compressed caches")."""
 
-import math
 from dataclasses import replace
 
 import torch
