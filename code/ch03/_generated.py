@@ -625,7 +625,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1657
+# chapters/ch03-long-context.qmd:1658
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -664,7 +664,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1728
+# chapters/ch03-long-context.qmd:1729
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -754,7 +754,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:2035
+# chapters/ch03-long-context.qmd:2037
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -777,7 +777,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope_key_dim}
 
 
-# chapters/ch03-long-context.qmd:2158
+# chapters/ch03-long-context.qmd:2160
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -896,7 +896,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2284
+# chapters/ch03-long-context.qmd:2286
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -967,7 +967,7 @@ class AbsorbedLatentAttention(ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch03-long-context.qmd:2639
+# chapters/ch03-long-context.qmd:2641
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -995,7 +995,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2726
+# chapters/ch03-long-context.qmd:2728
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
