@@ -174,6 +174,10 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         "ch03.read_window_fields": Valid(lambda: dict(mapping=_ch("ch03").load_model_config("gemma-3-1b"), layers=26)),
         "ch03.rope_from_config": Valid(lambda: dict(mapping=_ch("ch03").load_model_config("llama-3.1-8b"))),
         "ch03.GroupedQueryAttention": Valid(lambda: dict(d_model=16, query_heads=4, kv_heads=2)),
+        "ch03.AbsorbedLatentAttention": Valid(
+            lambda: dict(d_model=16, query_heads=4, latent_rank=6, rope_key_dim=4, rope_base=10_000.0),
+            accepts={"rope_key_dim": {"zero"}},
+        ),
         "ch03.ToyLatentKVAttention": Valid(
             lambda: dict(d_model=16, query_heads=4, latent_rank=6, rope_key_dim=4, rope_base=10_000.0),
             accepts={"rope_key_dim": {"zero"}},
@@ -184,10 +188,6 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
     },
     # ---------------------------------------------------------------- ch04: the layers' and model's constructors, the training driver, the experiments
     "ch04": {
-        "ch04.AbsorbedLatentAttention": Valid(
-            lambda: dict(d_model=16, query_heads=4, latent_rank=6, rope_key_dim=4, rope_base=10_000.0),
-            accepts={"rope_key_dim": {"zero"}},
-        ),
         "ch04.CopyingModel": Valid(lambda: dict(vocab=8, d_model=8, mixer=_ch("ch04").SelectiveSSMLayer(8), symbols=3)),
         "ch04.PositionalAttention": Valid(lambda: dict(d_model=8, heads=2, max_len=6)),
         "ch04.SelectiveSSMLayer": Valid(lambda: dict(d_model=8, state_size=4, expand=2, selective=False)),

@@ -40,7 +40,7 @@ def test_grouped_decode_attention_matches_materialised_repeat():
 
 def _latent_layer(seed=7):
     torch.manual_seed(seed)
-    return ch04.AbsorbedLatentAttention(32, 4, 8).double()
+    return ch03.AbsorbedLatentAttention(32, 4, 8).double()
 
 
 def test_latent_decode_expanded_matches_ch03_latent_layer_last_token():

@@ -265,16 +265,25 @@ def test_gqa_chunked_prefill_matches_full_pass():
     assert cache[0].shape == (1, 2, 9, 4)
 
 
-def test_mqa_and_gqa_cache_ratio():
-    x = torch.randn(1, 8, 64)
-    sizes = {}
-    for kv in (8, 4, 2, 1):
-        _, (k, v) = ch03.GroupedQueryAttention(64, 8, kv)(x)
-        sizes[kv] = k.numel() + v.numel()
-    assert sizes[8] == 1_024
-    assert all(sizes[kv] * 8 == sizes[8] * kv for kv in sizes)       # ratio H_kv / H_q
-    llama2, llama31 = (ch03.KVConfig.from_hf_config(ch03.load_model_config(n)) for n in ("llama-2-7b", "llama-3.1-8b"))
-    assert ch03.kv_bytes(llama31, 65_536) * 4 == ch03.kv_bytes(llama2, 65_536)
+def test_the_shipped_head_configs_and_the_dial_over_llamas_32_heads():
+    # The chapter's table: per-token bytes, the H_kv / H_q fraction and the sessions an 80 GiB device holds.
+    names = ("llama-2-7b", "mistral-7b-v0.1", "llama-3.1-8b", "gemma-3-1b")
+    raw = {n: ch03.load_model_config(n) for n in names}
+    cfg = {n: ch03.KVConfig(n, **ch03.read_head_fields(raw[n])) for n in names}
+    per_token = {n: ch03.kv_bytes(c, 1) for n, c in cfg.items()}
+    assert per_token == {"llama-2-7b": 524_288, "mistral-7b-v0.1": 131_072, "llama-3.1-8b": 131_072,
+                         "gemma-3-1b": 26_624}
+    users = {n: 80 * 2**30 // ch03.kv_bytes(c, raw[n]["max_position_embeddings"]) for n, c in cfg.items()}
+    assert users == {"llama-2-7b": 40, "mistral-7b-v0.1": 20, "llama-3.1-8b": 5, "gemma-3-1b": 98}
+    assert sorted({(c.query_heads, c.kv_heads) for c in cfg.values()}) == [(4, 1), (32, 8), (32, 32)]
+    # The dial: Llama's 32 query heads, 4 wide, over the 32 bytes of a corpus line.
+    x = torch.randn(1, 32, 128, generator=torch.Generator().manual_seed(1813))
+    numbers = {}
+    for kv in (32, 16, 8, 4, 2, 1):
+        _, (k, v) = ch03.GroupedQueryAttention(128, 32, kv)(x)
+        numbers[kv] = k.numel() + v.numel()
+    assert numbers[32] == 8_192 and numbers[1] == 256
+    assert all(numbers[kv] * 32 == numbers[32] * kv for kv in numbers)       # ratio H_kv / H_q
 
 
 def test_gqa_layer_names_and_errors():
@@ -335,30 +344,37 @@ def test_latent_cached_decoding_matches_full_pass(heads, head_dim, rank, rope, l
     assert latent.nbytes == ch03.kv_bytes(config, length, batch=2)
 
 
-def test_latent_layer_measured_compression_and_attribute_names():
-    layer = ch03.ToyLatentKVAttention(64, 4, 16)
-    _, latent = layer(torch.randn(1, 8, 64))
-    assert 2 * 4 * 16 / latent.size(-1) == 8.0                       # 128 -> 16 numbers per token
-    with_rope = ch03.ToyLatentKVAttention(64, 4, 16, rope_key_dim=4)
-    _, latent = with_rope(torch.randn(1, 8, 64))
-    assert latent.size(-1) == 20 and 128 / 20 == 6.4
-    names = {name: (m.in_features, m.out_features) for name, m in layer.named_children()}
+def test_deepseek_miniature_keeps_the_real_models_compression_and_attribute_names():
+    raw = ch03.load_model_config("deepseek-v2-lite")
+    as_mha = ch03.KVConfig("mha", **ch03.read_head_fields(raw))
+    latent = ch03.KVConfig("mla", **(ch03.read_head_fields(raw) | {"kv_heads": None} | ch03.read_latent_fields(raw)))
+    assert ch03.kv_bytes(as_mha, 1) == 221_184 and ch03.kv_bytes(latent, 1) == 31_104
+    assert ch03.kv_bytes(as_mha, 163_840) == 33.75 * 2**30                  # the multi-head reading at its length
+    layer = ch03.ToyLatentKVAttention(128, 16, 32, rope_key_dim=4)          # every width / 16 heads
+    _, cache = layer(torch.randn(1, 35, 128))
+    assert cache.shape == (1, 35, 36) and 256 / 36 == 4_096 / 576            # the same 7.1x as the real model
+    plain = ch03.ToyLatentKVAttention(64, 4, 16)
+    names = {name: (m.in_features, m.out_features) for name, m in plain.named_children()}
     assert names == {"query": (64, 64), "latent_down": (64, 16), "key_up": (16, 64), "value_up": (16, 64),
                      "output": (64, 64)}
-    assert all(m.bias is None for m in layer.children())
+    assert all(m.bias is None for m in plain.children())
 
 
-def test_latent_restarted_positions_break_only_the_second_chunk():
-    torch.manual_seed(0)
-    layer = ch03.ToyLatentKVAttention(32, 4, 8, rope_key_dim=4).eval()
-    x = torch.randn(1, 8, 32)
+def test_a_continuation_is_exact_only_at_the_caches_length():
+    torch.manual_seed(1811)
+    layer = ch03.ToyLatentKVAttention(128, 16, 32, rope_key_dim=4).eval()
+    x = torch.randn(1, 35, 128, generator=torch.Generator().manual_seed(11))
+    prefix = 11
     with torch.no_grad():
         full, _ = layer(x)
-        first, cache = layer(x[:, :4])
-        good, _ = layer(x[:, 4:], cache)
-        bad, bad_cache = layer(x[:, 4:], cache, start=0)
-    assert torch.allclose(torch.cat((first, good), 1), full, atol=1e-5)
-    assert bad_cache.shape == (1, 8, 12) and (bad - full[:, 4:]).abs().max() > 1e-4
+        _, cache = layer(x[:, :prefix])
+        errors = {}
+        for start in range(2 * prefix + 1):
+            rest, after = layer(x[:, prefix:], cache, start=start)
+            assert after.shape == (1, 35, 36)
+            errors[start] = (rest - full[:, prefix:]).abs().max().item()
+    assert errors[prefix] < 1e-5
+    assert min(e for s, e in errors.items() if s != prefix) > 1_000 * errors[prefix]
 
 
 def test_latent_layer_errors():
@@ -382,6 +398,69 @@ def test_latent_rotary_bands_use_the_layer_base():
     assert torch.allclose(layer.rotary_bands(), expected, rtol=1e-14)
     assert torch.equal(ch03.ToyLatentKVAttention(32, 4, 8, rope_key_dim=2).rotary_bands(),
                        torch.ones(1, dtype=torch.float64))
+
+
+# --- the absorbed latent layer (@eq-ch03-absorbed) ---------------------------------------------------
+
+
+def test_absorbed_layer_names_its_equation():
+    from booktools.numbering import book_numbering
+    number = book_numbering()["eq-ch03-absorbed"].number
+    assert f"Equation {number}" in " ".join(ch03.AbsorbedLatentAttention.__doc__.split())
+
+
+@FAST
+@given(heads=st.integers(1, 4), head_dim=st.integers(1, 6), rank=st.integers(1, 9), rope=st.sampled_from([0, 4]),
+       tokens=st.integers(1, 10), past=st.integers(0, 6), seed=st.integers(0, 10_000))
+def test_absorbed_latent_attention_equals_expanded(heads, head_dim, rank, rope, tokens, past, seed):
+    d_model = heads * head_dim
+    torch.manual_seed(seed)
+    layer = ch03.AbsorbedLatentAttention(d_model, heads, rank, rope_key_dim=rope).double()
+    x = torch.randn(2, past + tokens, d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        expanded, expanded_cache = layer(x)
+        absorbed, absorbed_cache = layer.forward_absorbed(x)
+        assert torch.allclose(absorbed, expanded, atol=1e-10)
+        assert torch.equal(absorbed_cache, expanded_cache)
+        if past:
+            merged = layer.merged_weights()  # once, then reused for every step
+            _, cache = layer.forward_absorbed(x[:, :past], merged=merged)
+            tail, _ = layer.forward_absorbed(x[:, past:], cache=cache, merged=merged)
+            assert torch.allclose(tail, expanded[:, past:], atol=1e-10)
+    assert absorbed_cache.shape[-1] == layer.latent_width() == rank + rope
+
+
+def test_absorbed_decoding_of_the_deepseek_miniature_matches_one_pass():
+    torch.manual_seed(1815)
+    layer = ch03.AbsorbedLatentAttention(128, 16, 32, rope_key_dim=4).eval()
+    x = torch.randn(1, 35, 128, generator=torch.Generator().manual_seed(35))
+    with torch.no_grad():
+        full, latent = layer(x)
+        merged, cache, steps = layer.merged_weights(), None, []
+        for t in range(x.size(1)):
+            out, cache = layer.forward_absorbed(x[:, t:t + 1], cache, merged=merged)
+            steps.append(out)
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+    assert torch.allclose(cache, latent, atol=1e-6)  # built a token at a time: rounding apart
+
+
+def test_merged_weights_are_the_per_head_products():
+    torch.manual_seed(2)
+    layer = ch03.AbsorbedLatentAttention(12, 3, 5).double()
+    to_latent, to_output = layer.merged_weights()
+    assert to_latent.shape == (3, 12, 5) and to_output.shape == (3, 5, 12)
+    for h in range(3):
+        rows = slice(4 * h, 4 * h + 4)
+        w_q, w_uk, w_uv = layer.query.weight[rows], layer.key_up.weight[rows], layer.value_up.weight[rows]
+        w_o = layer.output.weight[:, rows]
+        assert torch.allclose(to_latent[h], w_q.T @ w_uk, atol=1e-12)  # W_Q_h^T W_UK_h
+        assert torch.allclose(to_output[h], w_uv.T @ w_o.T, atol=1e-12)  # W_UV_h^T W_O_h^T
+
+
+def test_absorbed_latent_attention_fails_loudly_on_a_cache_of_the_wrong_width():
+    layer = ch03.AbsorbedLatentAttention(8, 2, 3)
+    with pytest.raises(RuntimeError, match="Sizes of tensors must match"):  # PyTorch's own error
+        layer.forward_absorbed(torch.randn(2, 3, 8), cache=torch.randn(2, 4, 5))
 
 
 # --- visibility masks -----------------------------------------------------------------------------

@@ -70,7 +70,8 @@ def test_public_names_are_what_an_exercise_imports():
                      "selective_recall", "fixed_step_recall"):
         assert not hasattr(ch04, leftover), leftover
     assert {"selective_scan", "SelectiveSSMLayer", "parallel_scan", "sequential_scan",
-            "AbsorbedLatentAttention", "RUNNING_EXAMPLE"} <= set(ch04.__all__)
+            "RUNNING_EXAMPLE"} <= set(ch04.__all__)
+    assert not hasattr(ch04, "AbsorbedLatentAttention")  # taught once, in Chapter 3
 
 
 def test_docstrings_name_equations_by_their_numbers():
@@ -80,7 +81,7 @@ def test_docstrings_name_equations_by_their_numbers():
         "strided": [ch04.strided_mask], "linear": [ch04.linear_attention_recurrent, ch04.linear_attention_chunked],
         "ssm": [ch04.ssm_recurrent, ch04.ssm_kernel], "selective": [ch04.discretize, ch04.selective_ssm],
         "scan": [ch04.parallel_scan], "mamba": [ch04.selective_scan, ch04.SelectiveSSMLayer],
-        "hybrid": [ch04.hybrid_cache_bytes], "latent": [ch04.AbsorbedLatentAttention],
+        "hybrid": [ch04.hybrid_cache_bytes],
         "quantized": [ch04.quantized_kv_bytes_per_token],
     }
     for label, objects in cited.items():
@@ -430,7 +431,7 @@ def test_decode_paths_build_nothing_of_size_t_squared():
     """A decode step against a cache of T tokens creates no tensor of T^2 elements."""
     cache_tokens = 256
     torch.manual_seed(3)
-    layer = ch04.AbsorbedLatentAttention(32, 4, 8, rope_key_dim=4).double()
+    layer = ch03.AbsorbedLatentAttention(32, 4, 8, rope_key_dim=4).double()
     x = randn(1, cache_tokens + 1, 32, seed=4)
     with torch.no_grad():
         _, cache = layer.forward_absorbed(x[:, :-1])
@@ -839,68 +840,6 @@ def test_hybrid_rejects_bad_input():
     windowed = replace(ch04.RUNNING_EXAMPLE, window=512, windowed_layers=ch04.RUNNING_EXAMPLE.layers)
     with pytest.raises(ValueError, match="no windowed layers"):
         ch04.hybrid_cache_bytes(10, windowed)
-
-
-# --------------------------------------------------------------------------- latent caches
-
-
-def test_latent_worked_example_and_deepseek_ratio():
-    draw = torch.Generator().manual_seed(66)  # the chapter's seeded small integers
-    small = lambda *shape: torch.randint(-1, 3, shape, generator=draw).float()  # noqa: E731
-    x, down, key_up, queries = small(4), small(4, 2), small(2, 4), small(2, 2)
-    latent = x @ down
-    assert x.tolist() == [-1.0, -1.0, 2.0, 2.0] and latent.tolist() == [-1.0, 3.0]
-    assert (latent @ key_up).tolist() == [1.0, 4.0, 6.0, 3.0]
-    for h in range(2):
-        expanded = queries[h] @ (latent @ key_up)[2 * h : 2 * h + 2]
-        absorbed = (queries[h] @ key_up[:, 2 * h : 2 * h + 2].T) @ latent
-        assert expanded.item() == absorbed.item()
-    assert (queries[0] @ (latent @ key_up)[:2]).item() == 10.0
-    full = ch03.KVConfig(name="mha", layers=1, query_heads=128, head_dim=128, bytes_per_scalar=1, kv_heads=128)
-    mla = ch03.KVConfig(name="mla", layers=1, query_heads=128, head_dim=128, bytes_per_scalar=1,
-                        latent_rank=512, rope_key_dim=64)
-    assert ch03.kv_bytes(full, 1) == 32_768 and ch03.kv_bytes(mla, 1) == 576
-    assert round(32_768 / 576, 1) == 56.9
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("rope_key_dim", [0, 4])
-def test_absorbed_latent_attention_equals_expanded(seed, rope_key_dim):
-    sizes = random_sizes(seed, heads=(1, 4), head_dim=(1, 6), rank=(1, 9), tokens=(1, 10), past=(0, 6))
-    d_model = sizes["heads"] * sizes["head_dim"]
-    torch.manual_seed(seed)
-    layer = ch04.AbsorbedLatentAttention(d_model, sizes["heads"], sizes["rank"], rope_key_dim=rope_key_dim).double()
-    x = randn(2, sizes["past"] + sizes["tokens"], d_model, seed=seed)
-    with torch.no_grad():
-        expanded, expanded_cache = layer(x)
-        absorbed, absorbed_cache = layer.forward_absorbed(x)
-        assert torch.allclose(absorbed, expanded, atol=1e-10)
-        assert torch.equal(absorbed_cache, expanded_cache)
-        if sizes["past"]:
-            merged = layer.merged_weights()  # once, then reused for every step
-            _, cache = layer.forward_absorbed(x[:, : sizes["past"]], merged=merged)
-            tail, _ = layer.forward_absorbed(x[:, sizes["past"] :], cache=cache, merged=merged)
-            assert torch.allclose(tail, expanded[:, sizes["past"] :], atol=1e-10)
-    assert absorbed_cache.shape[-1] == layer.latent_width() == sizes["rank"] + rope_key_dim
-
-
-def test_merged_weights_are_the_per_head_products():
-    torch.manual_seed(2)
-    layer = ch04.AbsorbedLatentAttention(12, 3, 5).double()
-    to_latent, to_output = layer.merged_weights()
-    assert to_latent.shape == (3, 12, 5) and to_output.shape == (3, 5, 12)
-    for h in range(3):
-        rows = slice(4 * h, 4 * h + 4)
-        w_q, w_uk, w_uv = layer.query.weight[rows], layer.key_up.weight[rows], layer.value_up.weight[rows]
-        w_o = layer.output.weight[:, rows]
-        assert torch.allclose(to_latent[h], w_q.T @ w_uk, atol=1e-12)  # W_Q_h^T W_UK_h
-        assert torch.allclose(to_output[h], w_uv.T @ w_o.T, atol=1e-12)  # W_UV_h^T W_O_h^T
-
-
-def test_absorbed_latent_attention_fails_loudly_on_a_cache_of_the_wrong_width():
-    layer = ch04.AbsorbedLatentAttention(8, 2, 3)
-    with pytest.raises(RuntimeError, match="Sizes of tensors must match"):  # PyTorch's own error
-        layer.forward_absorbed(torch.randn(2, 3, 8), cache=torch.randn(2, 4, 5))
 
 
 # --------------------------------------------------------------------------- quantized caches

@@ -424,9 +424,9 @@ def test_kivi_cache_refuses_what_it_cannot_hold():
 # --------------------------------------------------------------------------- the latent cache
 
 
-def test_latent_decode_equals_chapter_four_absorbed_attention():
+def test_latent_decode_equals_chapter_three_absorbed_attention():
     torch.manual_seed(14)
-    layer = ch04.AbsorbedLatentAttention(32, 4, 8).double()
+    layer = ch03.AbsorbedLatentAttention(32, 4, 8).double()
     x = torch.randn(2, 23, 32, dtype=torch.float64)
     with torch.no_grad():
         _, cache = layer(x[:, :-1])

@@ -577,7 +577,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1779
+# chapters/ch03-long-context.qmd:1781
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
@@ -625,7 +625,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1902
+# chapters/ch03-long-context.qmd:1918
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -664,7 +664,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1969
+# chapters/ch03-long-context.qmd:1989
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -754,7 +754,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:2225
+# chapters/ch03-long-context.qmd:2297
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -777,7 +777,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope_key_dim}
 
 
-# chapters/ch03-long-context.qmd:2281
+# chapters/ch03-long-context.qmd:2420
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -787,7 +787,7 @@ class ToyLatentKVAttention(nn.Module):
     a decoupled rotary key (``rope_key``, shared by all heads) is rotated by
     ``apply_rope`` with bands of base ``rope_base`` and cached beside the
     latent, and each head gets a rotary query part (``rope_query``). The
-    up-projections are not absorbed.
+    up-projections are not absorbed; ``AbsorbedLatentAttention`` does that.
 
     Args:
         d_model: Model width.
@@ -896,7 +896,78 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2610
+# chapters/ch03-long-context.qmd:2546
+LatentCache = Tensor
+"""A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
+
+
+class AbsorbedLatentAttention(ToyLatentKVAttention):
+    """Chapter 3's latent layer with a pass that builds no key or value.
+
+    ``forward_absorbed`` returns ``forward``'s output and cache (Equation
+    3.9) with the up-projections merged into their neighbours, head by
+    head: W_Q_h^T W_UK_h takes a token straight to head h's query in latent
+    coordinates, and W_UV_h^T W_O_h^T takes a blend of latents straight to
+    head h's share of the output. A decoupled rotary key (rope_key_dim > 0)
+    is rotated by position, so it cannot be merged: it is cached as it is
+    and scored as in ``forward``, as DeepSeek-V2 does.
+
+    Args:
+        d_model: Model width.
+        query_heads: Heads; must divide ``d_model``.
+        latent_rank: Cached latent width r.
+        rope_key_dim: Width d_R of the decoupled rotary key (0 or even).
+        rope_base: Base b of the rotary key's bands (> 1).
+    """
+
+    def merged_weights(self) -> tuple[Tensor, Tensor]:
+        """Return (to_latent (H, d_model, r), to_output (H, r, d_model)).
+
+        ``x @ to_latent[h]`` is head h's query in latent coordinates, and
+        ``blend @ to_output[h]`` is head h's share of the output for a
+        blend of latents. Compute them once after training and pass them to
+        ``forward_absorbed``, as a deployed model would.
+        """
+        heads, width, rank = self.query_heads, self.head_dim, self.latent_rank
+        w_q = self.query.weight.view(heads, width, self.d_model)  # W_Q_h rows
+        w_uk = self.key_up.weight.view(heads, width, rank)  # (H, d_h, r)
+        w_uv = self.value_up.weight.view(heads, width, rank)  # (H, d_h, r)
+        w_o = self.output.weight.view(self.d_model, heads, width)
+        w_o = w_o.permute(1, 2, 0)  # W_O_h^T: (H, d_h, d_model)
+        to_latent = w_q.transpose(1, 2) @ w_uk  # (H, d_model, r)
+        to_output = w_uv.transpose(1, 2) @ w_o  # (H, r, d_model)
+        return to_latent, to_output
+
+    def forward_absorbed(
+        self, x: Tensor, cache: LatentCache | None = None, *,
+        merged: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, LatentCache]:
+        """Return (output (B, T, d_model), cache (B, T_past + T, r + d_R)).
+
+        Both equal ``forward``'s. ``merged`` is what ``merged_weights()``
+        returns; None computes it here.
+        """
+        rank, rope = self.latent_rank, self.rope_key_dim
+        latent, positions = self.extend_latent(x, cache)  # Chapter 3's cache
+        if merged is None:
+            merged = self.merged_weights()
+        to_latent, to_output = merged
+        content = latent[:, None, :, :rank]  # (B, 1, T_k, r): shared by heads
+        query_latent = x[:, None] @ to_latent  # (B, H, T, r)
+        scores = query_latent @ content.transpose(-2, -1)  # (B, H, T, T_k)
+        if rope:
+            rotary_query = self.rotary_queries(x, positions)  # (B, H, T, d_R)
+            rotary_key = latent[:, None, :, rank:]  # (B, 1, T_k, d_R)
+            scores = scores + rotary_query @ rotary_key.transpose(-2, -1)
+        scores = scores / math.sqrt(self.head_dim + rope)  # forward's scale
+        visible = causal_rows(x.size(1), latent.size(1), device=x.device)
+        weights = ch01.softmax(scores.masked_fill(~visible, -math.inf), dim=-1)
+        blend = weights @ content  # (B, H, T, r): blend the latents first,
+        output = (blend @ to_output).sum(dim=1)  # then map once: (B, T, d)
+        return output, latent
+
+
+# chapters/ch03-long-context.qmd:2875
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -924,7 +995,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2723
+# chapters/ch03-long-context.qmd:2988
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -965,7 +1036,7 @@ def read_window_fields(mapping: Mapping[str, Any],
     return {"window": window, "windowed_layers": windowed}
 
 
-# chapters/ch03-long-context.qmd:2883
+# chapters/ch03-long-context.qmd:3148
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -1004,7 +1075,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch03-long-context.qmd:3037
+# chapters/ch03-long-context.qmd:3302
 def window_reach(window: int, layers: int) -> int:
     """Return L (W - 1), how far L windowed layers carry (Equation 3.10)."""
     window = check_int("window", window, minimum=1)
@@ -1017,7 +1088,7 @@ def hops_needed(distance: int, window: int) -> int:
     return -(-distance // (window - 1))  # ceil(D / (W - 1)), exactly
 
 
-# chapters/ch03-long-context.qmd:3198
+# chapters/ch03-long-context.qmd:3463
 def tokens_that_fit(config: KVConfig, budget: int,
                     batch: int = 1) -> int | None:
     """Return the most tokens T with kv_bytes(config, T, batch) <= budget.

@@ -2,7 +2,6 @@
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
 """Code saved from chapters/ch04-efficient-architectures.qmd ("Efficient architectures: windows, sums, states and compressed caches")."""
 
-import math
 from dataclasses import replace
 
 import torch
@@ -60,78 +59,7 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     }
 
 
-# chapters/ch04-efficient-architectures.qmd:439
-LatentCache = Tensor
-"""A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
-
-
-class AbsorbedLatentAttention(ch03.ToyLatentKVAttention):
-    """Chapter 3's latent layer with a pass that builds no key or value.
-
-    ``forward_absorbed`` returns ``forward``'s output and cache (Equation
-    4.2) with the up-projections merged into their neighbours, head by
-    head: W_Q_h^T W_UK_h takes a token straight to head h's query in latent
-    coordinates, and W_UV_h^T W_O_h^T takes a blend of latents straight to
-    head h's share of the output. A decoupled rotary key (rope_key_dim > 0)
-    is rotated by position, so it cannot be merged: it is cached as it is
-    and scored as in ``forward``, as DeepSeek-V2 does.
-
-    Args:
-        d_model: Model width.
-        query_heads: Heads; must divide ``d_model``.
-        latent_rank: Cached latent width r.
-        rope_key_dim: Width d_R of the decoupled rotary key (0 or even).
-        rope_base: Base b of the rotary key's bands (> 1).
-    """
-
-    def merged_weights(self) -> tuple[Tensor, Tensor]:
-        """Return (to_latent (H, d_model, r), to_output (H, r, d_model)).
-
-        ``x @ to_latent[h]`` is head h's query in latent coordinates, and
-        ``blend @ to_output[h]`` is head h's share of the output for a
-        blend of latents. Compute them once after training and pass them to
-        ``forward_absorbed``, as a deployed model would.
-        """
-        heads, width, rank = self.query_heads, self.head_dim, self.latent_rank
-        w_q = self.query.weight.view(heads, width, self.d_model)  # W_Q_h rows
-        w_uk = self.key_up.weight.view(heads, width, rank)  # (H, d_h, r)
-        w_uv = self.value_up.weight.view(heads, width, rank)  # (H, d_h, r)
-        w_o = self.output.weight.view(self.d_model, heads, width)
-        w_o = w_o.permute(1, 2, 0)  # W_O_h^T: (H, d_h, d_model)
-        to_latent = w_q.transpose(1, 2) @ w_uk  # (H, d_model, r)
-        to_output = w_uv.transpose(1, 2) @ w_o  # (H, r, d_model)
-        return to_latent, to_output
-
-    def forward_absorbed(
-        self, x: Tensor, cache: LatentCache | None = None, *,
-        merged: tuple[Tensor, Tensor] | None = None,
-    ) -> tuple[Tensor, LatentCache]:
-        """Return (output (B, T, d_model), cache (B, T_past + T, r + d_R)).
-
-        Both equal ``forward``'s. ``merged`` is what ``merged_weights()``
-        returns; None computes it here.
-        """
-        rank, rope = self.latent_rank, self.rope_key_dim
-        latent, positions = self.extend_latent(x, cache)  # Chapter 3's cache
-        if merged is None:
-            merged = self.merged_weights()
-        to_latent, to_output = merged
-        content = latent[:, None, :, :rank]  # (B, 1, T_k, r): shared by heads
-        query_latent = x[:, None] @ to_latent  # (B, H, T, r)
-        scores = query_latent @ content.transpose(-2, -1)  # (B, H, T, T_k)
-        if rope:
-            rotary_query = self.rotary_queries(x, positions)  # (B, H, T, d_R)
-            rotary_key = latent[:, None, :, rank:]  # (B, 1, T_k, d_R)
-            scores = scores + rotary_query @ rotary_key.transpose(-2, -1)
-        scores = scores / math.sqrt(self.head_dim + rope)  # forward's scale
-        visible = ch03.causal_rows(x.size(1), latent.size(1), device=x.device)
-        weights = ch01.softmax(scores.masked_fill(~visible, -math.inf), dim=-1)
-        blend = weights @ content  # (B, H, T, r): blend the latents first,
-        output = (blend @ to_output).sum(dim=1)  # then map once: (B, T, d)
-        return output, latent
-
-
-# chapters/ch04-efficient-architectures.qmd:632
+# chapters/ch04-efficient-architectures.qmd:385
 def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
                                  scale_bytes: int = 2) -> int:
     """Return the cache bytes per token at ``bits`` per number (Equation 4.3).
@@ -151,7 +79,7 @@ def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
     return vectors * (-(-width * bits // 8) + scale_bytes)
 
 
-# chapters/ch04-efficient-architectures.qmd:712
+# chapters/ch04-efficient-architectures.qmd:465
 def quantize_kv(x: Tensor, bits: int, *,
                 per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d).
@@ -166,7 +94,7 @@ def quantize_kv(x: Tensor, bits: int, *,
     return ch02.quantize(x, bits, dim=-1 if per == "token" else -2)
 
 
-# chapters/ch04-efficient-architectures.qmd:734
+# chapters/ch04-efficient-architectures.qmd:487
 def quantized_cache_error(bits: int, *, keys_per: str = "token",
                           tokens: int = 512, dim: int = 256,
                           outlier_channels: int = 0,
@@ -211,7 +139,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:929
+# chapters/ch04-efficient-architectures.qmd:682
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     return int(mask.sum())
@@ -231,7 +159,7 @@ def receptive_field(mask: Tensor, layers: int) -> Tensor:
     return heard.bool()
 
 
-# chapters/ch04-efficient-architectures.qmd:1045
+# chapters/ch04-efficient-architectures.qmd:798
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -263,7 +191,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:1295
+# chapters/ch04-efficient-architectures.qmd:1048
 def tiles_touched(token_mask: Tensor, block_size: int) -> Tensor:
     """Return the bool (n, n) tiles of a (T, T) mask, n = ceil(T / b).
 
@@ -342,7 +270,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1610
+# chapters/ch04-efficient-architectures.qmd:1363
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -425,7 +353,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1854
+# chapters/ch04-efficient-architectures.qmd:1607
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -460,7 +388,7 @@ def sharpness_comparison(query_scale: float, seed: int = 1813,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1942
+# chapters/ch04-efficient-architectures.qmd:1695
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -496,7 +424,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:2137
+# chapters/ch04-efficient-architectures.qmd:1890
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
@@ -539,7 +467,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2320
+# chapters/ch04-efficient-architectures.qmd:2073
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -572,7 +500,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2571
+# chapters/ch04-efficient-architectures.qmd:2324
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.10).
@@ -593,7 +521,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2710
+# chapters/ch04-efficient-architectures.qmd:2463
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -668,7 +596,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2803
+# chapters/ch04-efficient-architectures.qmd:2556
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -824,7 +752,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:3128
+# chapters/ch04-efficient-architectures.qmd:2881
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -864,7 +792,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3230
+# chapters/ch04-efficient-architectures.qmd:2983
 def cache_bytes_by_design(
     tokens: int, config: ch03.KVConfig | None = None,
 ) -> dict[str, int]:
