@@ -653,7 +653,7 @@ def attend_with_cache(
     return ch01.scaled_dot_product_attention(query, key, value, mask)
 
 
-# chapters/ch02-tinygpt.qmd:1442
+# chapters/ch02-tinygpt.qmd:1426
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
