@@ -839,7 +839,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:2939
+# chapters/ch04-efficient-architectures.qmd:2956
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -850,22 +850,24 @@ def ssm_state_bytes(channels: int, state_size: int,
     return channels * state_size * bytes_per_scalar
 
 
-def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
-                       attention_layers: int = 4, channels: int = 4096,
+def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
+                       attention_layers: int, channels: int,
                        state_size: int = 16) -> int:
     """Return a hybrid stack's cache bytes (Equation 4.11).
 
-    Attention layers grow with T; the other layers keep a fixed SSM state.
+    Of ``config.layers`` layers, ``attention_layers`` are attention layers
+    of ``config``'s head shape and keep all T tokens; each of the others
+    keeps a state of ``channels`` x ``state_size`` numbers, at the
+    config's bytes per number. With ``attention_layers == config.layers``
+    this is Chapter 3's ``kv_bytes(config, tokens)``.
 
-    ``config`` gives the total layers and the attention layers' shape
-    (default RUNNING_EXAMPLE); the SSM state uses the same bytes per number.
-    With ``attention_layers == config.layers`` this is Chapter 3's
-    ``kv_bytes(config, tokens)``.
-
-    ``attention_layers`` outside 0..layers and a config with windowed
-    layers are refused; ``kv_bytes`` refuses a negative ``tokens``.
+    Raises:
+        TypeError: If ``config`` is not a KVConfig or a count not an int.
+        ValueError: If ``tokens`` < 0, ``attention_layers`` is outside
+            0..layers, or ``config`` has windowed layers.
     """
-    config = RUNNING_EXAMPLE if config is None else config
+    config = check_type("config", config, ch03.KVConfig)
+    tokens = check_int("tokens", tokens, minimum=0)
     attention_layers = check_int("attention_layers", attention_layers,
                                  minimum=0, maximum=config.layers)
     if config.windowed_layers:
@@ -879,41 +881,33 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3038
-def cache_bytes_by_design(
-    tokens: int, config: ch03.KVConfig | None = None,
-) -> dict[str, int]:
-    """Return the bytes one conversation's past costs under each design.
+# chapters/ch04-efficient-architectures.qmd:3133
+def cache_bytes_by_design(tokens: int, config: ch03.KVConfig, *,
+                          channels: int,
+                          state_size: int = 16) -> dict[str, int]:
+    """Return one conversation's cache bytes for ``config`` and variants.
 
-    ``config`` (default RUNNING_EXAMPLE) must be a standard cache without a
-    window. Latent: DeepSeek-V2's 512 + 64 numbers per layer on this stack;
-    window: 4,096 tokens in every layer; hybrid: one attention layer in
-    eight (at least one); SSM: 4,096 channels x 16 state numbers per layer.
-    The labels name the config's own head count and depth. A latent or
-    windowed config is refused; ``kv_bytes`` refuses a negative ``tokens``.
+    "as shipped" is ``kv_bytes(config, tokens)``; "every layer global"
+    drops the config's window; "a state in each windowed layer" keeps the
+    global layers and gives every windowed one a state of ``channels`` x
+    ``state_size`` numbers (Equation 4.11; the same as shipped when the
+    config has no window); "a state in every layer" keeps no attention.
+
+    Raises:
+        TypeError: If ``config`` is not a KVConfig.
+        ValueError: If ``tokens`` < 0 or a state size is below 1.
     """
-    config = RUNNING_EXAMPLE if config is None else config
-    if config.latent_rank is not None or config.windowed_layers:
-        raise ValueError("config must be a standard cache without a window "
-                         f"(got {config.name!r})")
-    heads, kv_heads, layers = config.query_heads, config.kv_heads, config.layers
-    if kv_heads == heads:
-        kind = "multi-head"
-    else:
-        kind = "multi-query" if kv_heads == 1 else "grouped-query"
-    own = f"{kind} ({kv_heads} KV head{'s' if kv_heads > 1 else ''})"
-    mixed = max(1, layers // 8)  # one attention layer in eight, as in Jamba
-    latent = replace(config, kv_heads=None, latent_rank=512, rope_key_dim=64)
-    window = replace(config, window=4096, windowed_layers=layers)
+    config = check_type("config", config, ch03.KVConfig)
+    tokens = check_int("tokens", tokens, minimum=0)
+    every_global = replace(config, window=None, windowed_layers=0)
+    exact_layers = config.layers - config.windowed_layers
+    def with_states(attention_layers: int) -> int:
+        return hybrid_cache_bytes(tokens, every_global,
+                                  attention_layers=attention_layers,
+                                  channels=channels, state_size=state_size)
     return {
-        f"multi-head ({heads} KV heads)": ch03.kv_bytes(
-            replace(config, kv_heads=heads), tokens),
-        own: ch03.kv_bytes(config, tokens),
-        "latent (512 + 64 per layer)": ch03.kv_bytes(latent, tokens),
-        f"{kind}, 4-bit": tokens * quantized_kv_bytes_per_token(config, 4),
-        f"hybrid ({mixed} attention of {layers})": hybrid_cache_bytes(
-            tokens, config, attention_layers=mixed),
-        "sliding window (4,096)": ch03.kv_bytes(window, tokens),
-        f"state-space (all {layers} layers)": hybrid_cache_bytes(
-            tokens, config, attention_layers=0),
+        "as shipped": ch03.kv_bytes(config, tokens),
+        "every layer global": ch03.kv_bytes(every_global, tokens),
+        "a state in each windowed layer": with_states(exact_layers),
+        "a state in every layer": with_states(0),
     }
