@@ -839,7 +839,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:2956
+# chapters/ch04-efficient-architectures.qmd:2957
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -881,7 +881,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3133
+# chapters/ch04-efficient-architectures.qmd:3128
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig, *,
                           channels: int,
                           state_size: int = 16) -> dict[str, int]:
