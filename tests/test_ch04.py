@@ -816,30 +816,39 @@ def test_saved_copying_seeds_say_what_the_chapter_says():
 # --------------------------------------------------------------------------- hybrids
 
 
-def test_hybrid_and_ssm_state_bytes():
-    # RUNNING_EXAMPLE: 26 layers, one KV head of 256, 2 bytes: 1,024 bytes a token a layer
-    assert ch04.ssm_state_bytes(4096, 16) == 131_072
-    assert ch04.hybrid_cache_bytes(131_072) == 4 * 131_072 * 1024 + 22 * 4096 * 16 * 2
-    assert round(ch04.hybrid_cache_bytes(131_072) / 2**30, 2) == 0.50
-    assert ch04.hybrid_cache_bytes(131_072, attention_layers=0) == 26 * 131_072
-    config = ch04.RUNNING_EXAMPLE
-    for tokens in (0, 1, 4096, 131_072):
-        assert ch04.hybrid_cache_bytes(tokens, attention_layers=26) == ch03.kv_bytes(config, tokens)
-        assert ch04.hybrid_cache_bytes(tokens, attention_layers=4) == (
-            ch03.kv_bytes(replace(config, layers=4), tokens) + 22 * ch04.ssm_state_bytes(4096, 16)
-        )
+def _gemma():
+    return ch03.KVConfig.from_hf_config(ch03.load_model_config("gemma-3-1b"))
+
+
+def test_hybrid_and_ssm_state_bytes_at_gemma_shape():
+    assert ch04.ssm_state_bytes(2304, 16) == 73_728  # Gemma 3 1B's width, Mamba's expand 2
+    gemma = _gemma()
+    every_global = replace(gemma, window=None, windowed_layers=0)
+    one_layer = replace(every_global, layers=1)
+    assert ch03.kv_bytes(one_layer, 72) == ch04.ssm_state_bytes(2304, 16)  # the break-even
+    at_32k = ch04.hybrid_cache_bytes(32_768, every_global, attention_layers=4, channels=2304)
+    assert at_32k == 4 * 32_768 * 1024 + 22 * 73_728
+    assert round(at_32k / 2**20, 1) == 129.5
+    assert ch04.hybrid_cache_bytes(32_768, every_global, attention_layers=0, channels=2304) == 26 * 73_728
+    for tokens in (0, 1, 512, 32_768):
+        assert ch04.hybrid_cache_bytes(tokens, every_global, attention_layers=26, channels=2304) == (
+            ch03.kv_bytes(every_global, tokens))
+        assert ch04.hybrid_cache_bytes(tokens, every_global, attention_layers=4, channels=2304, state_size=8) == (
+            ch03.kv_bytes(replace(every_global, layers=4), tokens) + 22 * ch04.ssm_state_bytes(2304, 8))
 
 
 def test_hybrid_rejects_bad_input():
+    every_global = replace(_gemma(), window=None, windowed_layers=0)
     with pytest.raises(ValueError, match="attention_layers must be an integer <= 26"):
-        ch04.hybrid_cache_bytes(10, attention_layers=27)
+        ch04.hybrid_cache_bytes(10, every_global, attention_layers=27, channels=8)
     with pytest.raises(ValueError, match="tokens must be an integer >= 0"):
-        ch04.hybrid_cache_bytes(-5)
+        ch04.hybrid_cache_bytes(-5, every_global, attention_layers=0, channels=8)
     with pytest.raises(ValueError, match="channels must be a positive integer"):
         ch04.ssm_state_bytes(0, 16)
-    windowed = replace(ch04.RUNNING_EXAMPLE, window=512, windowed_layers=ch04.RUNNING_EXAMPLE.layers)
     with pytest.raises(ValueError, match="no windowed layers"):
-        ch04.hybrid_cache_bytes(10, windowed)
+        ch04.hybrid_cache_bytes(10, _gemma(), attention_layers=4, channels=8)
+    with pytest.raises(TypeError, match="config must be"):
+        ch04.hybrid_cache_bytes(10, {"layers": 4}, attention_layers=1, channels=8)
 
 
 # --------------------------------------------------------------------------- quantized caches
@@ -922,42 +931,39 @@ def test_quantization_rejects_bad_input():
 # --------------------------------------------------------------------------- putting it together
 
 
-def test_cache_bytes_by_design_at_one_million_tokens():
-    # RUNNING_EXAMPLE is Gemma 3 1B with every layer global: 4 query heads, 1 KV head, 26 layers
-    sizes = ch04.cache_bytes_by_design(1_048_576)
-    mqa = sizes["multi-query (1 KV head)"]
-    assert mqa == ch03.kv_bytes(ch04.RUNNING_EXAMPLE, 1_048_576)
-    assert sizes["multi-head (4 KV heads)"] == 4 * mqa
-    assert sizes["sliding window (4,096)"] == ch03.kv_bytes(ch04.RUNNING_EXAMPLE, 4096)
-    assert sizes["latent (512 + 64 per layer)"] == 1_048_576 * 26 * 576 * 2
-    assert sizes["state-space (all 26 layers)"] == 26 * ch04.ssm_state_bytes(4096, 16)
-    assert sizes["multi-query, 4-bit"] == 1_048_576 * 6_760
-    assert sizes["hybrid (3 attention of 26)"] == ch04.hybrid_cache_bytes(1_048_576, attention_layers=3)
-    small = ch04.cache_bytes_by_design(1000)
-    assert small["sliding window (4,096)"] == small["multi-query (1 KV head)"]
+def test_cache_bytes_by_design_on_gemma():
+    gemma = _gemma()
+    sizes = ch04.cache_bytes_by_design(32_768, gemma, channels=2304)
+    assert list(sizes) == ["as shipped", "every layer global", "a state in each windowed layer",
+                           "a state in every layer"]
+    assert sizes["as shipped"] == ch03.kv_bytes(gemma, 32_768) == 139 * 2**20  # 4 x 32 MiB + 22 x 0.5 MiB
+    assert sizes["every layer global"] == 26 * 32 * 2**20
+    assert sizes["a state in each windowed layer"] == 4 * 32 * 2**20 + 22 * 73_728
+    assert sizes["a state in every layer"] == 26 * 73_728
+    assert sizes["a state in every layer"] < sizes["a state in each windowed layer"] < sizes["as shipped"]
 
 
-def test_cache_bytes_by_design_labels_follow_the_config():
-    mqa = ch03.KVConfig(name="mqa", layers=16, query_heads=8, head_dim=64, bytes_per_scalar=2, kv_heads=1)
-    sizes = ch04.cache_bytes_by_design(1000, mqa)
-    assert list(sizes) == ["multi-head (8 KV heads)", "multi-query (1 KV head)", "latent (512 + 64 per layer)",
-                           "multi-query, 4-bit", "hybrid (2 attention of 16)", "sliding window (4,096)",
-                           "state-space (all 16 layers)"]
-    assert sizes["multi-query (1 KV head)"] == ch03.kv_bytes(mqa, 1000)
-    assert sizes["multi-head (8 KV heads)"] == 8 * sizes["multi-query (1 KV head)"]
-    assert sizes["hybrid (2 attention of 16)"] == ch04.hybrid_cache_bytes(1000, mqa, attention_layers=2)
-    mha = ch03.KVConfig(name="mha", layers=4, query_heads=4, head_dim=32, bytes_per_scalar=2, kv_heads=4)
-    mha_sizes = ch04.cache_bytes_by_design(10, mha)
-    assert "multi-head (4 KV heads)" in mha_sizes and "hybrid (1 attention of 4)" in mha_sizes
-    assert not any(name.startswith("grouped-query") for name in mha_sizes)
+def test_cache_bytes_by_design_without_a_window():
+    llama = ch03.KVConfig.from_hf_config(ch03.load_model_config("llama-3.1-8b"))
+    sizes = ch04.cache_bytes_by_design(1000, llama, channels=8192, state_size=4)
+    assert sizes["as shipped"] == sizes["every layer global"] == sizes["a state in each windowed layer"]
+    assert sizes["a state in every layer"] == 32 * 8192 * 4 * 2
+    mistral = ch03.KVConfig.from_hf_config(ch03.load_model_config("mistral-7b-v0.1"))
+    short, long = (ch04.cache_bytes_by_design(t, mistral, channels=8192) for t in (4096, 1_048_576))
+    assert short["as shipped"] == long["as shipped"] == 512 * 2**20  # every layer windowed: a cap
+    assert long["a state in each windowed layer"] == long["a state in every layer"]  # no global layer
+    assert long["every layer global"] == 256 * short["every layer global"]
+    lite = ch03.KVConfig.from_hf_config(ch03.load_model_config("deepseek-v2-lite"))
+    assert ch04.cache_bytes_by_design(10, lite, channels=4096)["as shipped"] == 10 * 27 * 576 * 2
 
 
 def test_cache_bytes_by_design_rejects_bad_input():
     with pytest.raises(ValueError, match="tokens must be an integer >= 0"):
-        ch04.cache_bytes_by_design(-1)
-    lite = ch03.KVConfig.from_hf_config(ch03.load_model_config("deepseek-v2-lite"))
-    with pytest.raises(ValueError, match="standard cache without a window"):
-        ch04.cache_bytes_by_design(10, lite)
+        ch04.cache_bytes_by_design(-1, _gemma(), channels=8)
+    with pytest.raises(ValueError, match="channels must be a positive integer"):
+        ch04.cache_bytes_by_design(10, _gemma(), channels=0)
+    with pytest.raises(TypeError, match="config must be"):
+        ch04.cache_bytes_by_design(10, None, channels=8)
 
 
 # --------------------------------------------------------------------------- the chapter's text

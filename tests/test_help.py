@@ -137,3 +137,25 @@ def test_the_api_appendix_says_what_every_public_constant_holds():
     assert not [key for key, summary in constants.items() if not summary]
     assert constants["longctx.ch06.RECIPE_SETTINGS"].startswith("Each recipe's settings beside its factor")
     assert constants["longctx.ch04.COPYING_TASK"].startswith("The chapter's selective-copying task")
+
+
+CHAPTER_FILES = pathlib.Path(__file__).resolve().parents[1] / "chapters"
+API_TABLE = r"\n((?:\|.*\|\n)+)\n: [^\n]*\{{#tbl-{module}-api\}}"
+
+
+def _opening_table_names(module: str) -> set[str] | None:
+    """The backticked names of a chapter's opening table of what it saves."""
+    text = next(CHAPTER_FILES.glob(f"{module}-*.qmd")).read_text()
+    table = re.search(API_TABLE.format(module=module), text)
+    if table is None:
+        return None
+    return set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", table.group(1)))
+
+
+@pytest.mark.parametrize("module", ["ch01", "ch02", "ch03", "ch04"])
+def test_a_chapters_opening_table_lists_exactly_what_it_saves(module):
+    names = _opening_table_names(module)
+    assert names is not None, f"{module} has no opening table labelled tbl-{module}-api"
+    public = set(importlib.import_module(f"longctx.{module}").__all__)
+    assert sorted(public - names) == [], "saved but not in the opening table"
+    assert sorted(names - public) == [], "in the opening table but not saved"

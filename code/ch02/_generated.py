@@ -23,7 +23,7 @@ from longctx.support import (
     check_type,
 )
 
-# chapters/ch02-tinygpt.qmd:76
+# chapters/ch02-tinygpt.qmd:77
 #: The training text's file in the package's data folder (``data_path``).
 CORPUS_FILE = "pride-and-prejudice-ch01-30.txt"
 
@@ -61,7 +61,7 @@ def load_corpus() -> str:
     return support.data_path(CORPUS_FILE).read_text(encoding="utf-8")
 
 
-# chapters/ch02-tinygpt.qmd:192
+# chapters/ch02-tinygpt.qmd:193
 @dataclass(frozen=True)
 class GPTConfig:
     """The sizes that fix a TinyGPT, checked when the config is created.
@@ -106,7 +106,7 @@ class GPTConfig:
         return self.d_model // self.heads
 
 
-# chapters/ch02-tinygpt.qmd:248
+# chapters/ch02-tinygpt.qmd:249
 class CausalSelfAttention(ch01.MultiHeadAttention):
     """Chapter 1's causal multi-head attention, able to continue a KV cache.
 
@@ -211,7 +211,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# chapters/ch02-tinygpt.qmd:358
+# chapters/ch02-tinygpt.qmd:359
 class TinyGPT(nn.Module):
     """A decoder-only transformer small enough to train on a CPU in seconds.
 
@@ -283,7 +283,7 @@ class TinyGPT(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, d) -> (B, T, V)
 
 
-# chapters/ch02-tinygpt.qmd:553
+# chapters/ch02-tinygpt.qmd:554
 def unigram_entropy(
     token_ids: Iterable[int] | Tensor, vocab_size: int
 ) -> float:
@@ -459,7 +459,7 @@ def evaluate_loss(
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:843
+# chapters/ch02-tinygpt.qmd:844
 def next_token(
     logits: Tensor,
     temperature: float = 0.0,
@@ -548,7 +548,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:1045
+# chapters/ch02-tinygpt.qmd:1046
 class KVCache:
     """The keys and values a TinyGPT has computed: (B, H, T, d_h) per layer.
 
@@ -653,7 +653,7 @@ def attend_with_cache(
     return ch01.scaled_dot_product_attention(query, key, value, mask)
 
 
-# chapters/ch02-tinygpt.qmd:1426
+# chapters/ch02-tinygpt.qmd:1427
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -679,7 +679,7 @@ def kv_cache_bytes(
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1560
+# chapters/ch02-tinygpt.qmd:1561
 #: The bit widths quantize's codes can hold: int8 up to 8 bits, int16 to 16.
 QUANTIZE_BITS = range(2, 17)
 

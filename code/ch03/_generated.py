@@ -25,7 +25,7 @@ from longctx.support import (
 )
 
 
-# chapters/ch03-long-context.qmd:204
+# chapters/ch03-long-context.qmd:208
 def apply_rope(vectors: Tensor, positions: Tensor | list[int],
                frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
     """Return ``vectors`` (..., T, d_R) rotated by RoPE (Equation 3.1).
@@ -48,7 +48,7 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int],
     return turned.flatten(-2) * magnitude                  # (..., T, d_R)
 
 
-# chapters/ch03-long-context.qmd:347
+# chapters/ch03-long-context.qmd:351
 def interleaved_to_half_order(width: int) -> Tensor:
     """Return the order (0, 2, ..., 1, 3, ...) from interleaved to half."""
     return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
@@ -70,7 +70,7 @@ def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
     return turned[..., order]
 
 
-# chapters/ch03-long-context.qmd:487
+# chapters/ch03-long-context.qmd:491
 #: The config excerpts shipped in data/configs/, in the chapter's order.
 MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite",
                       "mistral-7b-v0.1", "gemma-3-1b")
@@ -105,7 +105,7 @@ def merge_text_config(mapping: Mapping[str, Any]) -> dict[str, Any]:
     return {**mapping, **nested} if isinstance(nested, Mapping) else {**mapping}
 
 
-# chapters/ch03-long-context.qmd:663
+# chapters/ch03-long-context.qmd:667
 #: The RoPE constructions ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
 
@@ -199,7 +199,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:853
+# chapters/ch03-long-context.qmd:857
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 
@@ -310,7 +310,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:1138
+# chapters/ch03-long-context.qmd:1142
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_813,            # one generator, all draws
                     trials: int = 192,            # per depth
@@ -435,7 +435,7 @@ def _probe_trials(draws: Tensor, needle_at: Tensor, frequencies: Tensor,
     return hit, weights.gather(2, at)[..., 0].double()
 
 
-# chapters/ch03-long-context.qmd:1573
+# chapters/ch03-long-context.qmd:1577
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.6).
@@ -577,7 +577,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1782
+# chapters/ch03-long-context.qmd:1786
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
@@ -625,7 +625,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1919
+# chapters/ch03-long-context.qmd:1923
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -664,7 +664,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1990
+# chapters/ch03-long-context.qmd:1994
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -754,7 +754,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:2298
+# chapters/ch03-long-context.qmd:2302
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -777,7 +777,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope_key_dim}
 
 
-# chapters/ch03-long-context.qmd:2421
+# chapters/ch03-long-context.qmd:2425
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -896,7 +896,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2547
+# chapters/ch03-long-context.qmd:2551
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -967,7 +967,7 @@ class AbsorbedLatentAttention(ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch03-long-context.qmd:2876
+# chapters/ch03-long-context.qmd:2880
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -995,7 +995,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2989
+# chapters/ch03-long-context.qmd:2993
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -1036,7 +1036,7 @@ def read_window_fields(mapping: Mapping[str, Any],
     return {"window": window, "windowed_layers": windowed}
 
 
-# chapters/ch03-long-context.qmd:3149
+# chapters/ch03-long-context.qmd:3153
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -1075,7 +1075,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch03-long-context.qmd:3303
+# chapters/ch03-long-context.qmd:3307
 def window_reach(window: int, layers: int) -> int:
     """Return L (W - 1), how far L windowed layers carry (Equation 3.10)."""
     window = check_int("window", window, minimum=1)
@@ -1088,7 +1088,7 @@ def hops_needed(distance: int, window: int) -> int:
     return -(-distance // (window - 1))  # ceil(D / (W - 1)), exactly
 
 
-# chapters/ch03-long-context.qmd:3464
+# chapters/ch03-long-context.qmd:3468
 def tokens_that_fit(config: KVConfig, budget: int,
                     batch: int = 1) -> int | None:
     """Return the most tokens T with kv_bytes(config, T, batch) <= budget.

@@ -18,7 +18,7 @@ from longctx.support import (
     check_type,
 )
 
-# chapters/ch04-efficient-architectures.qmd:98
+# chapters/ch04-efficient-architectures.qmd:88
 #: Gemma 3 1B's attention with all 26 layers global (the shipped model
 #: windows 22 of them): 4 query heads, 1 KV head of 256, bf16.
 RUNNING_EXAMPLE = ch03.KVConfig(
@@ -27,7 +27,7 @@ RUNNING_EXAMPLE = ch03.KVConfig(
 )
 
 
-# chapters/ch04-efficient-architectures.qmd:134
+# chapters/ch04-efficient-architectures.qmd:124
 def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     """Return what the token at position T costs attention (Equation 4.1).
 
@@ -59,7 +59,7 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     }
 
 
-# chapters/ch04-efficient-architectures.qmd:385
+# chapters/ch04-efficient-architectures.qmd:375
 def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
                                  scale_bytes: int = 2) -> int:
     """Return the cache bytes per token at ``bits`` per number (Equation 4.3).
@@ -79,7 +79,7 @@ def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
     return vectors * (-(-width * bits // 8) + scale_bytes)
 
 
-# chapters/ch04-efficient-architectures.qmd:465
+# chapters/ch04-efficient-architectures.qmd:455
 def quantize_kv(x: Tensor, bits: int, *,
                 per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d).
@@ -94,7 +94,7 @@ def quantize_kv(x: Tensor, bits: int, *,
     return ch02.quantize(x, bits, dim=-1 if per == "token" else -2)
 
 
-# chapters/ch04-efficient-architectures.qmd:487
+# chapters/ch04-efficient-architectures.qmd:477
 def quantized_cache_error(bits: int, *, keys_per: str = "token",
                           tokens: int = 512, dim: int = 256,
                           outlier_channels: int = 0,
@@ -139,7 +139,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:682
+# chapters/ch04-efficient-architectures.qmd:672
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     return int(mask.sum())
@@ -159,7 +159,7 @@ def receptive_field(mask: Tensor, layers: int) -> Tensor:
     return heard.bool()
 
 
-# chapters/ch04-efficient-architectures.qmd:798
+# chapters/ch04-efficient-architectures.qmd:781
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -191,7 +191,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:1048
+# chapters/ch04-efficient-architectures.qmd:1031
 def tiles_touched(token_mask: Tensor, block_size: int) -> Tensor:
     """Return the bool (n, n) tiles of a (T, T) mask, n = ceil(T / b).
 
@@ -270,7 +270,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1363
+# chapters/ch04-efficient-architectures.qmd:1330
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -353,7 +353,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1607
+# chapters/ch04-efficient-architectures.qmd:1574
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -388,7 +388,7 @@ def sharpness_comparison(query_scale: float, seed: int = 1813,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1695
+# chapters/ch04-efficient-architectures.qmd:1662
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -424,7 +424,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1890
+# chapters/ch04-efficient-architectures.qmd:1857
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
@@ -467,7 +467,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2073
+# chapters/ch04-efficient-architectures.qmd:2040
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -500,7 +500,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2324
+# chapters/ch04-efficient-architectures.qmd:2291
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.10).
@@ -521,7 +521,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2463
+# chapters/ch04-efficient-architectures.qmd:2430
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -596,7 +596,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2556
+# chapters/ch04-efficient-architectures.qmd:2523
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -752,7 +752,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:2881
+# chapters/ch04-efficient-architectures.qmd:2866
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -763,22 +763,24 @@ def ssm_state_bytes(channels: int, state_size: int,
     return channels * state_size * bytes_per_scalar
 
 
-def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
-                       attention_layers: int = 4, channels: int = 4096,
+def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
+                       attention_layers: int, channels: int,
                        state_size: int = 16) -> int:
     """Return a hybrid stack's cache bytes (Equation 4.11).
 
-    Attention layers grow with T; the other layers keep a fixed SSM state.
+    Of ``config.layers`` layers, ``attention_layers`` are attention layers
+    of ``config``'s head shape and keep all T tokens; each of the others
+    keeps a state of ``channels`` x ``state_size`` numbers, at the
+    config's bytes per number. With ``attention_layers == config.layers``
+    this is Chapter 3's ``kv_bytes(config, tokens)``.
 
-    ``config`` gives the total layers and the attention layers' shape
-    (default RUNNING_EXAMPLE); the SSM state uses the same bytes per number.
-    With ``attention_layers == config.layers`` this is Chapter 3's
-    ``kv_bytes(config, tokens)``.
-
-    ``attention_layers`` outside 0..layers and a config with windowed
-    layers are refused; ``kv_bytes`` refuses a negative ``tokens``.
+    Raises:
+        TypeError: If ``config`` is not a KVConfig or a count not an int.
+        ValueError: If ``tokens`` < 0, ``attention_layers`` is outside
+            0..layers, or ``config`` has windowed layers.
     """
-    config = RUNNING_EXAMPLE if config is None else config
+    config = check_type("config", config, ch03.KVConfig)
+    tokens = check_int("tokens", tokens, minimum=0)
     attention_layers = check_int("attention_layers", attention_layers,
                                  minimum=0, maximum=config.layers)
     if config.windowed_layers:
@@ -792,41 +794,33 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig | None = None, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:2983
-def cache_bytes_by_design(
-    tokens: int, config: ch03.KVConfig | None = None,
-) -> dict[str, int]:
-    """Return the bytes one conversation's past costs under each design.
+# chapters/ch04-efficient-architectures.qmd:3037
+def cache_bytes_by_design(tokens: int, config: ch03.KVConfig, *,
+                          channels: int,
+                          state_size: int = 16) -> dict[str, int]:
+    """Return one conversation's cache bytes for ``config`` and variants.
 
-    ``config`` (default RUNNING_EXAMPLE) must be a standard cache without a
-    window. Latent: DeepSeek-V2's 512 + 64 numbers per layer on this stack;
-    window: 4,096 tokens in every layer; hybrid: one attention layer in
-    eight (at least one); SSM: 4,096 channels x 16 state numbers per layer.
-    The labels name the config's own head count and depth. A latent or
-    windowed config is refused; ``kv_bytes`` refuses a negative ``tokens``.
+    "as shipped" is ``kv_bytes(config, tokens)``; "every layer global"
+    drops the config's window; "a state in each windowed layer" keeps the
+    global layers and gives every windowed one a state of ``channels`` x
+    ``state_size`` numbers (Equation 4.11; the same as shipped when the
+    config has no window); "a state in every layer" keeps no attention.
+
+    Raises:
+        TypeError: If ``config`` is not a KVConfig.
+        ValueError: If ``tokens`` < 0 or a state size is below 1.
     """
-    config = RUNNING_EXAMPLE if config is None else config
-    if config.latent_rank is not None or config.windowed_layers:
-        raise ValueError("config must be a standard cache without a window "
-                         f"(got {config.name!r})")
-    heads, kv_heads, layers = config.query_heads, config.kv_heads, config.layers
-    if kv_heads == heads:
-        kind = "multi-head"
-    else:
-        kind = "multi-query" if kv_heads == 1 else "grouped-query"
-    own = f"{kind} ({kv_heads} KV head{'s' if kv_heads > 1 else ''})"
-    mixed = max(1, layers // 8)  # one attention layer in eight, as in Jamba
-    latent = replace(config, kv_heads=None, latent_rank=512, rope_key_dim=64)
-    window = replace(config, window=4096, windowed_layers=layers)
+    config = check_type("config", config, ch03.KVConfig)
+    tokens = check_int("tokens", tokens, minimum=0)
+    every_global = replace(config, window=None, windowed_layers=0)
+    exact_layers = config.layers - config.windowed_layers
+    def with_states(attention_layers: int) -> int:
+        return hybrid_cache_bytes(tokens, every_global,
+                                  attention_layers=attention_layers,
+                                  channels=channels, state_size=state_size)
     return {
-        f"multi-head ({heads} KV heads)": ch03.kv_bytes(
-            replace(config, kv_heads=heads), tokens),
-        own: ch03.kv_bytes(config, tokens),
-        "latent (512 + 64 per layer)": ch03.kv_bytes(latent, tokens),
-        f"{kind}, 4-bit": tokens * quantized_kv_bytes_per_token(config, 4),
-        f"hybrid ({mixed} attention of {layers})": hybrid_cache_bytes(
-            tokens, config, attention_layers=mixed),
-        "sliding window (4,096)": ch03.kv_bytes(window, tokens),
-        f"state-space (all {layers} layers)": hybrid_cache_bytes(
-            tokens, config, attention_layers=0),
+        "as shipped": ch03.kv_bytes(config, tokens),
+        "every layer global": ch03.kv_bytes(every_global, tokens),
+        "a state in each windowed layer": with_states(exact_layers),
+        "a state in every layer": with_states(0),
     }
