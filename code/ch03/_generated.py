@@ -176,7 +176,7 @@ def inverse_frequencies(dim: int,                      # d_R, even
         bands = (1 - ramp) * plain + ramp * plain / factor    # Equation 3.4
         return bands, yarn_magnitude(factor)
     wavelength = 2 * math.pi / plain                               # lambda_j
-    share = (original_context / wavelength - low) / (high - low)   # s_j
+    share = (original_context / wavelength - low) / (high - low)   # kappa_j
     blended = (1 - share) * plain / factor + share * plain    # Equation 3.3
     bands = torch.where(wavelength > original_context / low,   # long: / a
                         plain / factor, blended)
