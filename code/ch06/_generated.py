@@ -14,7 +14,7 @@ from tqdm import tqdm
 from longctx import ch01, ch02, ch03, support
 
 
-# chapters/ch06-extension.qmd:89
+# chapters/ch06-extension.qmd:88
 class RotarySelfAttention(ch02.CausalSelfAttention):
     """Chapter 2's causal attention with RoPE on queries and keys.
 
@@ -79,7 +79,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
                                               attn_mask=mask)
 
 
-# chapters/ch06-extension.qmd:168
+# chapters/ch06-extension.qmd:167
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's thresholds
 #: (the rope_scaling entry of its released config.json).
@@ -160,7 +160,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:340
+# chapters/ch06-extension.qmd:339
 #: The byte that opens a record and, at the end of a window, asks for one.
 KEY_MARK = "#"
 #: The bytes names and values are drawn from; the filler text has none.
@@ -249,7 +249,7 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
     return KeyBatch(window[:, :-1], window[:, 1:], answers[:, 1:], starts)
 
 
-# chapters/ch06-extension.qmd:484
+# chapters/ch06-extension.qmd:483
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
@@ -325,7 +325,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:583
+# chapters/ch06-extension.qmd:582
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -363,7 +363,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:649
+# chapters/ch06-extension.qmd:648
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -422,7 +422,7 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
     return only_first, only_second, min(1.0, 2 * tail)
 
 
-# chapters/ch06-extension.qmd:749
+# chapters/ch06-extension.qmd:748
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 
