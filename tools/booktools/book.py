@@ -72,7 +72,7 @@ def select_entries(book: Book, files: list | None) -> tuple[list[ChapterEntry], 
     if not files:
         return list(book.entries), []
     entries = [book.entry_for(name) for name in files]
-    problems = [f"{name}:0: not a file listed in _quarto.yml" for name, entry in zip(files, entries) if entry is None]
+    problems = [f"{name}:0: not a file listed in _quarto.yml" for name, entry in zip(files, entries, strict=True) if entry is None]
     return [entry for entry in entries if entry is not None], problems
 
 

@@ -250,16 +250,16 @@ def parse(text: str, display: str = "<string>", path: Path | None = None) -> Doc
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the final newline does not start another line
-    index, front_matter, front_matter_lines = 0, {}, 0
+    start, front_matter, front_matter_lines = 0, {}, 0
     if lines and lines[0].rstrip() == "---":
         end = next((end for end in range(1, len(lines)) if lines[end].rstrip() in ("---", "...")), None)
         if end is None:
             raise QmdError(display, 1, "front matter opened with --- is never closed")
         front_matter = _load_yaml(lines[1:end], display, 2, "front matter", "a YAML mapping")
-        index = front_matter_lines = end + 1
+        start = front_matter_lines = end + 1
     blocks: list[Markdown | Cell] = []
-    pending = index  # the first markdown line not yet in a block
-    for index in range(index, len(lines) + 1):
+    pending = start  # the first markdown line not yet in a block
+    for index in range(start, len(lines) + 1):
         if index < pending:
             continue
         match = _OPEN_FENCE.match(lines[index]) if index < len(lines) else None
