@@ -67,13 +67,13 @@ class Book:
             return str(path)
 
 
-def select_entries(book: Book, files: list | None) -> tuple[list[ChapterEntry], list[str]]:
-    """The entries for the files named on a command line (every entry when none is), and the problems."""
+def select_entries(book: Book, files: list | None) -> tuple[list[ChapterEntry], list]:
+    """The entries for the files named on a command line (every entry when none is), and the names
+    that no entry lists."""
     if not files:
         return list(book.entries), []
-    entries = [book.entry_for(name) for name in files]
-    problems = [f"{name}:0: not a file listed in _quarto.yml" for name, entry in zip(files, entries, strict=True) if entry is None]
-    return [entry for entry in entries if entry is not None], problems
+    entries = {name: book.entry_for(name) for name in files}
+    return [entry for entry in entries.values() if entry], [name for name, entry in entries.items() if entry is None]
 
 
 def find_root(start: Path | str | None = None) -> Path:

@@ -234,8 +234,8 @@ def export_notebooks(book: Book, files: list[str | Path] | None = None) -> tuple
     """The unexecuted notebook of every listed (or named) file that exists, in book order:
     `(ChapterInfo, notebook)` pairs, and the problems ("FILE:LINE: message")."""
     numbering = compute_numbering(book)
-    entries, problems = select_entries(book, files)
-    problems = [str(exc) for exc in numbering.problems] + problems
+    entries, unknown = select_entries(book, files)
+    problems = [str(exc) for exc in numbering.problems] + [f"{name}:0: not a file listed in _quarto.yml" for name in unknown]
     chapters = [info for info in numbering.chapters if info.entry in entries and info.document is not None]
     for info in numbering.chapters:
         if info.entry in entries and not (book.root / info.display).is_file():
