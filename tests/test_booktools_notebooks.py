@@ -114,22 +114,30 @@ def test_headings_numbered_and_attributes_stripped(exported):
     assert markdown(exported["index"]).startswith("# Preface\n")
 
 
-def test_cross_references_become_numbers_across_chapters(exported):
-    alpha = markdown(exported["ch01-alpha"])
-    assert "See Section 1.1,\nFigure 1.1, Table 1.1 and Equation 1.1." in alpha
-    assert "Builds on Chapter 1 and Figure 1.1" in markdown(exported["ch02-beta"])
-    assert "See Section A.1 and Table 2.1." in markdown(exported["appendix-extra"])
-    assert "Read Chapter 1 first." in markdown(exported["index"])
-    # Code spans are left alone.
-    assert "`# @save` and `a @fig-ch01-curve`" in alpha
+#: (notebook, text its markdown holds): each Quarto construct as the book prints it.
+READS = [
+    pytest.param("ch01-alpha", "See Section 1.1,\nFigure 1.1, Table 1.1 and Equation 1.1.", id="cross-references"),
+    pytest.param("ch02-beta", "Builds on Chapter 1 and Figure 1.1", id="reference-to-another-chapter"),
+    pytest.param("appendix-extra", "See Section A.1 and Table 2.1.", id="appendix-numbers"),
+    pytest.param("index", "Read Chapter 1 first.", id="reference-from-the-preface"),
+    pytest.param("ch01-alpha", "`# @save` and `a @fig-ch01-curve`", id="code-spans-left-alone"),
+    # the Quarto edition's citation style: up to three authors named, a locator's "p." dropped
+    pytest.param("ch01-alpha", "Attention (Vaswani, Shazeer, and Parmar 2017) scores pairs; Su and Lu (2021) rotate them.",
+                 id="citations"),
+    pytest.param("ch01-alpha", "Both matter (Vaswani, Shazeer, and Parmar 2017; Su and Lu 2021).", id="two-citations"),
+    pytest.param("ch02-beta", "(see Xiao 2024, 3)", id="citation-with-locator"),
+    pytest.param("ch01-alpha", "$$\nP(n) = \\frac{n(n+1)}{2} \\tag{1.1}\n$$", id="equation-tag"),
+    pytest.param("ch01-alpha", "**Table 1.1:** Pairs by length", id="pipe-table-caption"),
+    pytest.param("ch01-alpha", "```mermaid\ngraph LR\n  A --> B\n```", id="mermaid-stays-fenced"),
+    pytest.param("ch01-alpha", "```python\n# shown, not run\nx = 1\n```", id="shown-code"),
+    pytest.param("ch01-alpha", "Four tokens give `{python} label` pairs.", id="inline-value-left-for-quarto"),
+]
 
 
-def test_citations_read_as_citeproc_formats_them(exported):
-    """The Quarto edition's style: up to three authors named, a locator's "p." dropped."""
-    alpha = markdown(exported["ch01-alpha"])
-    assert "Attention (Vaswani, Shazeer, and Parmar 2017) scores pairs; Su and Lu (2021) rotate them." in alpha
-    assert "Both matter (Vaswani, Shazeer, and Parmar 2017; Su and Lu 2021)." in alpha
-    assert "(see Xiao 2024, 3)" in markdown(exported["ch02-beta"])
+@pytest.mark.parametrize(("name", "text"), READS)
+def test_each_construct_reads_as_the_book_prints_it(exported, name, text):
+    assert text in markdown(exported[name])
+    assert not [mark for mark in ("{#eq-", "{#tbl-", "%%|") if mark in markdown(exported[name])]  # no Quarto syntax
 
 
 def test_translate_inline_forms(fixture_book):
@@ -154,20 +162,6 @@ def test_translate_inline_forms(fixture_book):
     }
     for source, expected in cases.items():
         assert translate_inline(source, targets, cite) == expected, source
-
-
-def test_equation_labels_become_tags(exported):
-    assert "$$\nP(n) = \\frac{n(n+1)}{2} \\tag{1.1}\n$$" in markdown(exported["ch01-alpha"])
-    assert "{#eq-" not in markdown(exported["ch01-alpha"])
-
-
-def test_pipe_table_caption_and_mermaid(exported):
-    alpha = markdown(exported["ch01-alpha"])
-    assert "**Table 1.1:** Pairs by length" in alpha
-    assert "{#tbl-" not in alpha
-    assert "```mermaid\ngraph LR\n  A --> B\n```" in alpha
-    assert "%%|" not in alpha
-    assert "```python\n# shown, not run\nx = 1\n```" in alpha
 
 
 def test_python_cells_keep_options_and_carry_metadata(exported):
@@ -222,10 +216,6 @@ def test_callout_markdown_still_renders_in_nbconvert(exported):
     rendered = markdown2html_mistune(note.source)
     assert '<div class="callout callout-note">' in rendered
     assert "<p>Models grow; see Figure 1.1.</p>" in rendered
-
-
-def test_inline_python_is_left_for_quartos_values(exported):
-    assert "Four tokens give `{python} label` pairs." in markdown(exported["ch01-alpha"])
 
 
 def test_markdown_is_split_at_headings(exported):
