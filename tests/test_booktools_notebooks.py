@@ -23,9 +23,9 @@ FIXTURE_BOOK = REPO / "tests" / "fixtures" / "book"
 FIXTURE_URL = "https://github.com/example/fixture-book"
 
 
-def export_book(book, out: Path, files=None) -> tuple[list[Path], list[str]]:
-    """Write the unexecuted export of each listed (or named) file into `out`: (paths, problems)."""
-    exported, problems = export_notebooks(book, files)
+def export_book(book, out: Path) -> tuple[list[Path], list[str]]:
+    """Write the unexecuted export of each listed file into `out`: (paths, problems)."""
+    exported, problems = export_notebooks(book)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{Path(info.display).stem}.ipynb" for info, _ in exported]
     for path, (_, notebook) in zip(paths, exported, strict=True):
@@ -232,9 +232,9 @@ def test_mermaid_keeps_its_caption_and_alt_text(fixture_book, tmp_path):
             '%%| label: fig-ch01-flow\n%%| fig-cap: "Where does A go?"\n%%| fig-alt: "Box A points at box B."',
         )
     )
-    paths, problems = export_book(load_book(fixture_book), tmp_path / "notebooks", ["chapters/ch01-alpha.qmd"])
+    paths, problems = export_book(load_book(fixture_book), tmp_path / "notebooks")
     assert problems == []
-    text = markdown(nbformat.read(paths[0], as_version=4))
+    text = markdown(nbformat.read(paths[1], as_version=4))
     # Quarto numbers the diagram before the curve: Figure 1.1, the curve 1.2.
     assert (
         "```mermaid\ngraph LR\n  A --> B\n```\n\n**Figure 1.1:** Where does A go?\n\n"
@@ -413,19 +413,20 @@ def test_cli_without_repo_url_fails_before_writing(fixture_book, booktools):
 @pytest.mark.slow
 def test_cli_finishes_executed_notebooks_and_reports_stale_ones(fixture_book, booktools):
     _with_repo_url(fixture_book)
-    code, out, err = booktools(fixture_book, "notebooks", "chapters/ch02-beta.qmd")
+    code, out, err = booktools(fixture_book, "notebooks")
     assert code == 1
     assert "chapters/ch02-beta.qmd:0: not executed yet (_build/executed/ch02-beta.ipynb is missing)" in err
     render_with_quarto(fixture_book)
-    code, out, err = booktools(fixture_book, "notebooks", "chapters/ch02-beta.qmd")
+    code, out, err = booktools(fixture_book, "notebooks")
     assert code == 0, err
-    assert sorted(path.name for path in (fixture_book / "notebooks").iterdir()) == ["ch02-beta.ipynb"]
+    assert sorted(path.name for path in (fixture_book / "notebooks").iterdir()) == [
+        "appendix-extra.ipynb", "ch01-alpha.ipynb", "ch02-beta.ipynb", "index.ipynb"]
     notebook = nbformat.read(fixture_book / "notebooks" / "ch02-beta.ipynb", as_version=4)
     assert notebook.cells[0].id == "longctx-setup" and quarto_syntax(notebook) == []
     # the chapter changes after it ran: its numbers could be wrong, so nothing is finished
     chapter = fixture_book / "chapters" / "ch02-beta.qmd"
     chapter.write_text(chapter.read_text().replace("| 1 | 1 |", "| 2 | 36 |"))
-    code, out, err = booktools(fixture_book, "notebooks", "chapters/ch02-beta.qmd")
+    code, out, err = booktools(fixture_book, "notebooks")
     assert code == 1
     assert "chapters/ch02-beta.qmd:15: the executed notebook is stale (this cell changed since it ran)" in err
 

@@ -170,13 +170,6 @@ def test_check_names_each_stale_module_and_writes_nothing(book, booktools):
     assert "ch01" not in err
 
 
-def test_tangle_one_file_only(book, booktools):
-    code, out, _ = booktools(book, "tangle", str(book / "chapters" / "ch02-beta.qmd"))
-    assert code == 0
-    assert (book / "code" / "ch02" / "_generated.py").exists()
-    assert not (book / "code" / "ch01").exists()
-
-
 def test_only_chNN_files_make_modules_in_quarto_order(tmp_path, booktools):
     root = make_book(
         tmp_path / "b",

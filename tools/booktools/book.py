@@ -50,30 +50,11 @@ class Book:
     def module_entries(self) -> list[ChapterEntry]:
         return [entry for entry in self.entries if entry.module is not None]
 
-    def entry_for(self, path: Path | str) -> ChapterEntry | None:
-        """The entry listing `path` (absolute, or relative to the cwd or the root)."""
-        path = Path(path)
-        for candidate in [path] if path.is_absolute() else [Path.cwd() / path, self.root / path]:
-            rel = self.display(candidate)
-            found = next((entry for entry in self.entries if entry.path == rel), None)
-            if found is not None:
-                return found
-        return None
-
     def display(self, path: Path | str) -> str:
         try:
             return Path(path).resolve().relative_to(self.root.resolve()).as_posix()
         except ValueError:
             return str(path)
-
-
-def select_entries(book: Book, files: list | None) -> tuple[list[ChapterEntry], list]:
-    """The entries for the files named on a command line (every entry when none is), and the names
-    that no entry lists."""
-    if not files:
-        return list(book.entries), []
-    entries = {name: book.entry_for(name) for name in files}
-    return [entry for entry in entries.values() if entry], [name for name, entry in entries.items() if entry is None]
 
 
 def find_root(start: Path | str | None = None) -> Path:

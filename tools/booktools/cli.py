@@ -24,7 +24,7 @@ def cmd_tangle(book, args: argparse.Namespace) -> int:
     from .tangle import stale_outputs, tangle_book, write_outputs
 
     started = time.perf_counter()
-    result = tangle_book(book, args.files or None)
+    result = tangle_book(book)
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if result.problems:
@@ -53,7 +53,7 @@ def cmd_notebooks(book, args: argparse.Namespace) -> int:
 
     out = Path(args.out).resolve() if args.out else book.root / "notebooks"
     executed = Path(args.executed).resolve() if args.executed else book.root / "_build" / "executed"
-    paths, problems = finish_book(book, executed, out, args.files or None)
+    paths, problems = finish_book(book, executed, out)
     for path in [] if args.quiet else paths:
         print(f"wrote {book.display(path)}")
     return _report(problems, "notebooks")
@@ -90,16 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--root", help="the book's root (the folder holding _quarto.yml); default: found from the cwd")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
-    files_help = "chapter files (default: every chapter in _quarto.yml)"
     tangle = verbs.add_parser("tangle", help="write code/chNN/ from each chapter's `# @save` cells")
-    tangle.add_argument("files", nargs="*", help=files_help)
     tangle.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each stale module")
     tangle.add_argument("-q", "--quiet", action="store_true", help="print only problems")
     tangle.set_defaults(run=cmd_tangle)
     notebooks = verbs.add_parser("notebooks", help="the reader's notebooks/chNN-*.ipynb: the chapters Quarto executed "
                                  "(run `quarto` first) with their outputs and inline values, no Quarto syntax, and a "
                                  "first cell that installs longctx outside the repository")
-    notebooks.add_argument("files", nargs="*", help=files_help)
     notebooks.add_argument("--executed", help="Quarto's executed notebooks (default: _build/executed/)")
     notebooks.add_argument("--out", help="output folder (default: notebooks/)")
     notebooks.add_argument("-q", "--quiet", action="store_true")

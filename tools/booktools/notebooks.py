@@ -21,7 +21,7 @@ import nbformat
 
 from . import qmd
 from .bib import bibliography_keys, render_citations
-from .book import Book, repo_url, select_entries, write_if_changed
+from .book import Book, repo_url, write_if_changed
 from .numbering import ChapterInfo, Numbering, Target, compute_numbering
 
 #: cite(citation as written, its keys) -> its text, or None to leave it as written.
@@ -230,15 +230,14 @@ class _Builder:
         return notebook
 
 
-def export_notebooks(book: Book, files: list[str | Path] | None = None) -> tuple[list, list[str]]:
-    """The unexecuted notebook of every listed (or named) file that exists, in book order:
+def export_notebooks(book: Book) -> tuple[list, list[str]]:
+    """The unexecuted notebook of every listed file that exists, in book order:
     `(ChapterInfo, notebook)` pairs, and the problems ("FILE:LINE: message")."""
     numbering = compute_numbering(book)
-    entries, unknown = select_entries(book, files)
-    problems = [str(exc) for exc in numbering.problems] + [f"{name}:0: not a file listed in _quarto.yml" for name in unknown]
-    chapters = [info for info in numbering.chapters if info.entry in entries and info.document is not None]
+    problems = [str(exc) for exc in numbering.problems]
+    chapters = [info for info in numbering.chapters if info.document is not None]
     for info in numbering.chapters:
-        if info.entry in entries and not (book.root / info.display).is_file():
+        if not (book.root / info.display).is_file():
             print(f"warning: _quarto.yml:{info.entry.line}: {info.display} is listed but does not exist yet; skipped",
                   file=sys.stderr)
     keys = bibliography_keys(book.bibliography)
@@ -349,12 +348,12 @@ def needs_kernel(notebook) -> bool:
                for cell in notebook.cells)
 
 
-def finish_book(book: Book, executed: Path, out: Path, files: list[str | Path] | None = None) -> tuple[list[Path], list[str]]:
+def finish_book(book: Book, executed: Path, out: Path) -> tuple[list[Path], list[str]]:
     """Write the reader's notebooks into `out` from the notebooks Quarto executed (`executed/<stem>.ipynb`):
     (paths written or current, problems: a chapter not executed, or executed before its last change).
     BookError, before anything is written, when `_quarto.yml` has no usable `book.repo-url`."""
     url = repo_url(book)
-    exported, problems = export_notebooks(book, files)
+    exported, problems = export_notebooks(book)
     finished = []
     for info, notebook in exported:
         stem, ran = Path(info.display).stem, None

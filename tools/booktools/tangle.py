@@ -17,7 +17,7 @@ import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .book import Book, select_entries, write_if_changed
+from .book import Book, write_if_changed
 from .qmd import Document, QmdError, parse_file
 
 IMPORT_WIDTH = 80  # imports longer than this are wrapped one name a line, to fit the page as the chapters' code does
@@ -158,20 +158,15 @@ def sort_imports(texts: dict[Path, str], root: Path) -> dict[Path, str]:
         return {path: name.read_text(encoding="utf-8") for path, name in names.items()}
 
 
-def tangle_book(book: Book, files: list[Path | str] | None = None) -> TangleResult:
-    """Tangle every chapter `_quarto.yml` lists (or just `files`), without writing anything."""
+def tangle_book(book: Book) -> TangleResult:
+    """Tangle every chapter `_quarto.yml` lists, without writing anything."""
     result = TangleResult()
-    entries, unknown = select_entries(book, files)
-    result.problems += [QmdError(str(name), 0, "not a chapter listed in _quarto.yml") for name in unknown]
-    if files:
-        result.problems += [QmdError(entry.path, 0, "produces no module: only files named chNN-*.qmd are tangled")
-                            for entry in entries if entry.module is None]
     seen: dict[str, str] = {}
     for entry in book.module_entries:
         if seen.setdefault(entry.module, entry.path) != entry.path:
             result.problems.append(QmdError("_quarto.yml", entry.line,
                                             f"{entry.path} and {seen[entry.module]} both make module {entry.module}"))
-    for entry in (entry for entry in entries if entry.module is not None):
+    for entry in book.module_entries:
         if not (book.root / entry.path).is_file():
             result.warnings.append(f"_quarto.yml:{entry.line}: {entry.path} is listed but does not exist yet; skipped")
             continue
