@@ -25,8 +25,6 @@ def cmd_tangle(book, args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     result = tangle_book(book)
-    for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
     if result.problems:
         _report(result.problems, "tangle")
         print("tangle: no files were written", file=sys.stderr)

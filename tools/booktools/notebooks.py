@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -231,15 +230,11 @@ class _Builder:
 
 
 def export_notebooks(book: Book) -> tuple[list, list[str]]:
-    """The unexecuted notebook of every listed file that exists, in book order:
-    `(ChapterInfo, notebook)` pairs, and the problems ("FILE:LINE: message")."""
+    """The unexecuted notebook of every listed file that exists (`check` names those that do not), in
+    book order: `(ChapterInfo, notebook)` pairs, and the problems ("FILE:LINE: message")."""
     numbering = compute_numbering(book)
     problems = [str(exc) for exc in numbering.problems]
     chapters = [info for info in numbering.chapters if info.document is not None]
-    for info in numbering.chapters:
-        if not (book.root / info.display).is_file():
-            print(f"warning: _quarto.yml:{info.entry.line}: {info.display} is listed but does not exist yet; skipped",
-                  file=sys.stderr)
     keys = bibliography_keys(book.bibliography)
     citations: dict[str, str | None] = {}  # every citation, formatted by citeproc in one pandoc run
     for info in chapters:

@@ -34,7 +34,6 @@ class ModuleOutput:
 class TangleResult:
     outputs: list[ModuleOutput] = field(default_factory=list)
     problems: list[QmdError] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
 
 
 def _saved_code(doc: Document, problems: list[QmdError], imports: list[str]) -> list[tuple[int, list[str]]]:
@@ -168,8 +167,7 @@ def tangle_book(book: Book) -> TangleResult:
                                             f"{entry.path} and {seen[entry.module]} both make module {entry.module}"))
     for entry in book.module_entries:
         if not (book.root / entry.path).is_file():
-            result.warnings.append(f"_quarto.yml:{entry.line}: {entry.path} is listed but does not exist yet; skipped")
-            continue
+            continue  # `check` names a listed file that does not exist
         try:
             output, problems = tangle_document(parse_file(book.root / entry.path, book.root), entry.module, book.root)
         except QmdError as exc:
