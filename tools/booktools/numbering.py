@@ -45,7 +45,6 @@ class ChapterInfo:
     entry: ChapterEntry
     number: str | None  # "3", "A", or None when unnumbered
     title: str = ""
-    label: str | None = None
     document: Document | None = None
 
     @property
@@ -99,7 +98,7 @@ def compute_numbering(book: Book) -> Numbering:
             chapters += 1
             number = str(chapters)
         title = h1.text if h1 is not None else str(doc.front_matter.get("title") or "") if doc is not None else ""
-        info = ChapterInfo(entry, number, title, h1.label if h1 is not None else None, doc)
+        info = ChapterInfo(entry, number, title, doc)
         numbering.chapters.append(info)
         if doc is not None:
             _number_document(numbering, info, doc)

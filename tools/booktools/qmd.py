@@ -149,7 +149,6 @@ class Heading:
 
 @dataclass
 class Document:
-    path: Path
     display: str  # the path named in messages, e.g. "chapters/ch03-long-context.qmd"
     front_matter: dict
     front_matter_lines: int  # 0 when there is none
@@ -245,7 +244,7 @@ def _load_yaml(lines: list[str], display: str, first_line: int, what: str, wante
     return loaded or {}
 
 
-def parse(text: str, display: str = "<string>", path: Path | None = None) -> Document:
+def parse(text: str, display: str = "<string>") -> Document:
     """Parse `.qmd` text; QmdError for an unclosed front matter or fence, or invalid YAML."""
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     if lines and lines[-1] == "":
@@ -285,7 +284,7 @@ def parse(text: str, display: str = "<string>", path: Path | None = None) -> Doc
             cell.option_lines, cell.options = parse_options(cell.lines, display, index + 2)
         blocks.append(cell)
         pending = close + 1
-    return Document(path or Path(display), display, front_matter, front_matter_lines, blocks)
+    return Document(display, front_matter, front_matter_lines, blocks)
 
 
 def parse_file(path: Path | str, root: Path | str | None = None) -> Document:
@@ -298,7 +297,7 @@ def parse_file(path: Path | str, root: Path | str | None = None) -> Document:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise QmdError(display, 0, "file not found") from None
-    return parse(text, display, path)
+    return parse(text, display)
 
 
 # Fenced divs (callouts), headings and display maths, line by line.
