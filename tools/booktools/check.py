@@ -68,6 +68,12 @@ def check_book(book: Book) -> list[str]:
         add(error.path, error.line, error.message)
     for repeat, first in numbering.duplicates:
         add(repeat.file, repeat.line, f"label {repeat.label} is already used at {first.file}:{first.line}")
+    for path, line, label, allowed in numbering.labels:
+        prefix, scope = label.split("-", 1)[0], _label_scope(path)
+        if prefix not in allowed:
+            add(path, line, f"label {label} should start with {' or '.join(f'{kind}-' for kind in allowed)}")
+        elif scope is not None and not label.startswith(f"{prefix}-{scope}-"):
+            add(path, line, f"label {label} should name its chapter: {prefix}-{scope}-...")
     order = [entry.module for entry in book.module_entries]
     for info in numbering.chapters:
         if info.document is not None:
@@ -87,18 +93,10 @@ def check_book(book: Book) -> list[str]:
 
 
 def _document_problems(doc, module, order, numbering: Numbering, bib, bib_names) -> list[tuple[int, str]]:
-    """One file's problems: its labels, references, captions, source and saved code."""
+    """One file's problems: its references, captions, source and saved code (its labels are check_book's)."""
     found = source_problems(doc)
     if module is not None:
         found += saved_code_problems(doc, module, order, numbering)
-    scope = _label_scope(doc.display)
-
-    def label(name: str, line: int, *allowed: str) -> None:
-        prefix = name.split("-", 1)[0]
-        if prefix not in LABEL_KINDS or prefix not in allowed:
-            found.append((line, f"label {name} should start with {' or '.join(f'{kind}-' for kind in allowed)}"))
-        elif scope is not None and not name.startswith(f"{prefix}-{scope}-"):
-            found.append((line, f"label {name} should name its chapter: {prefix}-{scope}-..."))
 
     def references(text: str, line: int) -> None:
         for match in qmd.REFERENCE.finditer(_blank_out(qmd.CODE_SPAN, text)):
@@ -117,7 +115,6 @@ def _document_problems(doc, module, order, numbering: Numbering, bib, bib_names)
             if not cell.executable:
                 continue
             if cell.label:
-                label(cell.label, cell.line, "fig", "tbl")
                 wanted = ("fig-cap", "fig-alt") if cell.label.startswith("fig-") else ("tbl-cap",) if cell.label.startswith("tbl-") else ()
                 kind = "figure" if cell.label.startswith("fig-") else "table"
                 for option in wanted:
@@ -127,21 +124,10 @@ def _document_problems(doc, module, order, numbering: Numbering, bib, bib_names)
                 if isinstance(cell.options.get(option), str):
                     references(cell.options[option], cell.line)
         elif item.kind == "heading":
-            if not item.callout_title and item.heading.label:
-                label(item.heading.label, item.line, "sec")
             if not item.callout_title and "$" in item.heading.text:  # EPUBCheck refuses MathML in nav
                 found.append((item.line, "maths in a heading: the EPUB's contents would hold MathML"))
             references(item.heading.text, item.line)
-        elif item.kind == "div_open" and item.div.identifier:
-            label(item.div.identifier, item.line, "fig", "tbl")
         elif item.kind == "text":
-            for match in qmd.EQUATION_LABEL.finditer(item.text):
-                label(match.group("label"), item.line, "eq")
-            for match in qmd.IMAGE_LABEL.finditer(item.text):
-                label(match.group("label"), item.line, "fig")
-            caption = qmd.PIPE_CAPTION.match(item.text)
-            if caption:
-                label(caption.group("label"), item.line, "tbl")
             text = qmd.EQUATION_LABEL.sub("", qmd.IMAGE_LABEL.sub("", item.text))
             references(re.sub(r"\{#[^}]*\}\s*$", "", text), item.line)
     return found

@@ -65,6 +65,8 @@ class Numbering:
     targets: dict[str, Target] = field(default_factory=dict)
     heading_numbers: dict[tuple[str, int], str] = field(default_factory=dict)  # (file, line) -> "3.2"
     duplicates: list[tuple[Target, Target]] = field(default_factory=list)  # (repeat, first)
+    #: every label as written (file, line, label, the prefixes it may have), numbered or not: `check` reads them
+    labels: list[tuple[str, int, str, tuple[str, ...]]] = field(default_factory=list)
     problems: list[QmdError] = field(default_factory=list)
 
     def chapter(self, path: str) -> ChapterInfo | None:
@@ -115,14 +117,20 @@ def _number_document(numbering: Numbering, info: ChapterInfo, doc: Document) -> 
         numbering.add(Target(label, kind, f"{info.number}.{counts[kind]}" if info.number else str(counts[kind]),
                              doc.display, line, title))
 
+    def site(label: str | None, line: int, *allowed: str) -> None:
+        if label:
+            numbering.labels.append((doc.display, line, label, allowed))
+
     for item in walk(doc)[0]:
         if isinstance(item, CellItem):
             label = item.cell.label or ""
+            site(label if item.cell.executable else None, item.cell.line, "fig", "tbl")
             if item.cell.executable and label.startswith(("fig-", "tbl-")):
                 kind, option = ("figure", "fig-cap") if label.startswith("fig-") else ("table", "tbl-cap")
                 add(label, kind, item.cell.line, str(item.cell.options.get(option, "") or ""))
         elif item.kind == "heading" and not item.callout_title and not item.in_math:
             heading = item.heading
+            site(heading.label, item.line, "sec")
             if heading.level == 1 and not seen_h1:
                 seen_h1 = True
                 if heading.label:
@@ -138,10 +146,14 @@ def _number_document(numbering: Numbering, info: ChapterInfo, doc: Document) -> 
             if heading.label:
                 numbering.add(Target(heading.label, "section", number, doc.display, item.line, heading.text))
         elif item.kind == "div_open" and item.div.identifier:
+            site(item.div.identifier, item.line, "fig", "tbl")
             for prefix, kind in (("fig-", "figure"), ("tbl-", "table")):
                 if item.div.identifier.startswith(prefix):
                     add(item.div.identifier, kind, item.line)
         elif item.kind == "text":
+            for pattern, kind in ((EQUATION_LABEL, "eq"), (IMAGE_LABEL, "fig"), (PIPE_CAPTION, "tbl")):
+                for match in pattern.finditer(item.text):
+                    site(match.group("label"), item.line, kind)
             caption = PIPE_CAPTION.match(item.text)
             if caption is not None:
                 add(caption.group("label"), "table", item.line, caption.group("caption"))
