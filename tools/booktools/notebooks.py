@@ -183,9 +183,7 @@ class _Builder:
         for prefix, kind, option in (("fig-", "figure", "fig-cap"), ("tbl-", "table", "tbl-cap")):
             if label.startswith(prefix) or (not label and option in cell.options):
                 meta.update(kind=kind, **({"label": label} if label else {}))
-                target = self.targets.get(label)
-                name = target.text if target is not None and target.number else kind.capitalize()
-                caption = f"**{name}:** {self.inline(str(cell.options.get(option, '') or ''))}"
+                caption = f"**{self.name(label, kind)}:** {self.inline(str(cell.options.get(option, '') or ''))}"
                 break
         if callout is not None and callout.collapse:
             meta["collapsed"] = True  # an exercise's solution: the reader's notebook folds its code
