@@ -200,12 +200,6 @@ def test_the_shared_fixture_has_exactly_one_problem_its_unlabelled_diagram(fixtu
     assert len(found) == 1 and found[0].startswith("chapters/ch01-alpha.qmd:44: mermaid diagram without"), found
 
 
-def test_code_line_limit_is_what_the_page_fits():
-    from booktools.check import CODE_LINE_LIMIT
-
-    assert CODE_LINE_LIMIT == 80
-
-
 # --- the book's rules for saved code: chapter order, no side effects, what `help()` shows -------------
 
 NUMBERED = """
@@ -295,14 +289,6 @@ def test_docstrings_and_comments_refuse_quarto_syntax_and_missing_numbers(tmp_pa
     assert any(expected in problem for problem in found), found
 
 
-def test_an_attribute_docstring_with_a_quarto_label_is_refused(tmp_path):
-    body = NUMBERED.replace('def twice(x: int) -> int:\n    \"\"\"DOC\"\"\"\n    return 2 * x  # COMMENT',
-                            'LIMIT = 2\n\"\"\"A limit (@eq-ch02-double).\"\"\"')
-    assert "LIMIT" in body
-    expected = "chapters/ch02-beta.qmd:12: an attribute's docstring holds the Quarto cross-reference `@eq-ch02-double`"
-    assert any(problem.startswith(expected) for problem in saved_code_problems(tmp_path, body))
-
-
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
@@ -341,6 +327,11 @@ def test_an_attribute_docstring_with_a_quarto_label_is_refused(tmp_path):
             "# B\n\n```{python}\n# @save\nimport matplotlib.pyplot as plt\nFIG = plt.figure()\n```\n",
             "chapters/ch02-beta.qmd:6: `plt.figure()` runs when the module is imported",
             id="side-effect-in-assignment",
+        ),
+        pytest.param(
+            '# B {#sec-ch02-beta}\n\n```{python}\n# @save\nLIMIT = 2\n"""A limit (@eq-ch02-double)."""\n```\n',
+            "chapters/ch02-beta.qmd:6: an attribute's docstring holds the Quarto cross-reference `@eq-ch02-double`",
+            id="attribute-docstring-with-a-label",
         ),
     ],
 )

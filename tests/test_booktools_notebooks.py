@@ -23,9 +23,9 @@ FIXTURE_BOOK = REPO / "tests" / "fixtures" / "book"
 FIXTURE_URL = "https://github.com/example/fixture-book"
 
 
-def export_book(book, out: Path, files=None) -> tuple[list[Path], list[str]]:
-    """Write the unexecuted export of each listed (or named) file into `out`: (paths, problems)."""
-    exported, problems = export_notebooks(book, files)
+def export_book(book, out: Path) -> tuple[list[Path], list[str]]:
+    """Write the unexecuted export of each listed file into `out`: (paths, problems)."""
+    exported, problems = export_notebooks(book)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{Path(info.display).stem}.ipynb" for info, _ in exported]
     for path, (_, notebook) in zip(paths, exported, strict=True):
@@ -114,22 +114,30 @@ def test_headings_numbered_and_attributes_stripped(exported):
     assert markdown(exported["index"]).startswith("# Preface\n")
 
 
-def test_cross_references_become_numbers_across_chapters(exported):
-    alpha = markdown(exported["ch01-alpha"])
-    assert "See Section 1.1,\nFigure 1.1, Table 1.1 and Equation 1.1." in alpha
-    assert "Builds on Chapter 1 and Figure 1.1" in markdown(exported["ch02-beta"])
-    assert "See Section A.1 and Table 2.1." in markdown(exported["appendix-extra"])
-    assert "Read Chapter 1 first." in markdown(exported["index"])
-    # Code spans are left alone.
-    assert "`# @save` and `a @fig-ch01-curve`" in alpha
+#: (notebook, text its markdown holds): each Quarto construct as the book prints it.
+READS = [
+    pytest.param("ch01-alpha", "See Section 1.1,\nFigure 1.1, Table 1.1 and Equation 1.1.", id="cross-references"),
+    pytest.param("ch02-beta", "Builds on Chapter 1 and Figure 1.1", id="reference-to-another-chapter"),
+    pytest.param("appendix-extra", "See Section A.1 and Table 2.1.", id="appendix-numbers"),
+    pytest.param("index", "Read Chapter 1 first.", id="reference-from-the-preface"),
+    pytest.param("ch01-alpha", "`# @save` and `a @fig-ch01-curve`", id="code-spans-left-alone"),
+    # the Quarto edition's citation style: up to three authors named, a locator's "p." dropped
+    pytest.param("ch01-alpha", "Attention (Vaswani, Shazeer, and Parmar 2017) scores pairs; Su and Lu (2021) rotate them.",
+                 id="citations"),
+    pytest.param("ch01-alpha", "Both matter (Vaswani, Shazeer, and Parmar 2017; Su and Lu 2021).", id="two-citations"),
+    pytest.param("ch02-beta", "(see Xiao 2024, 3)", id="citation-with-locator"),
+    pytest.param("ch01-alpha", "$$\nP(n) = \\frac{n(n+1)}{2} \\tag{1.1}\n$$", id="equation-tag"),
+    pytest.param("ch01-alpha", "**Table 1.1:** Pairs by length", id="pipe-table-caption"),
+    pytest.param("ch01-alpha", "```mermaid\ngraph LR\n  A --> B\n```", id="mermaid-stays-fenced"),
+    pytest.param("ch01-alpha", "```python\n# shown, not run\nx = 1\n```", id="shown-code"),
+    pytest.param("ch01-alpha", "Four tokens give `{python} label` pairs.", id="inline-value-left-for-quarto"),
+]
 
 
-def test_citations_read_as_citeproc_formats_them(exported):
-    """The Quarto edition's style: up to three authors named, a locator's "p." dropped."""
-    alpha = markdown(exported["ch01-alpha"])
-    assert "Attention (Vaswani, Shazeer, and Parmar 2017) scores pairs; Su and Lu (2021) rotate them." in alpha
-    assert "Both matter (Vaswani, Shazeer, and Parmar 2017; Su and Lu 2021)." in alpha
-    assert "(see Xiao 2024, 3)" in markdown(exported["ch02-beta"])
+@pytest.mark.parametrize(("name", "text"), READS)
+def test_each_construct_reads_as_the_book_prints_it(exported, name, text):
+    assert text in markdown(exported[name])
+    assert not [mark for mark in ("{#eq-", "{#tbl-", "%%|") if mark in markdown(exported[name])]  # no Quarto syntax
 
 
 def test_translate_inline_forms(fixture_book):
@@ -154,20 +162,6 @@ def test_translate_inline_forms(fixture_book):
     }
     for source, expected in cases.items():
         assert translate_inline(source, targets, cite) == expected, source
-
-
-def test_equation_labels_become_tags(exported):
-    assert "$$\nP(n) = \\frac{n(n+1)}{2} \\tag{1.1}\n$$" in markdown(exported["ch01-alpha"])
-    assert "{#eq-" not in markdown(exported["ch01-alpha"])
-
-
-def test_pipe_table_caption_and_mermaid(exported):
-    alpha = markdown(exported["ch01-alpha"])
-    assert "**Table 1.1:** Pairs by length" in alpha
-    assert "{#tbl-" not in alpha
-    assert "```mermaid\ngraph LR\n  A --> B\n```" in alpha
-    assert "%%|" not in alpha
-    assert "```python\n# shown, not run\nx = 1\n```" in alpha
 
 
 def test_python_cells_keep_options_and_carry_metadata(exported):
@@ -224,10 +218,6 @@ def test_callout_markdown_still_renders_in_nbconvert(exported):
     assert "<p>Models grow; see Figure 1.1.</p>" in rendered
 
 
-def test_inline_python_is_left_for_quartos_values(exported):
-    assert "Four tokens give `{python} label` pairs." in markdown(exported["ch01-alpha"])
-
-
 def test_markdown_is_split_at_headings(exported):
     cells = [cell for cell in exported["ch01-alpha"].cells if cell.cell_type == "markdown"]
     starts = [cell.source.splitlines()[0] for cell in cells if cell.source.startswith("#")]
@@ -242,9 +232,9 @@ def test_mermaid_keeps_its_caption_and_alt_text(fixture_book, tmp_path):
             '%%| label: fig-ch01-flow\n%%| fig-cap: "Where does A go?"\n%%| fig-alt: "Box A points at box B."',
         )
     )
-    paths, problems = export_book(load_book(fixture_book), tmp_path / "notebooks", ["chapters/ch01-alpha.qmd"])
+    paths, problems = export_book(load_book(fixture_book), tmp_path / "notebooks")
     assert problems == []
-    text = markdown(nbformat.read(paths[0], as_version=4))
+    text = markdown(nbformat.read(paths[1], as_version=4))
     # Quarto numbers the diagram before the curve: Figure 1.1, the curve 1.2.
     assert (
         "```mermaid\ngraph LR\n  A --> B\n```\n\n**Figure 1.1:** Where does A go?\n\n"
@@ -423,19 +413,20 @@ def test_cli_without_repo_url_fails_before_writing(fixture_book, booktools):
 @pytest.mark.slow
 def test_cli_finishes_executed_notebooks_and_reports_stale_ones(fixture_book, booktools):
     _with_repo_url(fixture_book)
-    code, out, err = booktools(fixture_book, "notebooks", "chapters/ch02-beta.qmd")
+    code, out, err = booktools(fixture_book, "notebooks")
     assert code == 1
     assert "chapters/ch02-beta.qmd:0: not executed yet (_build/executed/ch02-beta.ipynb is missing)" in err
     render_with_quarto(fixture_book)
-    code, out, err = booktools(fixture_book, "notebooks", "chapters/ch02-beta.qmd")
+    code, out, err = booktools(fixture_book, "notebooks")
     assert code == 0, err
-    assert sorted(path.name for path in (fixture_book / "notebooks").iterdir()) == ["ch02-beta.ipynb"]
+    assert sorted(path.name for path in (fixture_book / "notebooks").iterdir()) == [
+        "appendix-extra.ipynb", "ch01-alpha.ipynb", "ch02-beta.ipynb", "index.ipynb"]
     notebook = nbformat.read(fixture_book / "notebooks" / "ch02-beta.ipynb", as_version=4)
     assert notebook.cells[0].id == "longctx-setup" and quarto_syntax(notebook) == []
     # the chapter changes after it ran: its numbers could be wrong, so nothing is finished
     chapter = fixture_book / "chapters" / "ch02-beta.qmd"
     chapter.write_text(chapter.read_text().replace("| 1 | 1 |", "| 2 | 36 |"))
-    code, out, err = booktools(fixture_book, "notebooks", "chapters/ch02-beta.qmd")
+    code, out, err = booktools(fixture_book, "notebooks")
     assert code == 1
     assert "chapters/ch02-beta.qmd:15: the executed notebook is stale (this cell changed since it ran)" in err
 

@@ -222,20 +222,6 @@ def test_bibliography_keys_lines_and_duplicates(tmp_path):
     ]
 
 
-def test_citations_are_formatted_by_citeproc_as_quarto_formats_them(tmp_path):
-    """Chicago author-date: four or more authors, or `and others`, read "et al."; up to three are named."""
-    bib = tmp_path / "refs.bib"
-    bib.write_text(BIBTEX.replace("@misc{a2017, author = {Someone}, year = {1999}}", ""))  # pandoc keeps the last
-    cited = ["[@a2017]", "@b2021", "[@c2022, p. 3]", "[@d2024; @e2024]", "[-@a2017]"]
-    assert render_citations(cited, [bib], what="test") == [
-        "(Vaswani et al. 2017)",
-        "Su and Lu (2021)",
-        "(Gu, Goel, and R\u00e9 2022, 3)",  # the accent of R{\\'e} kept
-        "(Grattafiori et al. 2024; OpenAI 2024)",
-        "(2017)",
-    ]
-
-
 BOOK_CSL = Path(__file__).resolve().parents[1] / "style" / "longctx-author-date.csl"
 
 

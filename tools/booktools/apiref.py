@@ -1,11 +1,9 @@
-"""The API reference appendix, generated from the chapters' modules when the book is built.
-
-For every public name of every chapter module (`longctx.ch01`, ...): its signature (laid out by
-`ruff format` past 80 characters), the first paragraph of its docstring, and a
-link to the section whose `# @save` cell defines it, found from the `# chapters/FILE.qmd:LINE`
-comments of `code/chNN/_generated.py` and linked by fragment alone (`#sec-ch03-rope`), the one form
-both Quarto's HTML and its EPUB resolve. The book is read once per call. The appendix's one cell is
-`from booktools.apiref import api_reference; api_reference()`.
+"""The API reference appendix, generated from the chapters' modules when the book is built: for each
+public name of each chapter module its signature (laid out by `ruff format` past 80 characters), the
+first paragraph of its docstring (a constant's `#:` lines), and a link by fragment alone
+(`#sec-ch03-rope`, the one form both Quarto's HTML and its EPUB resolve) to the section whose
+`# @save` cell defines it, found from the `# chapters/FILE.qmd:LINE` comments of `_generated.py`.
+The appendix's one cell is `from booktools.apiref import api_reference; api_reference()`.
 """
 
 from __future__ import annotations
@@ -23,11 +21,10 @@ from .book import find_root, load_book
 from .numbering import Numbering, compute_numbering
 from .qmd import CROSS_REFERENCE
 
-__all__ = ["ApiEntry", "api_entries", "api_reference", "api_reference_markdown", "defining_lines", "wrap_signature", "wrap_signatures"]
-
-SOURCE_COMMENT = re.compile(r"^# (?P<file>\S+\.qmd):(?P<line>\d+)\s*$")
+SOURCE_COMMENT = re.compile(r"^# (?P<file>\S+\.qmd):(?P<line>\d+)\s*$", re.MULTILINE)
 REFERENCE = re.compile(r"\[?" + CROSS_REFERENCE.pattern + r"\]?")  # `[@eq-x]` or `@eq-x`, brackets and all
 COMMENTED = re.compile(r"^((?:#:.*\n)+)(\w+)\s*[:=]", re.MULTILINE)  # a constant's `#:` lines: all it has (no docstring)
+SIGNATURE_WIDTH = 80
 
 
 @dataclass
@@ -39,8 +36,6 @@ class ApiEntry:
     kind: str  # "class", "function", "constant"
     signature: str  # "kv_bytes(config, tokens, batch=1) -> int"
     summary: str  # the docstring's first paragraph ("" when there is none)
-    file: str | None  # the chapter file that defines it
-    line: int | None  # the line of its saved cell
     section: str | None  # "Section 3.2 Grouped heads" (or the chapter, before its first section)
     fragment: str | None  # that section's id, "sec-ch03-gqa"
 
@@ -48,32 +43,26 @@ class ApiEntry:
 def defining_lines(generated: Path) -> dict[str, tuple[str, int]]:
     """Top-level name -> (chapter file, line) from a generated module's source comments."""
     text = generated.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    marks: list[tuple[int, str, int]] = []  # (line in generated file, chapter file, chapter line)
-    for number, line in enumerate(lines, start=1):
-        match = SOURCE_COMMENT.match(line)
-        if match:
-            marks.append((number, match.group("file"), int(match.group("line"))))
+    marks = [(text.count("\n", 0, m.start()) + 1, m.group("file"), int(m.group("line"))) for m in SOURCE_COMMENT.finditer(text)]
     found: dict[str, tuple[str, int]] = {}
     for node in ast.parse(text).body:
-        names: list[str] = []
+        names = [target.id for target in getattr(node, "targets", [getattr(node, "target", None)])
+                 if isinstance(target, ast.Name)] if isinstance(node, ast.Assign | ast.AnnAssign) else []
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names = [node.name]
-        elif isinstance(node, ast.Assign):
-            names = [target.id for target in node.targets if isinstance(target, ast.Name)]
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names = [node.target.id]
         first = min([node.lineno] + [decorator.lineno for decorator in getattr(node, "decorator_list", [])])
         before = [mark for mark in marks if mark[0] < first]
-        if not before:
-            continue
-        _, file, line = before[-1]
-        for name in names:
-            found.setdefault(name, (file, line))
+        for name in names if before else []:
+            found.setdefault(name, before[-1][1:])
     return found
 
 
-SIGNATURE_WIDTH = 80
+def _is_def(signature: str) -> bool:
+    try:
+        ast.parse(f"def {signature}: ...")
+    except SyntaxError:
+        return False
+    return True
 
 
 def wrap_signatures(signatures: list[str], width: int = SIGNATURE_WIDTH) -> list[str]:
@@ -93,38 +82,24 @@ def wrap_signatures(signatures: list[str], width: int = SIGNATURE_WIDTH) -> list
 
 
 def wrap_signature(signature: str, width: int = SIGNATURE_WIDTH) -> str:
-    """One signature, wrapped as `wrap_signatures` wraps them."""
     return wrap_signatures([signature], width)[0]
 
 
-def _is_def(signature: str) -> bool:
-    try:
-        ast.parse(f"def {signature}: ...")
-    except SyntaxError:
-        return False
-    return True
-
-
-def _signature(name: str, obj) -> tuple[str, str]:
+def _describe(name: str, obj) -> tuple[str, str, str]:
+    """(kind, signature, summary) of a public object; a constant's summary comes from its `#:` lines."""
     if not callable(obj):
-        return "constant", f"{name}: {type(obj).__name__}"
-    try:
-        signature = _plain_annotations(str(inspect.signature(obj)))
+        return "constant", f"{name}: {type(obj).__name__}", ""
+    try:  # `x: 'Tensor'` -> `x: Tensor`: annotations are strings under `from __future__ import annotations`
+        signature = re.sub(r"(:\s|->\s)'([^']*)'", r"\1\2", str(inspect.signature(obj)))
     except (TypeError, ValueError):
         signature = "(...)"
-    if inspect.isclass(obj):
-        return "class", f"{name}{signature.removesuffix(' -> None')}"
-    return "function", f"{name}{signature}"
-
-
-def _summary(obj, kind: str) -> str:
-    if kind == "constant":
-        return ""
     doc = inspect.getdoc(obj) or ""
-    if inspect.isclass(obj) and doc and obj.__doc__ is None:
-        return ""
-    paragraph = re.split(r"\n\s*\n", doc.strip(), maxsplit=1)[0] if doc.strip() else ""
-    return " ".join(line.strip() for line in paragraph.split("\n"))
+    if inspect.isclass(obj) and obj.__doc__ is None:
+        doc = ""  # not the inherited docstring
+    summary = " ".join(line.strip() for line in re.split(r"\n\s*\n", doc.strip(), maxsplit=1)[0].split("\n")) if doc.strip() else ""
+    if inspect.isclass(obj):
+        return "class", f"{name}{signature.removesuffix(' -> None')}", summary
+    return "function", f"{name}{signature}", summary
 
 
 def _section_for(numbering: Numbering, file: str, line: int) -> tuple[str | None, str | None]:
@@ -141,52 +116,33 @@ def _section_for(numbering: Numbering, file: str, line: int) -> tuple[str | None
     return (f"Section {number} {heading.text}" if number else heading.text), ident
 
 
-def api_entries(root: Path | str | None = None, numbering: Numbering | None = None) -> list[ApiEntry]:
-    """Every public name of every chapter module that exists, in book order.
+def _chapter_anchor(info) -> str | None:
+    """The id of a chapter's title heading (its `sec-` label, else Pandoc's slug)."""
+    if info is None or info.document is None:
+        return None
+    return next((ident for heading, ident in info.document.section_ids if heading.level == 1), None)
 
-    Args:
-        root: the book's root (default: found from the working directory).
-        numbering: the book's numbering when the caller has computed it (the book is then
-            not read again).
-    """
+
+def api_entries(root: Path | str | None = None, numbering: Numbering | None = None) -> list[ApiEntry]:
+    """Every public name of every chapter module that exists, in book order (the book is read once)."""
     root = Path(root) if root is not None else find_root()
-    book = load_book(root)  # the chapter list only; the chapters are parsed by compute_numbering
+    book = load_book(root)
     numbering = numbering or compute_numbering(book)
     entries: list[ApiEntry] = []
     for chapter in book.module_entries:
-        module_name = f"longctx.{chapter.module}"
         generated = root / "code" / chapter.module / "_generated.py"
         if not generated.is_file():
             continue
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(f"longctx.{chapter.module}")
         lines = defining_lines(generated)
         notes = {match[2]: " ".join(line[2:].strip() for line in match[1].splitlines())
                  for match in COMMENTED.finditer(generated.read_text(encoding="utf-8"))}
         for name in getattr(module, "__all__", []):
-            obj = getattr(module, name)
-            kind, signature = _signature(name, obj)
-            file, line = lines.get(name, (None, None))
-            section, fragment = _section_for(numbering, file, line) if file else (None, None)
-            summary = notes.get(name, "") if kind == "constant" else _summary(obj, kind)
-            entries.append(ApiEntry(module_name, name, kind, signature, summary, file, line, section, fragment))
+            kind, signature, summary = _describe(name, getattr(module, name))
+            section, fragment = _section_for(numbering, *lines[name]) if name in lines else (None, None)
+            summary = notes.get(name, "") if kind == "constant" else summary
+            entries.append(ApiEntry(module.__name__, name, kind, signature, summary, section, fragment))
     return entries
-
-
-def _references_to_links(text: str, numbering: Numbering) -> str:
-    """`@eq-ch03-kvbytes` -> a Markdown link reading "Equation 3.1" (Quarto syntax never reaches a reader)."""
-
-    def replace(match: re.Match) -> str:
-        target = numbering.targets.get(match.group("label"))
-        if target is None:
-            return match.group("label")
-        return f"[{target.text}](#{target.label})"
-
-    return REFERENCE.sub(replace, text)
-
-
-def _plain_annotations(signature: str) -> str:
-    """`x: 'Tensor'` -> `x: Tensor` (annotations are strings under `from __future__ import annotations`)."""
-    return re.sub(r"(:\s|->\s)'([^']*)'", r"\1\2", signature)
 
 
 def api_reference_markdown(root: Path | str | None = None) -> str:
@@ -198,34 +154,26 @@ def api_reference_markdown(root: Path | str | None = None) -> str:
     if not entries:
         return "No chapter module exists yet: run `make tangle`."
     titles = {info.entry.module: info for info in numbering.chapters if info.entry.module}
-    signatures = wrap_signatures([entry.signature for entry in entries])
+
+    def link(match: re.Match) -> str:  # `@eq-ch03-kvbytes` -> "[Equation 3.1](#eq-ch03-kvbytes)"
+        target = numbering.targets.get(match.group("label"))
+        return match.group("label") if target is None else f"[{target.text}](#{target.label})"
+
     out: list[str] = []
     current = None
-    for entry, signature in zip(entries, signatures, strict=True):
+    for entry, signature in zip(entries, wrap_signatures([entry.signature for entry in entries]), strict=True):
         if entry.module != current:
             current = entry.module
             info = titles.get(current.rsplit(".", 1)[-1])
             chapter = f"Chapter {info.number}, {info.title}" if info is not None and info.number else current
             anchor = _chapter_anchor(info)
-            heading = f"[{chapter}](#{anchor})" if anchor else chapter
             count = sum(1 for item in entries if item.module == current)
-            out.append(f"**`{current}`**: {heading} ({count} public names)")
-        words = []
-        if entry.summary:
-            words.append(_references_to_links(html.escape(entry.summary, quote=False), numbering))
-        elif entry.kind == "constant":
-            words.append("A constant.")
-        if entry.fragment:
-            words.append(f"Defined in [{entry.section}](#{entry.fragment}).")
+            out.append(f"**`{current}`**: {f'[{chapter}](#{anchor})' if anchor else chapter} ({count} public names)")
+        words = [REFERENCE.sub(link, html.escape(entry.summary, quote=False))] if entry.summary else []
+        words += ["A constant."] if not entry.summary and entry.kind == "constant" else []
+        words += [f"Defined in [{entry.section}](#{entry.fragment})."] if entry.fragment else []
         out.append("\n".join(["```python", signature, "```", "", " ".join(words)]).rstrip())
     return "\n\n".join(out).strip() + "\n"
-
-
-def _chapter_anchor(info) -> str | None:
-    """The id of a chapter's title heading (its `sec-` label, else Pandoc's slug)."""
-    if info is None or info.document is None:
-        return None
-    return next((ident for heading, ident in info.document.section_ids if heading.level == 1), None)
 
 
 def api_reference(root: Path | str | None = None):

@@ -1,13 +1,6 @@
-"""The bibliography: its keys, and citations formatted by pandoc's citeproc, as Quarto formats them.
-
-Pandoc reads the `.bib` files (`@string` macros, accents such as `R{\\'e}`, `and others`)
-and citeproc formats the citations in the style `_quarto.yml` names (`csl:`; the book's is
-style/longctx-author-date.csl), as Quarto does; with none, in pandoc's default, Chicago author-date. The only reading done here is the scan for keys, so that
-`check` can name a duplicate or a missing key with its line without running pandoc.
-
-Pandoc comes from the pinned `pypandoc-binary` (requirements.txt), whose wheel carries the same
-pandoc 3.6.1 that the Quarto kit on our machines runs: the reader's notebooks cite as the pages do.
-"""
+"""The bibliography: its keys (for `check`, with their lines), and citations formatted by pandoc's
+citeproc in the style `_quarto.yml` names (`csl:`), as Quarto formats them. Pandoc is the pinned
+`pypandoc-binary`'s, the same 3.6.1 as the Quarto kit's: the reader's notebooks cite as the pages do."""
 
 from __future__ import annotations
 
@@ -15,38 +8,29 @@ import re
 import subprocess
 from pathlib import Path
 
-__all__ = ["ENTRY", "PandocError", "bibliography_keys", "render_citations"]
-
 #: The head of a BibTeX entry, `@article{key,` (macros `@string{name = ...}` have no `key,`).
 ENTRY = re.compile(r"@(?P<type>[A-Za-z]+)\s*[{(]\s*(?P<key>[^,\s{}()]+)\s*,")
-_NOT_ENTRIES = ("comment", "preamble", "string")
 
 
 def bibliography_keys(paths: list[Path], problems: list[str] | None = None) -> dict[str, tuple[str, int]]:
-    """Every entry key of the `.bib` files -> (file name, line), the first of a repeated key.
-
-    When `problems` is given, each repeated key and each missing file is reported there as
-    "FILE:LINE: message".
-    """
+    """Every entry key of the `.bib` files -> (file name, line) of its first entry; each repeated key
+    and missing file goes to `problems` as "FILE:LINE: message"."""
+    problems = [] if problems is None else problems
     keys: dict[str, tuple[str, int]] = {}
     for path in paths:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            if problems is not None:
-                problems.append(f"{path.name}:0: bibliography file does not exist")
+        if not path.is_file():
+            problems.append(f"{path.name}:0: bibliography file does not exist")
             continue
+        text = path.read_text(encoding="utf-8")
         for match in ENTRY.finditer(text):
-            if match.group("type").lower() in _NOT_ENTRIES:
-                continue
             key, line = match.group("key"), text.count("\n", 0, match.start()) + 1
-            if key in keys:
-                if problems is not None:
-                    first_file, first_line = keys[key]
-                    where = f"line {first_line}" if first_file == path.name else f"{first_file}:{first_line}"
-                    problems.append(f"{path.name}:{line}: duplicate key {key} (first at {where})")
+            if match.group("type").lower() in ("comment", "preamble", "string"):
                 continue
-            keys[key] = (path.name, line)
+            if key in keys:
+                first_file, first_line = keys[key]
+                where = f"line {first_line}" if first_file == path.name else f"{first_file}:{first_line}"
+                problems.append(f"{path.name}:{line}: duplicate key {key} (first at {where})")
+            keys.setdefault(key, (path.name, line))
     return keys
 
 
@@ -54,18 +38,10 @@ class PandocError(RuntimeError):
     """Pandoc is missing, or it failed (the message carries its own)."""
 
 
-def render_citations(
-    citations: list[str], bibliography: list[Path], *, csl: Path | None = None, what: str
-) -> list[str]:
-    """Each citation as written in markdown (`[@a; @b, p. 3]`, `@a`) as plain text, in one pandoc run.
-
-    Citeproc reads the `.bib` files and the `csl:` style as Quarto passes them (none: pandoc's
-    default). Example: `render_citations(["[@vaswani2017attention]"], [Path("references.bib")],
-    what="ch01")` gives `["(Vaswani et al. 2017)"]`.
-
-    Raises:
-        PandocError: pypandoc-binary is not installed, or pandoc failed on `what`.
-    """
+def render_citations(citations: list[str], bibliography: list[Path], *, csl: Path | None = None, what: str) -> list[str]:
+    """Each citation as written (`[@a; @b, p. 3]`, `@a`) as plain text, in one pandoc run:
+    `render_citations(["[@vaswani2017attention]"], [Path("references.bib")], what="ch01")` gives
+    `["(Vaswani et al. 2017)"]`. PandocError when pypandoc-binary is missing or pandoc failed."""
     if not citations:
         return []
     try:

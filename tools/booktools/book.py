@@ -1,20 +1,13 @@
-"""The book project: where its root is, which chapters `_quarto.yml` lists, in order, and its repository.
-
-A `Book` is loaded once per command; the numbering (`numbering.compute_numbering`), which
-parses every listed file, is computed once by the command and handed to each step.
-"""
+"""The book project: its root, the files `_quarto.yml` lists (chapters, then appendices), its repository."""
 
 from __future__ import annotations
 
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-
-__all__ = ["Book", "BookError", "ChapterEntry", "find_root", "load_book", "repo_url", "write_if_changed", "MODULE_FILE"]
 
 # Only chapter files named like this produce modules: chapters/ch03-long-context.qmd -> code/ch03/
 MODULE_FILE = re.compile(r"^ch(?P<number>\d{2})-[A-Za-z0-9_.-]+\.qmd$")
@@ -26,15 +19,13 @@ class BookError(Exception):
 
 @dataclass(frozen=True)
 class ChapterEntry:
-    """One file listed in `_quarto.yml`."""
-
     path: str  # as listed, relative to the root, e.g. "chapters/ch03-long-context.qmd"
-    line: int  # the line in _quarto.yml that lists it
+    line: int  # the line of _quarto.yml that lists it
     appendix: bool
 
     @property
     def module(self) -> str | None:
-        """The module name (e.g. "ch03") when this file produces one, else None."""
+        """"ch03" when this file produces a module, else None."""
         match = MODULE_FILE.match(Path(self.path).name)
         return f"ch{match.group('number')}" if match else None
 
@@ -47,35 +38,17 @@ class Book:
 
     @property
     def bibliography(self) -> list[Path]:
-        """The .bib files `_quarto.yml` names (`bibliography:`), as absolute paths."""
         value = self.config.get("bibliography") or []
-        names = [value] if isinstance(value, str) else list(value)
-        return [self.root / str(name) for name in names]
+        return [self.root / str(name) for name in ([value] if isinstance(value, str) else value)]
 
     @property
     def csl(self) -> Path | None:
-        """The citation style `_quarto.yml` names (`csl:`), or None for pandoc's default."""
-        value = self.config.get("csl")
-        return self.root / str(value) if value else None
+        """The citation style `_quarto.yml` names, or None for pandoc's default."""
+        return self.root / str(self.config["csl"]) if self.config.get("csl") else None
 
     @property
     def module_entries(self) -> list[ChapterEntry]:
-        """The entries that produce modules (files named chNN-*.qmd), in book order."""
         return [entry for entry in self.entries if entry.module is not None]
-
-    def entry_for(self, path: Path | str) -> ChapterEntry | None:
-        """The entry listing `path` (absolute, or relative to the root or the cwd)."""
-        path = Path(path)
-        candidates = [path] if path.is_absolute() else [Path.cwd() / path, self.root / path]
-        for candidate in candidates:
-            try:
-                rel = candidate.resolve().relative_to(self.root.resolve()).as_posix()
-            except ValueError:
-                continue
-            for entry in self.entries:
-                if entry.path == rel:
-                    return entry
-        return None
 
     def display(self, path: Path | str) -> str:
         try:
@@ -93,87 +66,43 @@ def find_root(start: Path | str | None = None) -> Path:
     raise BookError(f"no _quarto.yml found in {here} or any directory above it")
 
 
-def _line_of(lines: list[str], item: str, start: int) -> int:
-    """The first line (1-based) at or after `start` that mentions `item`."""
-    for number in range(start, len(lines)):
-        if item in lines[number]:
-            return number + 1
-    return 0
-
-
-def _flatten(items, appendix: bool, lines: list[str], cursor: list[int]) -> list[ChapterEntry]:
-    found: list[ChapterEntry] = []
-    for item in items or []:
-        if not isinstance(item, str):  # the tools number, stage and check a flat list of files
-            raise BookError(f"_quarto.yml lists {item!r}: list the book's files one a line (parts are not used)")
-        line = _line_of(lines, item, cursor[0])
-        cursor[0] = line or cursor[0]
-        found.append(ChapterEntry(item, line, appendix))
-    return found
-
-
 def load_book(root: Path | str | None = None) -> Book:
-    """Read `_quarto.yml`: every file in book.chapters then book.appendices, in order."""
+    """Read `_quarto.yml`: every file of book.chapters then book.appendices, in order, with its line."""
     root = find_root(root) if root is None else Path(root)
-    config_path = root / "_quarto.yml"
     try:
-        text = config_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BookError(f"{config_path} does not exist") from None
-    try:
+        text = (root / "_quarto.yml").read_text(encoding="utf-8")
         config = yaml.safe_load(text) or {}
+    except FileNotFoundError:
+        raise BookError(f"{root / '_quarto.yml'} does not exist") from None
     except yaml.YAMLError as exc:
         raise BookError(f"_quarto.yml is not valid YAML: {exc}") from None
-    book = config.get("book") or {}
-    lines = text.split("\n")
-    cursor = [0]
-    entries = _flatten(book.get("chapters"), False, lines, cursor)
-    entries += _flatten(book.get("appendices"), True, lines, cursor)
+    lines, cursor, entries = text.split("\n"), 0, []
+    for key in ("chapters", "appendices"):
+        for item in (config.get("book") or {}).get(key) or []:
+            if not isinstance(item, str):  # the tools number, stage and check a flat list of files
+                raise BookError(f"_quarto.yml lists {item!r}: list the book's files one a line (parts are not used)")
+            line = next((number + 1 for number in range(cursor, len(lines)) if item in lines[number]), 0)
+            cursor = line or cursor
+            entries.append(ChapterEntry(item, line, key == "appendices"))
     return Book(root=root, entries=entries, config=config)
 
 
-_REPO_URL = re.compile(r"^(?:https?|ssh|git)://[^\s'\"\\]+$")
-
-
 def repo_url(book: Book) -> str:
-    """`_quarto.yml`'s `book.repo-url`: where the pages' source links point and the notebooks install from.
-
-    Raises:
-        BookError: it is missing, or not an http(s)/ssh/git URL.
-    """
+    """`_quarto.yml`'s `book.repo-url`, where the notebooks install longctx from (BookError if unusable)."""
     value = (book.config.get("book") or {}).get("repo-url")
     if value is None or (isinstance(value, str) and not value.strip()):
-        raise BookError(
-            "_quarto.yml has no book.repo-url: the notebooks' first cell installs longctx from it "
-            "(add `repo-url: https://github.com/OWNER/REPO` under `book:`)"
-        )
-    if not isinstance(value, str) or not _REPO_URL.match(value.strip()):
-        raise BookError(
-            f"_quarto.yml: book.repo-url must be an https://, ssh:// or git:// URL of the book's "
-            f"repository (pip installs `longctx @ git+URL`), not {value!r}"
-        )
+        raise BookError("_quarto.yml has no book.repo-url: the notebooks' first cell installs longctx from it "
+                        "(add `repo-url: https://github.com/OWNER/REPO` under `book:`)")
+    if not isinstance(value, str) or not re.match(r"^(?:https?|ssh|git)://[^\s'\"\\]+$", value.strip()):
+        raise BookError(f"_quarto.yml: book.repo-url must be an https://, ssh:// or git:// URL of the book's "
+                        f"repository (pip installs `longctx @ git+URL`), not {value!r}")
     return value.strip()
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename, so no reader sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def write_if_changed(path: Path, text: str) -> bool:
-    """Write `text` to `path` (atomically) unless it already holds it; whether it wrote."""
-    try:
-        if path.read_text(encoding="utf-8") == text:
-            return False
-    except FileNotFoundError:
-        pass
-    write_atomic(path, text)
+    """Write `text` to `path` unless it already holds it; whether it wrote."""
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8", newline="\n")
     return True

@@ -1,7 +1,5 @@
-"""The command line, `python -m booktools VERB`: one argument parser, one function per verb.
-
-Exit status: 0 success, 1 the book has problems (each printed as FILE:LINE: message), 2 usage.
-"""
+"""The command line, `python -m booktools VERB`: one parser, one function per verb. Exit status:
+0 success, 1 the book has problems (each printed as FILE:LINE: message), 2 usage."""
 
 from __future__ import annotations
 
@@ -13,27 +11,24 @@ from pathlib import Path
 from .book import BookError, find_root, load_book
 from .qmd import QmdError
 
-EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 
-
-def _print_problems(problems: list, verb: str) -> None:
+def _report(problems: list, verb: str) -> int:
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:
         print(f"{verb}: {len(problems)} problem(s)", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def cmd_tangle(book, args: argparse.Namespace) -> int:
     from .tangle import stale_outputs, tangle_book, write_outputs
 
     started = time.perf_counter()
-    result = tangle_book(book, args.files or None)
-    for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+    result = tangle_book(book)
     if result.problems:
-        _print_problems(result.problems, "tangle")
+        _report(result.problems, "tangle")
         print("tangle: no files were written", file=sys.stderr)
-        return EXIT_PROBLEMS
+        return 1
     if args.check:
         stale = stale_outputs(result)
         for path in stale:
@@ -41,14 +36,14 @@ def cmd_tangle(book, args: argparse.Namespace) -> int:
                   "(run `python -m booktools tangle`)", file=sys.stderr)
         if not stale and not args.quiet:
             print(f"tangle --check: {len(result.outputs)} module(s) current")
-        return EXIT_PROBLEMS if stale else EXIT_OK
+        return 1 if stale else 0
     written = write_outputs(result)
     if not args.quiet:
         for path in written:
             print(f"wrote {book.display(path)}")
         elapsed = (time.perf_counter() - started) * 1000
         print(f"tangle: {len(result.outputs)} module(s), {len(written)} file(s) changed, {elapsed:.0f} ms")
-    return EXIT_OK
+    return 0
 
 
 def cmd_notebooks(book, args: argparse.Namespace) -> int:
@@ -56,22 +51,19 @@ def cmd_notebooks(book, args: argparse.Namespace) -> int:
 
     out = Path(args.out).resolve() if args.out else book.root / "notebooks"
     executed = Path(args.executed).resolve() if args.executed else book.root / "_build" / "executed"
-    paths, problems = finish_book(book, executed, out, args.files or None)
-    _print_problems(problems, "notebooks")
-    if not args.quiet:
-        for path in paths:
-            print(f"wrote {book.display(path)}")
-    return EXIT_PROBLEMS if problems else EXIT_OK
+    paths, problems = finish_book(book, executed, out)
+    for path in [] if args.quiet else paths:
+        print(f"wrote {book.display(path)}")
+    return _report(problems, "notebooks")
 
 
 def cmd_check(book, args: argparse.Namespace) -> int:
     from .check import check_book
 
     problems = check_book(book)
-    _print_problems(problems, "check")
     if not problems:
         print("check: the book is consistent")
-    return EXIT_PROBLEMS if problems else EXIT_OK
+    return _report(problems, "check")
 
 
 def cmd_quarto(book, args: argparse.Namespace) -> int:
@@ -82,9 +74,9 @@ def cmd_quarto(book, args: argparse.Namespace) -> int:
         result = build_quarto_book(book.root, out)
     except QuartoError as exc:
         print(f"quarto: {exc}", file=sys.stderr)
-        return EXIT_PROBLEMS
+        return 1
     print(f"quarto: executed and rendered {', '.join(result['formats'])} in {result['seconds']:.0f} s -> {out}")
-    return EXIT_OK
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,28 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--root", help="the book's root (the folder holding _quarto.yml); default: found from the cwd")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
-    files_help = "chapter files (default: every chapter in _quarto.yml)"
-
     tangle = verbs.add_parser("tangle", help="write code/chNN/ from each chapter's `# @save` cells")
-    tangle.add_argument("files", nargs="*", help=files_help)
     tangle.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each stale module")
     tangle.add_argument("-q", "--quiet", action="store_true", help="print only problems")
     tangle.set_defaults(run=cmd_tangle)
-
-    notebooks = verbs.add_parser(
-        "notebooks",
-        help="the reader's notebooks/chNN-*.ipynb: the chapters Quarto executed (run `quarto` first) with their "
-        "outputs and inline values, no Quarto syntax, and a first cell that installs longctx outside the repository",
-    )
-    notebooks.add_argument("files", nargs="*", help=files_help)
+    notebooks = verbs.add_parser("notebooks", help="the reader's notebooks/chNN-*.ipynb: the chapters Quarto executed "
+                                 "(run `quarto` first) with their outputs and inline values, no Quarto syntax, and a "
+                                 "first cell that installs longctx outside the repository")
     notebooks.add_argument("--executed", help="Quarto's executed notebooks (default: _build/executed/)")
     notebooks.add_argument("--out", help="output folder (default: notebooks/)")
     notebooks.add_argument("-q", "--quiet", action="store_true")
     notebooks.set_defaults(run=cmd_notebooks)
-
     check = verbs.add_parser("check", help="check cross-references, citations, labels, captions, saved code and modules")
     check.set_defaults(run=cmd_check)
-
     quarto = verbs.add_parser("quarto", help="execute and render the book with Quarto into _book/ (HTML and EPUB)")
     quarto.add_argument("--out", help="output folder (default: _book/)")
     quarto.set_defaults(run=cmd_quarto)
@@ -125,14 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
-        book = load_book(Path(args.root).resolve() if args.root else find_root())
-        return args.run(book, args)
+        return args.run(load_book(Path(args.root).resolve() if args.root else find_root()), args)
     except BookError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return 2
     except QmdError as exc:
         print(exc, file=sys.stderr)
-        return EXIT_PROBLEMS
+        return 1
