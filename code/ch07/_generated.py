@@ -12,7 +12,7 @@ from torch import Tensor
 from longctx import ch02, ch05, ch06, support
 
 
-# chapters/ch07-forgetting.qmd:85
+# chapters/ch07-forgetting.qmd:86
 class Seen(NamedTuple):
     """What one layer's heads have attended to, for the cached entries.
 
@@ -45,7 +45,7 @@ def newest(seen: Seen, count: int) -> Tensor:
     return seen.positions > cutoff
 
 
-# chapters/ch07-forgetting.qmd:129
+# chapters/ch07-forgetting.qmd:130
 def keep_all(seen: Seen, keep: int) -> Tensor:
     """The full cache: every entry, whatever the budget."""
     return top_positions(-seen.positions.double(), seen.positions.shape[-1])
@@ -70,7 +70,7 @@ def keep_heavy(seen: Seen, keep: int, recent_share: float = 0.5) -> Tensor:
     return top_positions(score, keep)
 
 
-# chapters/ch07-forgetting.qmd:167
+# chapters/ch07-forgetting.qmd:168
 def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
     """Return SnapKV's votes (B, H, n), pooled along the cache.
 
@@ -126,7 +126,7 @@ def pyramid_budgets(keep: int, layers: int, *, tokens: int,
     return budgets
 
 
-# chapters/ch07-forgetting.qmd:233
+# chapters/ch07-forgetting.qmd:234
 def toy_seen(entries: int = 12, window: int = 3, *, seed: int = 7) -> Seen:
     """Return the chapter's small case: one head's random causal attention.
 
@@ -145,7 +145,7 @@ def toy_seen(entries: int = 12, window: int = 3, *, seed: int = 7) -> Seen:
                 weights[..., -window:, :])
 
 
-# chapters/ch07-forgetting.qmd:305
+# chapters/ch07-forgetting.qmd:306
 class TokensRead:
     """The tokens each layer of a cache has read, which set its positions.
 
@@ -263,7 +263,7 @@ class EvictingCache(TokensRead):
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:445
+# chapters/ch07-forgetting.qmd:446
 class QuantizedCache(TokensRead):
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -331,7 +331,7 @@ class QuantizedCache(TokensRead):
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:533
+# chapters/ch07-forgetting.qmd:534
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -351,7 +351,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model(tokens, cache)
 
 
-# chapters/ch07-forgetting.qmd:554
+# chapters/ch07-forgetting.qmd:555
 #: Each policy's name -> (keep function, settings). An evicting policy's
 #: keep function picks the entries to keep; its settings are the
 #: function's own (``sinks`` first positions kept, H2O's ``recent_share``
