@@ -81,6 +81,7 @@ def test_docstrings_name_equations_by_their_numbers():
         "strided": [ch04.strided_mask], "linear": [ch04.linear_attention_recurrent, ch04.linear_attention_chunked],
         "ssm": [ch04.ssm_recurrent, ch04.ssm_kernel], "selective": [ch04.discretize, ch04.selective_ssm],
         "scan": [ch04.parallel_scan], "mamba": [ch04.selective_scan, ch04.SelectiveSSMLayer],
+        "gated": [ch04.gated_linear_attention, ch04.gated_linear_attention_scan], "delta": [ch04.delta_rule],
         "hybrid": [ch04.hybrid_cache_bytes],
         "quantized": [ch04.quantized_kv_bytes_per_token],
     }
@@ -635,6 +636,117 @@ def test_selective_ssm_through_the_parallel_scan():
     keep, write = ch04.discretize(ch04.step_sizes(CARRY_MARKERS))
     by_loop = ch04.selective_ssm(CARRY_VALUES, ch04.step_sizes(CARRY_MARKERS))
     assert torch.allclose(ch04.parallel_scan(keep, write * CARRY_VALUES), by_loop, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- gated tables and the delta rule
+
+
+def test_retention_decays_are_retnets_rates():
+    gammas = ch04.retention_decays(4)
+    assert gammas.tolist() == [1 - 1 / 32, 1 - 1 / 64, 1 - 1 / 128, 1 - 1 / 256]
+    assert gammas.dtype == F64
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gated_linear_attention_scan_equals_the_loop(seed):
+    sizes = random_sizes(seed, heads=(1, 4), tokens=(1, 40), d_k=(1, 9), d_v=(1, 7))
+    heads, tokens, d_k, d_v = sizes["heads"], sizes["tokens"], sizes["d_k"], sizes["d_v"]
+    query, key = randn(heads, tokens, d_k, seed=seed), randn(heads, tokens, d_k, seed=seed + 10)
+    value = randn(heads, tokens, d_v, seed=seed + 20)
+    gla = ch04.gla_gates(randn(heads, tokens, d_k, seed=seed + 30))
+    retnet = ch04.retention_decays(heads)[:, None, None]
+    resets = gla.clone()
+    resets[..., ::5, :] = 0.0  # a gate of 0 empties the row
+    for gate in (gla, retnet, resets, torch.ones(1, dtype=F64)):
+        by_loop, state = ch04.gated_linear_attention(query, key, value, gate)
+        assert by_loop.shape == (heads, tokens, d_v) and state.shape == (heads, d_k, d_v)
+        assert torch.allclose(ch04.gated_linear_attention_scan(query, key, value, gate), by_loop, atol=1e-12)
+
+
+def test_gated_linear_attention_matches_its_definition_and_linear_attention():
+    query, key, value = randn(2, 11, 3, seed=1), randn(2, 11, 3, seed=2), randn(2, 11, 4, seed=3)
+    gate = ch04.gla_gates(randn(2, 11, 3, seed=4))
+    outputs, state = ch04.gated_linear_attention(query, key, value, gate)
+    by_hand = torch.zeros(2, 3, 4, dtype=F64)
+    for t in range(11):
+        by_hand = gate[:, t, :, None] * by_hand + torch.einsum("hi,hj->hij", key[:, t], value[:, t])
+        assert torch.allclose(outputs[:, t], torch.einsum("hi,hij->hj", query[:, t], by_hand), atol=1e-12)
+    assert torch.allclose(state, by_hand, atol=1e-12)
+    # with every keep factor 1 and phi applied, the table is linear attention's S
+    _, ones_state = ch04.gated_linear_attention(query, ch04.feature_map(key), value, torch.ones(1, dtype=F64))
+    _, (summed, _) = ch04.linear_attention_recurrent(query, key, value)
+    assert torch.allclose(ones_state, summed, atol=1e-12)
+    # a retention head's contribution of token s to step t is gamma^(t - s) (q_t . k_s) v_s
+    gamma = ch04.retention_decays(1)[0]
+    retained, _ = ch04.gated_linear_attention(query, key, value, gamma.reshape(1, 1))
+    ages = torch.arange(11)[:, None] - torch.arange(11)[None, :]
+    weights = torch.where(ages >= 0, gamma ** ages.clamp(min=0), torch.zeros((), dtype=F64))
+    assert torch.allclose(retained, (query @ key.transpose(-2, -1) * weights) @ value, atol=1e-12)
+
+
+def test_delta_rule_equals_its_definition(seed=7):
+    query, value = randn(3, 13, 5, seed=seed), randn(3, 13, 2, seed=seed + 1)
+    key = F.normalize(randn(3, 13, 5, seed=seed + 2), dim=-1)
+    strength = torch.rand(3, 13, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    outputs, state = ch04.delta_rule(query, key, value, strength)
+    by_hand = torch.zeros(3, 5, 2, dtype=F64)
+    for t in range(13):
+        k, beta = key[:, t], strength[:, t]
+        update = torch.eye(5, dtype=F64) - beta[:, None, None] * k[:, :, None] * k[:, None, :]
+        by_hand = update @ by_hand + beta[:, None, None] * k[:, :, None] * value[:, t, None, :]
+        assert torch.allclose(outputs[:, t], torch.einsum("hi,hij->hj", query[:, t], by_hand), atol=1e-12)
+    assert torch.allclose(state, by_hand, atol=1e-12)
+    # beta = 0 writes nothing; with unit keys the state reads back (1 - beta) old + beta new
+    assert torch.equal(ch04.delta_rule(query, key, value, torch.zeros(3, 13, dtype=F64))[1], torch.zeros(3, 5, 2, dtype=F64))
+
+
+def test_delta_rule_recalls_an_overwritten_key_exactly_where_a_sum_does_not():
+    keys = torch.eye(4, dtype=F64)[[0, 1, 2, 0, 3]]  # key 0 written, then written again
+    values = torch.tensor([[5.0], [-1.0], [2.0], [9.0], [4.0]], dtype=F64)
+    _, state = ch04.delta_rule(keys, keys, values, torch.ones(5, dtype=F64))
+    assert (torch.eye(4, dtype=F64) @ state)[:, 0].tolist() == [9.0, -1.0, 2.0, 4.0]
+    _, summed = ch04.gated_linear_attention(keys, keys, values, torch.ones(1, dtype=F64))
+    assert summed[0, 0].item() == 14.0  # the old and new values added up
+    _, faded = ch04.gated_linear_attention(keys, keys, values, torch.full((1,), 0.5, dtype=F64))
+    assert faded[0, 0].item() == 5.0 * 0.5**4 + 9.0 * 0.5  # both, faded by age
+    # a key rotated within the table: overwrite is exact for any unit key
+    rotation = torch.linalg.qr(randn(4, 4, seed=3))[0]
+    turned = keys @ rotation
+    _, state = ch04.delta_rule(turned, turned, values, torch.ones(5, dtype=F64))
+    assert torch.allclose(rotation @ state, torch.tensor([[9.0], [-1.0], [2.0], [4.0]], dtype=F64), atol=1e-12)
+
+
+def test_the_delta_rule_is_not_an_elementwise_scan():
+    key = F.normalize(randn(20, 6, seed=11), dim=-1)
+    value, query = randn(20, 3, seed=12), randn(20, 6, seed=13)
+    ones = torch.ones(20, dtype=F64)
+    exact, _ = ch04.delta_rule(query, key, value, ones)
+    diagonal = ch04.gated_linear_attention_scan(query, key, value, 1 - key**2)
+    assert (exact - diagonal).abs().max() > 0.1
+    # with keys that never overlap the diagonal is the whole matrix, and the two agree
+    one_hot = torch.eye(6, dtype=F64)[torch.arange(20) % 6]
+    exact, _ = ch04.delta_rule(query, one_hot, value, ones)
+    assert torch.allclose(ch04.gated_linear_attention_scan(query, one_hot, value, 1 - one_hot**2), exact, atol=1e-12)
+
+
+def test_gated_rules_reject_bad_input():
+    good = randn(2, 5, 3, seed=0)
+    with pytest.raises(ValueError, match="heads"):
+        ch04.retention_decays(0)
+    with pytest.raises(TypeError, match="heads"):
+        ch04.retention_decays(2.0)
+    with pytest.raises(ValueError, match="temperature"):
+        ch04.gla_gates(good, temperature=0)
+    with pytest.raises(TypeError, match="logits"):
+        ch04.gla_gates([0.5])
+    with pytest.raises(TypeError, match="gate"):
+        ch04.gated_linear_attention(good, good, good, 0.5)
+    with pytest.raises(ValueError, match="key"):
+        ch04.gated_linear_attention(good, good[0, 0], good, torch.ones(1, dtype=F64))
+    with pytest.raises(ValueError, match="strength"):
+        ch04.delta_rule(good, good, good, torch.ones(2, 4, dtype=F64))
+    with pytest.raises(TypeError, match="value"):
+        ch04.delta_rule(good, good, good.long(), torch.ones(2, 5, dtype=F64))
 
 
 def test_scan_rounds_of_no_steps_is_zero():

@@ -15,10 +15,11 @@ from longctx.support import (
     check_choice,
     check_int,
     check_number,
+    check_tensor,
     check_type,
 )
 
-# chapters/ch04-efficient-architectures.qmd:88
+# chapters/ch04-efficient-architectures.qmd:90
 #: Gemma 3 1B's attention with all 26 layers global (the shipped model
 #: windows 22 of them): 4 query heads, 1 KV head of 256, bf16.
 RUNNING_EXAMPLE = ch03.KVConfig(
@@ -27,7 +28,7 @@ RUNNING_EXAMPLE = ch03.KVConfig(
 )
 
 
-# chapters/ch04-efficient-architectures.qmd:124
+# chapters/ch04-efficient-architectures.qmd:126
 def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     """Return what the token at position T costs attention (Equation 4.1).
 
@@ -59,7 +60,7 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     }
 
 
-# chapters/ch04-efficient-architectures.qmd:378
+# chapters/ch04-efficient-architectures.qmd:380
 def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
                                  scale_bytes: int = 2) -> int:
     """Return the cache bytes per token at ``bits`` per number (Equation 4.3).
@@ -79,7 +80,7 @@ def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
     return vectors * (-(-width * bits // 8) + scale_bytes)
 
 
-# chapters/ch04-efficient-architectures.qmd:458
+# chapters/ch04-efficient-architectures.qmd:460
 def quantize_kv(x: Tensor, bits: int, *,
                 per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d).
@@ -94,7 +95,7 @@ def quantize_kv(x: Tensor, bits: int, *,
     return ch02.quantize(x, bits, dim=-1 if per == "token" else -2)
 
 
-# chapters/ch04-efficient-architectures.qmd:480
+# chapters/ch04-efficient-architectures.qmd:482
 def quantized_cache_error(bits: int, *, keys_per: str = "token",
                           tokens: int = 512, dim: int = 256,
                           outlier_channels: int = 0,
@@ -139,7 +140,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:675
+# chapters/ch04-efficient-architectures.qmd:677
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     return int(mask.sum())
@@ -159,7 +160,7 @@ def receptive_field(mask: Tensor, layers: int) -> Tensor:
     return heard.bool()
 
 
-# chapters/ch04-efficient-architectures.qmd:785
+# chapters/ch04-efficient-architectures.qmd:787
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -191,7 +192,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:1035
+# chapters/ch04-efficient-architectures.qmd:1037
 def tiles_touched(token_mask: Tensor, block_size: int) -> Tensor:
     """Return the bool (n, n) tiles of a (T, T) mask, n = ceil(T / b).
 
@@ -270,7 +271,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1334
+# chapters/ch04-efficient-architectures.qmd:1337
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -353,7 +354,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1578
+# chapters/ch04-efficient-architectures.qmd:1581
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -388,7 +389,7 @@ def sharpness_comparison(query_scale: float, seed: int = 1813,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1666
+# chapters/ch04-efficient-architectures.qmd:1670
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -424,7 +425,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1861
+# chapters/ch04-efficient-architectures.qmd:1865
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
 
@@ -467,7 +468,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2044
+# chapters/ch04-efficient-architectures.qmd:2048
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -500,10 +501,99 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2295
+# chapters/ch04-efficient-architectures.qmd:2311
+def retention_decays(heads: int) -> Tensor:
+    """Return RetNet's keep factor per head, gamma_h = 1 - 2^(-5-h).
+
+    Head h forgets 2^-(5+h) of its state per token: each later head
+    forgets half as fast as the one before (float64, shape (heads,)).
+    """
+    heads = check_int("heads", heads, minimum=1)
+    return 1.0 - 2.0 ** (-5.0 - torch.arange(heads, dtype=torch.float64))
+
+
+def gla_gates(logits: Tensor, temperature: float = 16.0) -> Tensor:
+    """Return GLA's keep factors sigmoid(logits)^(1/temperature).
+
+    logits: (..., T, d_k), one per token and key entry, computed from the
+    token; a larger temperature holds the factors nearer 1.
+    """
+    logits = check_tensor("logits", logits, floating=True, min_dims=1)
+    temperature = check_number("temperature", temperature, above=0)
+    return torch.sigmoid(logits) ** (1.0 / temperature)
+
+
+def gated_linear_attention(query: Tensor, key: Tensor, value: Tensor,
+                           gate: Tensor) -> tuple[Tensor, Tensor]:
+    """Return (outputs, S) of Equation 4.10, one token at a time.
+
+    S_t = G_t * S_{t-1} + k_t v_t^T and o_t = S_t^T q_t. query, key:
+    (..., T, d_k); value: (..., T, d_v); gate: keep factors that
+    broadcast to key's shape, one per row of S (RetNet: (H, 1, 1); GLA:
+    (..., T, d_k); all ones: Equation 4.6's S). S: (..., d_k, d_v).
+    """
+    query, key, value = (check_tensor(name, tensor, floating=True,
+                                      min_dims=2)
+                         for name, tensor in (("query", query), ("key", key),
+                                              ("value", value)))
+    gate = torch.broadcast_to(check_tensor("gate", gate, floating=True),
+                              key.shape)  # (..., T, d_k)
+    state = key.new_zeros(*key.shape[:-2], key.shape[-1], value.shape[-1])
+    outputs = []
+    for t in range(key.shape[-2]):
+        write = key[..., t, :, None] * value[..., t, None, :]  # k_t v_t^T
+        state = gate[..., t, :, None] * state + write  # G_t row by row
+        outputs.append((query[..., t, :, None] * state).sum(dim=-2))
+    return torch.stack(outputs, dim=-2), state
+
+
+def gated_linear_attention_scan(query: Tensor, key: Tensor, value: Tensor,
+                                gate: Tensor) -> Tensor:
+    """Return ``gated_linear_attention``'s outputs through ``parallel_scan``.
+
+    Entry S[i, j] follows its own h_t = a_t h_{t-1} + b_t (Equation 4.9)
+    with a_t = G_t[i] and b_t = k_t[i] v_t[j], so one scan over a
+    (..., d_k, d_v, T) stack returns every S_t of Equation 4.10 at once.
+    """
+    gate = torch.broadcast_to(gate, key.shape)
+    keep = gate.transpose(-2, -1)[..., :, None, :]  # (..., d_k, 1, T)
+    write = (key.transpose(-2, -1)[..., :, None, :]
+             * value.transpose(-2, -1)[..., None, :, :])  # (..., d_k, d_v, T)
+    states = parallel_scan(keep, write)  # S_t for every t
+    read = query.transpose(-2, -1)[..., :, None, :] * states  # q_t[i] S_t
+    return read.sum(dim=-3).transpose(-2, -1)  # (..., T, d_v)
+
+
+# chapters/ch04-efficient-architectures.qmd:2440
+def delta_rule(query: Tensor, key: Tensor, value: Tensor,
+               strength: Tensor) -> tuple[Tensor, Tensor]:
+    """Return (outputs, S) of the delta rule (Equation 4.11), o_t = S_t^T q_t.
+
+    Each step reads S_{t-1}^T k_t, what S holds under the key, and moves
+    it towards v_t by beta_t. query, key: (..., T, d_k); value:
+    (..., T, d_v); strength: beta, (..., T). S: (..., d_k, d_v).
+    """
+    query, key, value = (check_tensor(name, tensor, floating=True,
+                                      min_dims=2)
+                         for name, tensor in (("query", query), ("key", key),
+                                              ("value", value)))
+    strength = check_tensor("strength", strength, floating=True,
+                            sizes={-1: key.shape[-2]})
+    state = key.new_zeros(*key.shape[:-2], key.shape[-1], value.shape[-1])
+    outputs = []
+    for t in range(key.shape[-2]):
+        k = key[..., t, :]
+        held = (k[..., :, None] * state).sum(dim=-2)  # S_{t-1}^T k_t
+        change = strength[..., t, None] * (value[..., t, :] - held)
+        state = state + k[..., :, None] * change[..., None, :]
+        outputs.append((query[..., t, :, None] * state).sum(dim=-2))
+    return torch.stack(outputs, dim=-2), state
+
+
+# chapters/ch04-efficient-architectures.qmd:2656
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
-    """Return y (batch, channels, length) of a selective SSM (Equation 4.10).
+    """Return y (batch, channels, length) of a selective SSM (Equation 4.12).
 
     Shapes and discretization follow Mamba's reference ``selective_scan_ref``:
     h_t[d, n] = exp(delta_t[d] A[d, n]) h_{t-1}[d, n] + delta_t[d] B_t[n]
@@ -521,7 +611,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2434
+# chapters/ch04-efficient-architectures.qmd:2795
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -529,7 +619,7 @@ class SelectiveSSMLayer(nn.Module):
     a gate z of the same width, and u = silu(x W_in). Each token computes
     its own step sizes delta = softplus(dt_proj(u W_dt)), one per channel,
     input weights B = u W_B and readout C = u W_C, N numbers each;
-    ``selective_scan`` (Equation 4.10) runs with a skip D; the result is
+    ``selective_scan`` (Equation 4.12) runs with a skip D; the result is
     gated by silu(z) and mapped back by ``out_proj``. A = -exp(A_log)
     starts at -(1, 2, ..., N) in every channel, Mamba's S4D-real start, and
     the step sizes start spread between 0.001 and 0.1.
@@ -596,7 +686,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2527
+# chapters/ch04-efficient-architectures.qmd:2888
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -752,7 +842,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:2870
+# chapters/ch04-efficient-architectures.qmd:3231
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -766,7 +856,7 @@ def ssm_state_bytes(channels: int, state_size: int,
 def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
                        attention_layers: int, channels: int,
                        state_size: int = 16) -> int:
-    """Return a hybrid stack's cache bytes (Equation 4.11).
+    """Return a hybrid stack's cache bytes (Equation 4.13).
 
     Of ``config.layers`` layers, ``attention_layers`` are attention layers
     of ``config``'s head shape and keep all T tokens; each of the others
@@ -794,7 +884,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3041
+# chapters/ch04-efficient-architectures.qmd:3402
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig, *,
                           channels: int,
                           state_size: int = 16) -> dict[str, int]:
@@ -803,7 +893,7 @@ def cache_bytes_by_design(tokens: int, config: ch03.KVConfig, *,
     "as shipped" is ``kv_bytes(config, tokens)``; "every layer global"
     drops the config's window; "a state in each windowed layer" keeps the
     global layers and gives every windowed one a state of ``channels`` x
-    ``state_size`` numbers (Equation 4.11; the same as shipped when the
+    ``state_size`` numbers (Equation 4.13; the same as shipped when the
     config has no window); "a state in every layer" keeps no attention.
 
     Raises:
