@@ -45,6 +45,10 @@ from .qmd import (
 __all__ = ["CODE_LINE_LIMIT", "check_book", "saved_code_problems", "source_problems"]
 
 
+#: The chapter part of a label (`ch05-` in `sec-ch05-timing`), which an appendix may keep.
+MOVED_LABEL = re.compile(r"ch\d\d-")
+
+
 def _label_scope(path: str) -> str | None:
     """What a label must name after its prefix in this file: "ch03", "index", "appendix"."""
     name, match = Path(path).name, MODULE_FILE.match(Path(path).name)
@@ -114,7 +118,9 @@ def check_book(book: Book, numbering: Numbering | None = None) -> list[str]:
                 wanted = " or ".join(f"{kind}-" for kind in allowed)
                 add(display, line, f"label {label} should start with {wanted}")
                 return
-            if scope is not None and not label.startswith(f"{prefix}-{scope}-"):
+            # an appendix may hold a chapter's section moved there, under the label it had
+            moved = scope == "appendix" and MOVED_LABEL.match(label.split("-", 1)[1])
+            if scope is not None and not label.startswith(f"{prefix}-{scope}-") and not moved:
                 add(display, line, f"label {label} should name its chapter: {prefix}-{scope}-...")
 
         def check_references(text: str, line: int, display=display) -> None:
