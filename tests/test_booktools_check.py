@@ -194,6 +194,16 @@ def test_what_quarto_reads_correctly_passes(clean_book, fine):
     assert problems(clean_book) == []
 
 
+def test_an_appendix_keeps_the_label_of_a_chapter_section_moved_into_it(clean_book):
+    appendix = chapter(clean_book, "appendix-extra")
+    appendix.write_text(appendix.read_text() + "\n## Moved {#sec-ch01-moved}\n\nText.\n")
+    edit(chapter(clean_book), "### A detail\n", "See @sec-ch01-moved.\n\n### A detail\n")
+    assert problems(clean_book) == []
+    appendix.write_text(appendix.read_text() + "\n## Stray {#sec-other-stray}\n")
+    assert any("label sec-other-stray should name its chapter: sec-appendix-" in p
+               for p in problems(clean_book))
+
+
 def test_the_shared_fixture_has_exactly_one_problem_its_unlabelled_diagram(fixture_book, booktools):
     assert booktools(fixture_book, "tangle")[0] == 0
     found = problems(fixture_book)
