@@ -777,7 +777,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope_key_dim}
 
 
-# chapters/ch03-long-context.qmd:2425
+# chapters/ch03-long-context.qmd:2427
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -896,7 +896,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2551
+# chapters/ch03-long-context.qmd:2553
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -967,7 +967,7 @@ class AbsorbedLatentAttention(ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch03-long-context.qmd:2880
+# chapters/ch03-long-context.qmd:2882
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -995,7 +995,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2993
+# chapters/ch03-long-context.qmd:2995
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -1036,7 +1036,7 @@ def read_window_fields(mapping: Mapping[str, Any],
     return {"window": window, "windowed_layers": windowed}
 
 
-# chapters/ch03-long-context.qmd:3153
+# chapters/ch03-long-context.qmd:3155
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -1075,7 +1075,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch03-long-context.qmd:3307
+# chapters/ch03-long-context.qmd:3309
 def window_reach(window: int, layers: int) -> int:
     """Return L (W - 1), how far L windowed layers carry (Equation 3.10)."""
     window = check_int("window", window, minimum=1)
@@ -1088,7 +1088,7 @@ def hops_needed(distance: int, window: int) -> int:
     return -(-distance // (window - 1))  # ceil(D / (W - 1)), exactly
 
 
-# chapters/ch03-long-context.qmd:3468
+# chapters/ch03-long-context.qmd:3470
 def tokens_that_fit(config: KVConfig, budget: int,
                     batch: int = 1) -> int | None:
     """Return the most tokens T with kv_bytes(config, T, batch) <= budget.
