@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from longctx import support
+from longctx.support import runs
 
 ROOT = Path(__file__).resolve().parent.parent
 # What each chapter reads: the prefix and the repository folder its runs are saved in.
@@ -83,6 +84,36 @@ def test_timed_run_records_how_the_run_went(tmp_path):
     support.write_results({"machine": machine, **results}, out)
     assert json.loads(out.read_text())["answer"] == 499999500000
     assert sorted(p.name for p in out.parent.iterdir()) == ["study-cpu.json"]  # no .tmp left
+
+
+def test_the_record_names_the_kernels_this_cpu_can_run():
+    machine = support.machine_record(torch.device("cpu"), 1, "tiny")
+    assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert set(machine["math_libraries"]) == {"mkl", "onednn"}
+    flags = machine["isa_flags"]
+    assert flags is None or set(flags) <= set(runs.ISA_FLAGS)
+    cpuinfo = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni amx_tile\nflags : avx\n"
+    assert runs.isa_flags(cpuinfo) == ["avx2", "fma", "avx512f", "avx512_vnni", "amx_tile"]
+    assert runs.isa_flags("processor : 0\n") is None
+
+
+def test_proc_stat_is_read_as_busy_and_stolen_seconds():
+    tick = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    line = f"cpu  {3 * tick} {tick} {2 * tick} 9999 7 {tick} {tick} {5 * tick} 0 0\ncpu0 1 2 3\n"
+    assert runs.cpu_seconds_by_kind(line) == {"busy": 8.0, "steal": 5.0}
+    assert runs.cpu_seconds_by_kind("intr 1 2 3\n") is None
+
+
+def test_timed_run_counts_other_processes_apart_from_its_own_cpu(monkeypatch):
+    stats = iter([{"busy": 100.0, "steal": 4.0}, {"busy": 110.0, "steal": 4.5}])
+    own = iter([1.0, 3.0])  # this process used 2 s of the machine's 10 busy seconds
+    monkeypatch.setattr(runs, "cpu_seconds_by_kind", lambda: next(stats))
+    monkeypatch.setattr(runs, "_own_cpu_seconds", lambda: next(own))
+    machine = {"processes": 1}
+    assert support.timed_run(machine, lambda: {"answer": 42}) == {"answer": 42}
+    assert machine["cpu_seconds"] == 3.0
+    assert machine["other_processes_cpu_seconds"] == 8.0 and machine["steal_seconds"] == 0.5
 
 
 # --------------------------------------------------------------------------- the one loader

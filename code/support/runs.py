@@ -115,6 +115,61 @@ def load_average() -> float | None:
         return None
 
 
+#: The /proc/cpuinfo flags that decide which kernels run: vector width, int8 and bf16 dot products, AMX.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def isa_flags(cpuinfo: str | None = None) -> list[str] | None:
+    """Return which of ``ISA_FLAGS`` the CPU reports (from /proc/cpuinfo's first flags line), or None."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = pathlib.Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            present = set(line.split(":", 1)[1].split())
+            return [flag for flag in ISA_FLAGS if flag in present]
+    return None
+
+
+def math_libraries() -> dict[str, str | None]:
+    """Return the MKL and oneDNN versions this torch was built with (from torch.__config__.show())."""
+    config = torch.__config__.show()
+    mkl = re.search(r"Math Kernel Library Version ([\w.]+)", config)
+    onednn = re.search(r"MKL-DNN v([\w.]+)", config)
+    return {"mkl": mkl.group(1) if mkl else None, "onednn": onednn.group(1) if onednn else None}
+
+
+def transparent_hugepages() -> str | None:
+    """Return the kernel's transparent-huge-page mode (the bracketed word), or None where unreadable."""
+    try:
+        text = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    chosen = re.search(r"\[(\w+)\]", text)
+    return chosen.group(1) if chosen else None
+
+
+def cpu_seconds_by_kind(stat: str | None = None) -> dict[str, float] | None:
+    """Return the machine's busy and stolen CPU seconds since boot, from /proc/stat's ``cpu`` line.
+
+    Busy is user + nice + system + irq + softirq, all processes together; steal is time a
+    hypervisor gave this VM's CPUs to another guest. None where /proc/stat is unreadable.
+    """
+    if stat is None:
+        try:
+            stat = pathlib.Path("/proc/stat").read_text()
+        except OSError:
+            return None
+    fields = stat.splitlines()[0].split()
+    if fields[0] != "cpu" or len(fields) < 9:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    tick = os.sysconf("SC_CLK_TCK")
+    return {"busy": (user + nice + system + irq + softirq) / tick, "steal": steal / tick}
+
+
 def machine_record(device: torch.device, threads: int, mode: str) -> dict:
     """Return the description of the run that every results file begins with.
 
@@ -134,27 +189,44 @@ def machine_record(device: torch.device, threads: int, mode: str) -> dict:
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "mode": mode,
         "load_average_start": load_average(),
+        "isa_flags": isa_flags(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "math_libraries": math_libraries(),
+        "transparent_hugepages": transparent_hugepages(),
     }
+
+
+def _own_cpu_seconds() -> float:
+    """Return the CPU seconds this process and its reaped workers have used so far."""
+    return sum(usage.ru_utime + usage.ru_stime for usage in (
+        resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def timed_run(machine: dict, run: Callable[[], dict]) -> dict:
     """Return ``run()``'s results, having added to ``machine`` how the run went.
 
     The machine may be shared, so it records the host, the load average before and after
-    (1, 5 and 15 minutes), the wall time, the CPU time of this process and its reaped workers,
-    and that CPU time spread over ``machine["processes"]`` (at most the logical CPUs): what
-    the wall time would be on an idle machine.
+    (1, 5 and 15 minutes; it counts the run's own threads too), the wall time, the CPU time of
+    this process and its reaped workers, and that CPU time spread over ``machine["processes"]``
+    (at most the logical CPUs): what the wall time would be on an idle machine. From
+    /proc/stat it adds what the load average cannot tell apart: the CPU seconds other
+    processes used during the run, and the seconds a hypervisor stole.
     """
     machine["host"] = platform.node()
     machine["load_average_start"] = [round(x, 2) for x in os.getloadavg()]
+    before, own_before = cpu_seconds_by_kind(), _own_cpu_seconds()
     wall = time.perf_counter()
     results = run()
     machine["wall_seconds"] = time.perf_counter() - wall
-    machine["cpu_seconds"] = sum(usage.ru_utime + usage.ru_stime for usage in (
-        resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
+    machine["cpu_seconds"] = _own_cpu_seconds()
     machine["idle_wall_estimate_seconds"] = machine["cpu_seconds"] / max(
         1, min(machine["processes"], os.cpu_count() or 1))
     machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    after = cpu_seconds_by_kind()
+    if before is not None and after is not None:
+        machine["steal_seconds"] = round(after["steal"] - before["steal"], 2)
+        others = after["busy"] - before["busy"] - (machine["cpu_seconds"] - own_before)
+        machine["other_processes_cpu_seconds"] = round(max(0.0, others), 2)
     return results
 
 
