@@ -290,14 +290,14 @@ def unigram_entropy(
     """Return the entropy, in nats, of the token frequencies in ``token_ids``.
 
     It is the loss of the best model that ignores context and predicts every
-    token with its overall frequency: ``H = -sum_v p_v ln p_v``, with
-    ``p_v`` the share of the ids equal to ``v`` (ids in 0..vocab_size-1).
+    token with its overall frequency: ``-sum_v f_v ln f_v``, with
+    ``f_v`` the share of the ids equal to ``v`` (ids in 0..vocab_size-1).
     No ids have no entropy: an empty ``token_ids`` is refused, not given 0.
     """
     ids = check_int_sequence("token_ids", token_ids, nonempty=True)
     counts = torch.bincount(ids, minlength=vocab_size).double()  # (V,)
-    p = counts[counts > 0] / counts.sum()
-    return float(-(p * p.log()).sum())
+    f = counts[counts > 0] / counts.sum()
+    return float(-(f * f.log()).sum())
 
 
 def sample_batch(
@@ -690,9 +690,9 @@ def quantize(
     """Return symmetric absmax codes and scales with ``x ≈ codes * scale``.
 
     Equation 2.3: the scale is the largest ``|x|`` along ``dim`` divided by
-    ``q_max = 2**(bits-1) - 1``; ``dim=-1`` gives one scale per row,
+    ``c_max = 2**(bits-1) - 1``; ``dim=-1`` gives one scale per row,
     ``dim=0`` (or ``-2`` for a matrix) one per column. Codes are
-    ``round(x / scale)``, integers in ``[-q_max, q_max]``, so each value
+    ``round(x / scale)``, integers in ``[-c_max, c_max]``, so each value
     moves by at most half a step. A group of zeros gets scale 1.
 
     ``codes`` has ``x``'s shape, int8 for ``bits <= 8`` and int16 above;
@@ -701,12 +701,12 @@ def quantize(
     16 would wrap around in int16, so any other width is refused.
     """
     bits = check_bits("bits", bits, QUANTIZE_BITS)
-    q_max = 2 ** (bits - 1) - 1
+    c_max = 2 ** (bits - 1) - 1
     x = x.float()
     absmax = x.abs().amax(dim=dim, keepdim=True)
     ones = torch.ones_like(absmax)
-    scale = torch.where(absmax > 0, absmax / q_max, ones)  # Δ, Equation 2.3
-    codes = torch.round(x / scale).clamp(-q_max, q_max)  # guards rounding only
+    scale = torch.where(absmax > 0, absmax / c_max, ones)  # σ, Equation 2.3
+    codes = torch.round(x / scale).clamp(-c_max, c_max)  # guards rounding only
     return codes.to(torch.int8 if bits <= 8 else torch.int16), scale
 
 
