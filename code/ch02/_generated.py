@@ -67,7 +67,7 @@ class GPTConfig:
     """The sizes that fix a TinyGPT, checked when the config is created.
 
     Attributes:
-        vocab_size: Number of token ids, ``V``.
+        vocab_size: Number of token ids, ``n_vocab``.
         context_length: Rows of the learned position table: the most
             positions the model can address.
         d_model: Width of every token vector, ``d``.
@@ -257,7 +257,7 @@ class TinyGPT(nn.Module):
         return KVCache(*sizes, dtype=weight.dtype, device=weight.device)
 
     def forward(self, tokens: Tensor, cache: "KVCache | None" = None) -> Tensor:
-        """Return next-token logits (B, T, V) for token ids ``tokens`` (B, T).
+        """Return next-token logits (B, T, n_vocab) for ``tokens`` (B, T).
 
         With a ``cache`` the tokens continue the cached sequence: their
         positions start at ``cache.length``, and the cache grows by T in
@@ -280,24 +280,24 @@ class TinyGPT(nn.Module):
         x = self.embedding_dropout(x)
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer)  # (B, T, d)
-        return self.lm_head(self.final_norm(x))  # (B, T, d) -> (B, T, V)
+        return self.lm_head(self.final_norm(x))  # (B, T, d) -> (B, T, n_vocab)
 
 
-# chapters/ch02-tinygpt.qmd:554
+# chapters/ch02-tinygpt.qmd:555
 def unigram_entropy(
     token_ids: Iterable[int] | Tensor, vocab_size: int
 ) -> float:
     """Return the entropy, in nats, of the token frequencies in ``token_ids``.
 
     It is the loss of the best model that ignores context and predicts every
-    token with its overall frequency: ``H = -sum_v p_v ln p_v``, with
-    ``p_v`` the share of the ids equal to ``v`` (ids in 0..vocab_size-1).
+    token with its overall frequency: ``-sum_v f_v ln f_v``, with
+    ``f_v`` the share of the ids equal to ``v`` (ids in 0..vocab_size-1).
     No ids have no entropy: an empty ``token_ids`` is refused, not given 0.
     """
     ids = check_int_sequence("token_ids", token_ids, nonempty=True)
-    counts = torch.bincount(ids, minlength=vocab_size).double()  # (V,)
-    p = counts[counts > 0] / counts.sum()
-    return float(-(p * p.log()).sum())
+    counts = torch.bincount(ids, minlength=vocab_size).double()  # (n_vocab,)
+    f = counts[counts > 0] / counts.sum()
+    return float(-(f * f.log()).sum())
 
 
 def sample_batch(
@@ -410,8 +410,9 @@ def train(
                    unit="step")
         for _ in bar:
             inputs, targets = sample_batch(data, batch_size, length, generator)
-            logits = model(inputs)  # (B, T, V)
-            # Equation 2.1 over all B * T positions: (B*T, V) against (B*T,)
+            logits = model(inputs)  # (B, T, n_vocab)
+            # Equation 2.1 over all B * T positions:
+            # (B*T, n_vocab) against (B*T,)
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
             losses.append(training_step(model, optimizer, loss,
                                         schedule=schedule))
@@ -453,20 +454,20 @@ def evaluate_loss(
     total = 0.0
     for _ in range(batches):
         inputs, targets = sample_batch(data, batch_size, length, generator)
-        logits = model(inputs)  # (B, T, V)
+        logits = model(inputs)  # (B, T, n_vocab)
         total += F.cross_entropy(logits.flatten(0, 1), targets.flatten()).item()
     model.train(was_training)
     return total / batches
 
 
-# chapters/ch02-tinygpt.qmd:844
+# chapters/ch02-tinygpt.qmd:846
 def next_token(
     logits: Tensor,
     temperature: float = 0.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> int:
-    """Return one token id chosen from a (V,) row of logits.
+    """Return one token id chosen from a (n_vocab,) row of logits.
 
     At temperature 0 it is the argmax. Otherwise it is drawn, with
     ``generator``, from the softmax of ``logits / temperature``, after all
@@ -505,9 +506,9 @@ def generate(
 
     Raises:
         TypeError: If an argument has the wrong type.
-        ValueError: If the prompt is empty or holds an id outside 0..V-1,
+        ValueError: If the prompt is empty or holds an id outside 0..n_vocab-1,
             ``max_new_tokens`` or ``temperature`` is negative, ``top_k`` is
-            outside 1..V, sampling is asked for without a seed, or prompt
+            outside 1..n_vocab, sampling is asked for without a seed, or prompt
             plus new tokens exceed ``context_length`` (``max_new_tokens``
             is then above the positions left).
     """
@@ -540,7 +541,7 @@ def generate(
         if cache is None:
             unread = sequence  # without a cache, read everything again
         tokens = torch.tensor([unread], device=device)  # (1, T_unread)
-        logits = model(tokens, cache)  # (1, T_unread, V)
+        logits = model(tokens, cache)  # (1, T_unread, n_vocab)
         token = next_token(logits[0, -1], temperature, top_k, generator)
         sequence.append(token)
         unread = [token]
@@ -548,7 +549,7 @@ def generate(
     return sequence[len(prompt) :]
 
 
-# chapters/ch02-tinygpt.qmd:1046
+# chapters/ch02-tinygpt.qmd:1048
 class KVCache:
     """The keys and values a TinyGPT has computed: (B, H, T, d_h) per layer.
 
@@ -653,7 +654,7 @@ def attend_with_cache(
     return ch01.scaled_dot_product_attention(query, key, value, mask)
 
 
-# chapters/ch02-tinygpt.qmd:1427
+# chapters/ch02-tinygpt.qmd:1430
 def kv_cache_bytes(
     config: GPTConfig, tokens: int, *, batch: int = 1, bytes_per_scalar: int = 4
 ) -> int:
@@ -679,7 +680,7 @@ def kv_cache_bytes(
     return batch * scalar_bytes * scalars
 
 
-# chapters/ch02-tinygpt.qmd:1561
+# chapters/ch02-tinygpt.qmd:1564
 #: The bit widths quantize's codes can hold: int8 up to 8 bits, int16 to 16.
 QUANTIZE_BITS = range(2, 17)
 
@@ -690,9 +691,9 @@ def quantize(
     """Return symmetric absmax codes and scales with ``x ≈ codes * scale``.
 
     Equation 2.3: the scale is the largest ``|x|`` along ``dim`` divided by
-    ``q_max = 2**(bits-1) - 1``; ``dim=-1`` gives one scale per row,
+    ``c_max = 2**(bits-1) - 1``; ``dim=-1`` gives one scale per row,
     ``dim=0`` (or ``-2`` for a matrix) one per column. Codes are
-    ``round(x / scale)``, integers in ``[-q_max, q_max]``, so each value
+    ``round(x / scale)``, integers in ``[-c_max, c_max]``, so each value
     moves by at most half a step. A group of zeros gets scale 1.
 
     ``codes`` has ``x``'s shape, int8 for ``bits <= 8`` and int16 above;
@@ -701,12 +702,12 @@ def quantize(
     16 would wrap around in int16, so any other width is refused.
     """
     bits = check_bits("bits", bits, QUANTIZE_BITS)
-    q_max = 2 ** (bits - 1) - 1
+    c_max = 2 ** (bits - 1) - 1
     x = x.float()
     absmax = x.abs().amax(dim=dim, keepdim=True)
     ones = torch.ones_like(absmax)
-    scale = torch.where(absmax > 0, absmax / q_max, ones)  # Δ, Equation 2.3
-    codes = torch.round(x / scale).clamp(-q_max, q_max)  # guards rounding only
+    scale = torch.where(absmax > 0, absmax / c_max, ones)  # σ, Equation 2.3
+    codes = torch.round(x / scale).clamp(-c_max, c_max)  # guards rounding only
     return codes.to(torch.int8 if bits <= 8 else torch.int16), scale
 
 

@@ -1107,12 +1107,12 @@ def tokens_that_fit(config: KVConfig, budget: int,
     batch = check_int("batch", batch, minimum=1)                 # B
     slot = (batch * config.cached_scalars_per_layer_token()
             * config.bytes_per_scalar)           # one token in one layer
-    slots = budget // slot                       # layer-token slots in M
+    slots = budget // slot                 # layer-token slots in M_budget
     every_layer = slots // config.layers         # T while T < W
     if config.window is None or every_layer < config.window:
         return every_layer
-    global_layers = config.layers - config.windowed_layers       # L_g
+    global_layers = config.layers - config.windowed_layers   # L_global
     if global_layers == 0:                       # the cache stops at W
         return None
-    windowed = config.windowed_layers * config.window            # L_w W
+    windowed = config.windowed_layers * config.window        # L_local W
     return (slots - windowed) // global_layers
