@@ -41,8 +41,8 @@ PENDING_TABLE_CONFLICTS = {
 }
 
 # Indexed forms of a listed letter that the chapters write, each an element of
-# that letter's quantity, or (T_k) a count of tokens named for the keys.
-CONSISTENT_INDEXED = {"\\Delta_t", "\\sigma_j", "T_k"}
+# that letter's quantity, or (T_k, d_k) a count of tokens or a width named for the keys.
+CONSISTENT_INDEXED = {"\\Delta_t", "\\sigma_j", "T_k", "d_k"}
 # Indexed forms that give a listed letter another meaning, in chapters this
 # worktree may not edit; reported to the integrator, and the list only shrinks.
 PENDING_INDEXED_CONFLICTS = {
