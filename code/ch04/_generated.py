@@ -518,7 +518,6 @@ def gla_gates(logits: Tensor, temperature: float = 16.0) -> Tensor:
     logits: (..., T, d_k), one per token and key entry, computed from the
     token; a larger temperature holds the factors nearer 1.
     """
-    logits = check_tensor("logits", logits, floating=True, min_dims=1)
     temperature = check_number("temperature", temperature, above=0)
     return torch.sigmoid(logits) ** (1.0 / temperature)
 
@@ -564,7 +563,7 @@ def gated_linear_attention_scan(query: Tensor, key: Tensor, value: Tensor,
     return read.sum(dim=-3).transpose(-2, -1)  # (..., T, d_v)
 
 
-# chapters/ch04-efficient-architectures.qmd:2440
+# chapters/ch04-efficient-architectures.qmd:2439
 def delta_rule(query: Tensor, key: Tensor, value: Tensor,
                strength: Tensor) -> tuple[Tensor, Tensor]:
     """Return (outputs, S) of the delta rule (Equation 4.11), o_t = S_t^T q_t.
@@ -590,7 +589,7 @@ def delta_rule(query: Tensor, key: Tensor, value: Tensor,
     return torch.stack(outputs, dim=-2), state
 
 
-# chapters/ch04-efficient-architectures.qmd:2656
+# chapters/ch04-efficient-architectures.qmd:2655
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.12).
@@ -611,7 +610,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2795
+# chapters/ch04-efficient-architectures.qmd:2794
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -686,7 +685,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2888
+# chapters/ch04-efficient-architectures.qmd:2887
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -842,7 +841,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:3231
+# chapters/ch04-efficient-architectures.qmd:3230
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -884,7 +883,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3402
+# chapters/ch04-efficient-architectures.qmd:3401
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig, *,
                           channels: int,
                           state_size: int = 16) -> dict[str, int]:
