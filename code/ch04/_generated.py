@@ -570,14 +570,14 @@ def gated_linear_attention_scan(query: Tensor, key: Tensor, value: Tensor,
     return read.sum(dim=-3).transpose(-2, -1)  # (..., T, d_v)
 
 
-# chapters/ch04-efficient-architectures.qmd:2451
+# chapters/ch04-efficient-architectures.qmd:2452
 def delta_rule(query: Tensor, key: Tensor, value: Tensor,
                strength: Tensor) -> tuple[Tensor, Tensor]:
     """Return (outputs, S) of the delta rule (Equation 4.11), o_t = S_t^T q_t.
 
     Each step reads S_{t-1}^T k_t, what S holds under the key, and moves
-    it towards v_t by beta_t. query, key: (..., T, d_k); value:
-    (..., T, d_v); strength: beta, (..., T). S: (..., d_k, d_v).
+    it towards v_t by eta_t. query, key: (..., T, d_k); value:
+    (..., T, d_v); strength: eta, (..., T). S: (..., d_k, d_v).
     """
     query, key, value = (check_tensor(name, tensor, floating=True,
                                       min_dims=2)
@@ -596,7 +596,7 @@ def delta_rule(query: Tensor, key: Tensor, value: Tensor,
     return torch.stack(outputs, dim=-2), state
 
 
-# chapters/ch04-efficient-architectures.qmd:2667
+# chapters/ch04-efficient-architectures.qmd:2668
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.12).
@@ -618,7 +618,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2807
+# chapters/ch04-efficient-architectures.qmd:2808
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -693,7 +693,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2900
+# chapters/ch04-efficient-architectures.qmd:2901
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -849,7 +849,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:3243
+# chapters/ch04-efficient-architectures.qmd:3244
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -891,7 +891,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3414
+# chapters/ch04-efficient-architectures.qmd:3415
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig, *,
                           channels: int,
                           state_size: int = 16) -> dict[str, int]:
