@@ -194,7 +194,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
 
 # chapters/ch04-efficient-architectures.qmd:1037
 def tiles_touched(token_mask: Tensor, block_size: int) -> Tensor:
-    """Return the bool (n, n) tiles of a (T, T) mask, n = ceil(T / b).
+    """Return the bool (n, n) tiles of a (T, T) mask, n = ceil(T / block_size).
 
     Tile (q, k) is True when query block q and key block k share at least
     one allowed pair: the tiles a tile-by-tile kernel must compute.
@@ -271,7 +271,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1337
+# chapters/ch04-efficient-architectures.qmd:1338
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -354,7 +354,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1581
+# chapters/ch04-efficient-architectures.qmd:1582
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -389,12 +389,13 @@ def sharpness_comparison(query_scale: float, seed: int = 1813,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1670
+# chapters/ch04-efficient-architectures.qmd:1672
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
-    x: one channel of inputs (T,); A: (N, N); B, C: (N,). The recurrence
-    runs step by step, one token at a time, from h = 0.
+    x: one channel of inputs (T,); A: (N, N); B, C: (N,), B being the
+    equation's input map E. The recurrence runs step by step, one token at
+    a time, from h = 0.
     """
     state = torch.zeros_like(B)  # h before the start: N numbers, at any T
     outputs = []
@@ -405,7 +406,10 @@ def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
 
 
 def ssm_kernel(A: Tensor, B: Tensor, C: Tensor, length: int) -> Tensor:
-    """Return the kernel C A^k B for k = 0 .. length-1 (Equation 4.7)."""
+    """Return the kernel C A^k B for k = 0 .. length-1 (Equation 4.7).
+
+    B is the equation's input map E.
+    """
     kernel, power_times_B = [], B
     for _ in range(length):
         kernel.append(C @ power_times_B)
@@ -425,13 +429,14 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1865
+# chapters/ch04-efficient-architectures.qmd:1871
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
-    """Return every h_t = a_t h_{t-1} + b_t, with h = 0 before the start.
+    """Return every h_t = alpha_t h_{t-1} + xi_t, with h = 0 before the start.
 
-    a, b: (..., T), time last. The loop runs over time and updates all
-    leading dimensions (channels, batch) together at each step; it is made
-    of differentiable tensor operations, so gradients flow through it.
+    a, b: (..., T), time last, the steps' alpha_t and xi_t (Equation 4.9).
+    The loop runs over time and updates all leading dimensions (channels,
+    batch) together at each step; it is made of differentiable tensor
+    operations, so gradients flow through it.
     """
     state = torch.zeros_like(b[..., 0])  # h before the first step
     states = []
@@ -449,9 +454,10 @@ def step_sizes(markers: Tensor, sharpness: float = 12.0,
 
 def discretize(delta: Tensor, a: float = -1.0,
                b: float = 1.0) -> tuple[Tensor, Tensor]:
-    """Return (A_bar, B_bar), the zero-order hold of Equation 4.8.
+    """Return (A_bar, E_bar), the zero-order hold of Equation 4.8.
 
-    A_bar = e^(delta a) and B_bar = (e^(delta a) - 1) / a * b, for a < 0.
+    A_bar = e^(delta A) and E_bar = (e^(delta A) - 1) / A * E, for A < 0,
+    with the equation's A and E given as a and b.
     """
     a = check_number("a", a, below=0)  # a = 0 would divide by zero
     keep = torch.exp(delta * a)
@@ -468,7 +474,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2048
+# chapters/ch04-efficient-architectures.qmd:2058
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -480,11 +486,11 @@ def scan_rounds(length: int) -> int:
 def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return ``sequential_scan``'s states in ceil(log2 T) rounds.
 
-    a, b: (..., T), time last. In round r every position merges
-    (Equation 4.9) with the one 2^r places earlier, all at once; a
-    position with nothing that far back keeps its step, as if merged with
-    the do-nothing step (1, 0). After round r, position t holds the merge
-    of steps t - 2^(r+1) + 1 .. t.
+    a, b: (..., T), time last, the steps' alpha_t and xi_t. In round j
+    every position merges (Equation 4.9) with the one 2^j places earlier,
+    all at once; a position with nothing that far back keeps its step, as
+    if merged with the do-nothing step (1, 0). After round j, position t
+    holds the merge of steps t - 2^(j+1) + 1 .. t.
     Nothing is divided, so a = 0 and long sequences are safe, and nothing
     is written in place, so gradients flow through it.
     """
@@ -501,7 +507,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2311
+# chapters/ch04-efficient-architectures.qmd:2322
 def retention_decays(heads: int) -> Tensor:
     """Return RetNet's keep factor per head, gamma_h = 1 - 2^(-5-h).
 
@@ -550,8 +556,8 @@ def gated_linear_attention_scan(query: Tensor, key: Tensor, value: Tensor,
                                 gate: Tensor) -> Tensor:
     """Return ``gated_linear_attention``'s outputs through ``parallel_scan``.
 
-    Entry S[i, j] follows its own h_t = a_t h_{t-1} + b_t (Equation 4.9)
-    with a_t = G_t[i] and b_t = k_t[i] v_t[j], so one scan over a
+    Entry S[i, j] follows its own h_t = alpha_t h_{t-1} + xi_t (Equation
+    4.9) with alpha_t = G_t[i] and xi_t = k_t[i] v_t[j], so one scan over a
     (..., d_k, d_v, T) stack returns every S_t of Equation 4.10 at once.
     """
     gate = torch.broadcast_to(gate, key.shape)
@@ -563,14 +569,14 @@ def gated_linear_attention_scan(query: Tensor, key: Tensor, value: Tensor,
     return read.sum(dim=-3).transpose(-2, -1)  # (..., T, d_v)
 
 
-# chapters/ch04-efficient-architectures.qmd:2439
+# chapters/ch04-efficient-architectures.qmd:2451
 def delta_rule(query: Tensor, key: Tensor, value: Tensor,
                strength: Tensor) -> tuple[Tensor, Tensor]:
     """Return (outputs, S) of the delta rule (Equation 4.11), o_t = S_t^T q_t.
 
     Each step reads S_{t-1}^T k_t, what S holds under the key, and moves
-    it towards v_t by beta_t. query, key: (..., T, d_k); value:
-    (..., T, d_v); strength: beta, (..., T). S: (..., d_k, d_v).
+    it towards v_t by eta_t. query, key: (..., T, d_k); value:
+    (..., T, d_v); strength: eta, (..., T). S: (..., d_k, d_v).
     """
     query, key, value = (check_tensor(name, tensor, floating=True,
                                       min_dims=2)
@@ -589,16 +595,17 @@ def delta_rule(query: Tensor, key: Tensor, value: Tensor,
     return torch.stack(outputs, dim=-2), state
 
 
-# chapters/ch04-efficient-architectures.qmd:2655
+# chapters/ch04-efficient-architectures.qmd:2669
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.12).
 
     Shapes and discretization follow Mamba's reference ``selective_scan_ref``:
-    h_t[d, n] = exp(delta_t[d] A[d, n]) h_{t-1}[d, n] + delta_t[d] B_t[n]
-    u_t[d] and y_t[d] = sum_n C_t[n] h_t[d, n] + D[d] u_t[d]. The input
-    weight is delta B (the reference's choice), not Equation 4.8's
-    zero-order hold. The recurrence runs through ``parallel_scan``.
+    h_t[i, n] = exp(delta_t[i] A[i, n]) h_{t-1}[i, n] + delta_t[i] B_t[n]
+    u_t[i] and y_t[i] = sum_n C_t[n] h_t[i, n] + D[i] u_t[i], B being
+    Equation 4.12's E. The input weight is delta B (the reference's
+    choice), not Equation 4.8's zero-order hold. The recurrence runs
+    through ``parallel_scan``.
 
     u, delta: (b, d, l); A: (d, n), negative for a decaying state; B, C:
     (b, n, l); D: optional (d,). Time is the last dimension.
@@ -610,7 +617,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2794
+# chapters/ch04-efficient-architectures.qmd:2809
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -685,7 +692,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2887
+# chapters/ch04-efficient-architectures.qmd:2902
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -841,7 +848,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:3230
+# chapters/ch04-efficient-architectures.qmd:3245
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -883,7 +890,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3401
+# chapters/ch04-efficient-architectures.qmd:3416
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig, *,
                           channels: int,
                           state_size: int = 16) -> dict[str, int]:
