@@ -26,7 +26,7 @@ from longctx.support import (
 )
 
 
-# chapters/ch05-measured.qmd:276
+# chapters/ch05-measured.qmd:277
 class OnlineState(NamedTuple):
     """The state of an online softmax over the keys read so far, (m, l, a).
 
@@ -35,8 +35,8 @@ class OnlineState(NamedTuple):
 
     Attributes:
         running_max: m, (..., R, 1): the largest score each row has seen.
-        running_sum: l, (..., R, 1): the sum of e^(s_j - m) so far.
-        accumulator: a, (..., R, d_v): the sum of e^(s_j - m) v_j so far.
+        running_sum: l, (..., R, 1): the sum of e^(z_j - m) so far.
+        accumulator: a, (..., R, d_v): the sum of e^(z_j - m) v_j so far.
     """
 
     running_max: Tensor
@@ -69,7 +69,7 @@ def online_softmax_update(state: OnlineState, scores: Tensor,
     # a row that has seen no key keeps m' = -inf: shift it by 0 instead
     shift = torch.where(new_max.isfinite(), new_max, 0.0)
     correction = torch.exp(running_max - shift)  # e^(m - m')
-    weights = (scores - shift).exp_()  # e^(s_j - m'), 0 where hidden
+    weights = (scores - shift).exp_()  # e^(z_j - m'), 0 where hidden
     mixed = values(weights) if callable(values) else weights @ values
     running_sum = running_sum * correction + weights.sum(-1, keepdim=True)
     return OnlineState(new_max, running_sum, accumulator * correction + mixed)
@@ -97,7 +97,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-measured.qmd:361
+# chapters/ch05-measured.qmd:362
 def visible_ranges(tokens: int, window: int | None = None,
                    sinks: int = 0) -> list[tuple[int, int]]:
     """Return the [start, stop) position runs the newest query may read.
@@ -131,7 +131,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:435
+# chapters/ch05-measured.qmd:436
 #: The bit widths the per-vector cache holds (the integer route's 4 and 8).
 PACKED_BITS = (4, 8)
 #: The bit widths the packer holds: 8/b codes of b bits share a byte.
@@ -263,7 +263,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out.mul_(cache.scale[..., start:stop, :])  # codes * scale
 
 
-# chapters/ch05-measured.qmd:584
+# chapters/ch05-measured.qmd:585
 def stacked_rows(query: Tensor, kv_heads: int, scale: float | None) -> Tensor:
     """Return the scaled query (B, H_q, 1, d) as rows (B, H_kv, G, d).
 
@@ -326,7 +326,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:710
+# chapters/ch05-measured.qmd:711
 def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
                  chunk: int) -> OnlineState:
     """Return the state (m, l, a) of every chunk of ``chunk`` keys at once.
@@ -370,7 +370,7 @@ def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
     return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
-# chapters/ch05-measured.qmd:857
+# chapters/ch05-measured.qmd:858
 def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Return int8 codes and float32 scales of each row of x (..., n)."""
     return ch02.quantize(x.float(), 8, dim=-1)
@@ -434,7 +434,7 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
                     torch._int_mm(pieces[1][0], columns[1]))
     scores = query.new_empty(batch, kv_heads, groups, tokens)
     torch.mul(dots.transpose(-2, -1), key.scale.transpose(-2, -1),
-              out=scores).mul_(row_scale)  # s_q s_j (q . c_j), (.., G, T)
+              out=scores).mul_(row_scale)  # scales x (q . c_j), (.., G, T)
     weights = torch.softmax(scores, dim=-1).mul_(
         value.scale.transpose(-2, -1))  # w_j sigma_j
     high, low, weight_scale = two_byte_rows(weights)
@@ -451,7 +451,7 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1002
+# chapters/ch05-measured.qmd:1003
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -630,7 +630,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1231
+# chapters/ch05-measured.qmd:1232
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:
@@ -653,7 +653,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1746
+# chapters/ch05-measured.qmd:1748
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
@@ -683,7 +683,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2163
+# chapters/ch05-measured.qmd:2165
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -716,7 +716,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2217
+# chapters/ch05-measured.qmd:2219
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -768,15 +768,15 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2314
+# chapters/ch05-measured.qmd:2316
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
                         seconds: Tensor) -> None:
     """Run rank ``rank`` of ring attention, writing into shared tensors.
 
-    The rank keeps its own block of queries and, at step s, attends to
-    the key/value block that started on rank (rank - s) mod P while it
+    The rank keeps its own block of queries and, at step k, attends to
+    the key/value block that started on rank (rank - k) mod P while it
     passes that block on to rank + 1. query, key, value and output are
     the whole (..., T, .) tensors in shared memory; bytes_sent (P, P)
     and seconds (P, P, 2) record each step's bytes, compute time and
@@ -829,7 +829,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2395
+# chapters/ch05-measured.qmd:2397
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -932,7 +932,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2614
+# chapters/ch05-measured.qmd:2616
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -973,7 +973,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2733
+# chapters/ch05-measured.qmd:2735
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:

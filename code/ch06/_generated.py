@@ -363,7 +363,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.targets[:, -1]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:648
+# chapters/ch06-extension.qmd:650
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -408,11 +408,11 @@ def seed_window_interval(values: Tensor) -> tuple[float, float, float]:
 
 
 def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
-    """Return (n_A, n_B, p): McNemar's exact test of paired hits.
+    """Return (n_1, n_2, p-value): McNemar's exact test of paired hits.
 
     ``first`` and ``second`` are bool tensors of hits on the same trials;
-    n_A counts those only the first got right, n_B those only the second
-    did, and p is the exact two-sided binomial tail.
+    n_1 counts those only the first got right, n_2 those only the second
+    did, and the p-value is the exact two-sided binomial tail.
     """
     only_first = int((first & ~second).sum())
     only_second = int((second & ~first).sum())
@@ -422,7 +422,7 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
     return only_first, only_second, min(1.0, 2 * tail)
 
 
-# chapters/ch06-extension.qmd:748
+# chapters/ch06-extension.qmd:750
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 

@@ -25,7 +25,7 @@ class Seen(NamedTuple):
         accumulated: (B, H, n): A_j of Equation 7.1, over every query so
             far.
         recent: (B, H, w, n): the attention rows of the w newest queries,
-            from which V_j is summed.
+            from which nu_j is summed.
     """
 
     positions: Tensor
@@ -74,7 +74,7 @@ def keep_heavy(seen: Seen, keep: int, recent_share: float = 0.5) -> Tensor:
 def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
     """Return SnapKV's votes (B, H, n), pooled along the cache.
 
-    V_j of Equation 7.1 over the newest ``window`` queries, averaged over
+    nu_j of Equation 7.1 over the newest ``window`` queries, averaged over
     ``pool`` neighbouring entries (odd, so that each entry is the centre of
     its neighbourhood); n is the number of cached entries. Neither has a
     default here; the chapter's SnapKV uses window 4 and pool 5
@@ -184,7 +184,7 @@ class EvictingCache(TokensRead):
     Args:
         policy: A keep function (``keep_recent``, ``keep_sinks``, ...):
             (what the layer has seen, keep) -> kept indices (B, H, keep).
-        fraction: The budget b, a fraction in (0, 1] of the tokens read.
+        fraction: The budget zeta, a fraction in (0, 1] of the tokens read.
         layers: Number of layers L.
         pyramid: Whether the layers' budgets fall with depth (PyramidKV)
             rather than being equal.
