@@ -30,19 +30,10 @@ CHAPTERS = sorted((ROOT / "chapters").glob("*.qmd")) + [ROOT / "index.qmd"]
 NOTATION = json.loads((ROOT / "data" / "notation.json").read_text())["symbols"]
 BY_LATEX = {entry["latex"]: entry for entry in NOTATION}
 
-# Symbol-table rows of chapters this worktree may not edit, each a conflict
-# with the notation reported to the integrator. The test fails if a new
-# conflict appears and also if one of these is fixed, so the list only shrinks.
-PENDING_TABLE_CONFLICTS: set[tuple[str, str]] = set()
-
 # Indexed forms of a listed letter that the chapters write, each an element of
 # that letter's quantity (E_t: the input map E of Mamba's step t), or (T_k, d_k) a count
 # of tokens or a width named for the keys.
 CONSISTENT_INDEXED = {"\\Delta_t", "\\sigma_j", "T_k", "d_k", "E_t"}
-# Indexed forms that give a listed letter another meaning, in chapters this
-# worktree may not edit; reported to the integrator, and the list only shrinks.
-PENDING_INDEXED_CONFLICTS = {
-}
 
 # Where a decimal unit may stand for memory: an accelerator's product name, as sold.
 ALLOWED_GB = ("80 GB", "80GB")
@@ -170,10 +161,7 @@ def test_symbol_tables_give_each_listed_symbol_its_one_meaning():
     assert {path.name for path in CHAPTERS if table_rows(path)} >= {
         "ch01-attention.qmd", "ch02-tinygpt.qmd", "ch03-long-context.qmd"}
     conflicts = table_conflicts(CHAPTERS)
-    new = {key: meaning for key, meaning in conflicts.items() if key not in PENDING_TABLE_CONFLICTS}
-    assert not new, f"symbol tables contradict data/notation.json: {new}"
-    fixed = PENDING_TABLE_CONFLICTS - set(conflicts)
-    assert not fixed, f"fixed, so remove from PENDING_TABLE_CONFLICTS: {sorted(fixed)}"
+    assert not conflicts, f"symbol tables contradict data/notation.json: {conflicts}"
 
 
 def test_the_table_check_catches_a_symbol_given_another_meaning(tmp_path):
@@ -203,9 +191,7 @@ def indexed_conflicts(paths: list[Path]) -> set[tuple[str, str]]:
 def test_no_chapter_indexes_a_listed_letter_to_mean_something_else():
     # the appendix names such forms in order to warn against them
     conflicts = indexed_conflicts([path for path in CHAPTERS if path.name != "appendix-notation.qmd"])
-    assert not conflicts - PENDING_INDEXED_CONFLICTS, "an indexed symbol gives a listed letter another meaning"
-    fixed = PENDING_INDEXED_CONFLICTS - conflicts
-    assert not fixed, f"fixed, so remove from PENDING_INDEXED_CONFLICTS: {sorted(fixed)}"
+    assert not conflicts, f"an indexed symbol gives a listed letter another meaning: {sorted(conflicts)}"
 
 
 def test_the_index_check_catches_a_letter_reused_with_an_index(tmp_path):
