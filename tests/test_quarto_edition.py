@@ -139,6 +139,37 @@ def test_debian_chromium_is_found_for_quarto(tmp_path):
     assert quarto.find_chromium({"QUARTO_CHROMIUM": str(tmp_path / "gone")}, which=lambda name: None) is None
 
 
+FAKE_QUARTO = """#!/usr/bin/env python3
+import pathlib, sys, time
+fmt = sys.argv[sys.argv.index("--to") + 1]
+book = pathlib.Path("_book")
+book.mkdir(exist_ok=True)
+if fmt == "html":
+    (book / "index.html").write_text("<html><head></head><body>fixture</body></html>")
+else:  # the first EPUB pass hangs, as Quarto's Chromium connection now and then does
+    tries = pathlib.Path("epub-tries")
+    tries.write_text(tries.read_text() + "x" if tries.exists() else "x")
+    if len(tries.read_text()) == 1:
+        time.sleep(120)
+    (book / "fixture.epub").write_bytes(b"PK")
+"""
+
+
+def test_a_hung_later_pass_is_killed_and_tried_again(fixture_book, tmp_path, monkeypatch):
+    config = fixture_book / "_quarto.yml"
+    config.write_text(config.read_text() + "format:\n  html: default\n  epub: default\n")
+    fake = tmp_path / "quarto"
+    fake.write_text(FAKE_QUARTO)
+    fake.chmod(0o755)
+    monkeypatch.setattr(quarto, "LATER_FORMAT_SECONDS", 3.0)
+    stage, out = tmp_path / "stage", tmp_path / "_book"
+    result = quarto.build_quarto_book(fixture_book, out, stage=stage, executed=tmp_path / "executed",
+                                      quarto=str(fake), node_modules=_fake_node_modules(tmp_path), quiet=True)
+    assert result["formats"] == ["html", "epub"] and result["seconds"] < 60
+    assert (stage / "epub-tries").read_text() == "xx"  # killed once, then done
+    assert (out / "fixture.epub").exists() and (out / "index.html").exists()
+
+
 def test_no_quarto_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(quarto, "find_quarto", lambda: None)
     with pytest.raises(quarto.QuartoError, match="Quarto is not installed"):

@@ -35,6 +35,9 @@ FONT_WEIGHTS = ("300", "400", "400-italic", "700", "700-italic")  # what Cosmo's
 FONT_SUBSETS = ("latin", "latin-ext", "greek")  # the book's prose: English, names, Greek symbols
 _FONT_FACE = re.compile(r"/\* source-sans-pro-(?P<subset>[a-z-]+)-\d+-\w+ \*/\s*@font-face \{[^}]*\}")
 _FONT_URL = re.compile(r"src: url\(\./files/(?P<file>[\w.-]+\.woff2)\) format\('woff2'\)[^;]*;")
+#: How long a frozen later pass (the EPUB) may take before it is killed and tried again.
+LATER_FORMAT_SECONDS = 420.0
+
 #: What a render never needs (build output, caches, the environment) and Quarto must not see.
 _NOT_STAGED = {".git", ".venv", "_book", "_build", "_freeze", ".quarto", "notebooks", "build",
                ".pytest_cache", ".ruff_cache", ".hypothesis", "node_modules"}
@@ -184,9 +187,23 @@ def build_quarto_book(root: Path, out: Path, *, executed: Path | None = None, st
     rendered = stage / "_book"
     formats = list(book.config.get("format") or {}) or ["html"]
 
-    def render(*arguments: str) -> None:
+    def render(*arguments: str, limit: float | None = None, tries: int = 1) -> None:
         # quiet: Quarto's log is kept for the error message (its own --quiet drops a cell's traceback)
-        done = subprocess.run([quarto, "render", *arguments], cwd=stage, env=env, capture_output=quiet, text=True)
+        for attempt in range(1, tries + 1):
+            command = subprocess.Popen([quarto, "render", *arguments], cwd=stage, env=env, text=True,
+                                       start_new_session=True,  # its Chromium goes with it on a kill
+                                       stdout=subprocess.PIPE if quiet else None,
+                                       stderr=subprocess.PIPE if quiet else None)
+            try:
+                stdout, stderr = command.communicate(timeout=limit)
+                break
+            except subprocess.TimeoutExpired:
+                os.killpg(command.pid, 9)
+                command.communicate()
+                if attempt == tries:
+                    raise QuartoError(f"`quarto render {' '.join(arguments)}` in {stage} ran past {limit:.0f} s "
+                                      f"{tries} times; {out} was left as it was") from None
+        done = subprocess.CompletedProcess(command.args, command.returncode, stdout, stderr)
         if done.returncode != 0:
             tail = ((done.stdout or "") + (done.stderr or ""))[-3000:] if quiet else ""
             raise QuartoError(f"`quarto render` failed in {stage} (exit {done.returncode}); {out} was left as it was\n{tail}")
@@ -203,7 +220,11 @@ def build_quarto_book(root: Path, out: Path, *, executed: Path | None = None, st
     first = stage / "_first"  # each later render empties _book/ (site_libs/ too): the first's pages wait here
     shutil.move(str(rendered), str(first))
     for name in formats[1:]:
-        render("--to", name)
+        # These passes execute nothing (the freeze serves them), so they take a minute or two. Quarto
+        # 1.7's EPUB draws diagrams through a Chromium it drives over a debugging port, and that
+        # connection now and then never opens (quarto-cli's own cri.ts notes the flakiness): a pass
+        # that runs past its limit is killed, Chromium with it, and tried again.
+        render("--to", name, limit=LATER_FORMAT_SECONDS, tries=3)
         for item in rendered.iterdir():
             if not (first / item.name).exists():
                 shutil.move(str(item), str(first / item.name))
