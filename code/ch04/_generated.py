@@ -271,7 +271,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1343
+# chapters/ch04-efficient-architectures.qmd:1339
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -354,7 +354,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1587
+# chapters/ch04-efficient-architectures.qmd:1583
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -389,7 +389,7 @@ def sharpness_comparison(query_scale: float, seed: int = 1813,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1677
+# chapters/ch04-efficient-architectures.qmd:1673
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -429,7 +429,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1876
+# chapters/ch04-efficient-architectures.qmd:1872
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = alpha_t h_{t-1} + xi_t, with h = 0 before the start.
 
@@ -474,7 +474,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2063
+# chapters/ch04-efficient-architectures.qmd:2059
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -507,7 +507,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2327
+# chapters/ch04-efficient-architectures.qmd:2323
 def retention_decays(heads: int) -> Tensor:
     """Return RetNet's keep factor per head, gamma_h = 1 - 2^(-5-h).
 
@@ -569,7 +569,7 @@ def gated_linear_attention_scan(query: Tensor, key: Tensor, value: Tensor,
     return read.sum(dim=-3).transpose(-2, -1)  # (..., T, d_v)
 
 
-# chapters/ch04-efficient-architectures.qmd:2460
+# chapters/ch04-efficient-architectures.qmd:2456
 def delta_rule(query: Tensor, key: Tensor, value: Tensor,
                strength: Tensor) -> tuple[Tensor, Tensor]:
     """Return (outputs, S) of the delta rule (Equation 4.11), o_t = S_t^T q_t.
@@ -595,7 +595,7 @@ def delta_rule(query: Tensor, key: Tensor, value: Tensor,
     return torch.stack(outputs, dim=-2), state
 
 
-# chapters/ch04-efficient-architectures.qmd:2678
+# chapters/ch04-efficient-architectures.qmd:2674
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.12).
@@ -617,7 +617,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2818
+# chapters/ch04-efficient-architectures.qmd:2814
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -692,7 +692,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2911
+# chapters/ch04-efficient-architectures.qmd:2907
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -848,7 +848,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:3254
+# chapters/ch04-efficient-architectures.qmd:3250
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -890,7 +890,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3425
+# chapters/ch04-efficient-architectures.qmd:3421
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig, *,
                           channels: int,
                           state_size: int = 16) -> dict[str, int]:
