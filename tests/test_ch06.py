@@ -171,18 +171,17 @@ def test_rotary_model_trains_on_chapter_2_machinery():
 
 # --- the planted keys ----------------------------------------------------------------------------
 
-KEY_BYTES = {ord(c) for c in ch06.KEY_MARK + ch06.KEY_SYMBOLS}
+KEY_BYTES = {ord(c) for c in ch06.KEY_MARK + ch06.KEY_ASK + ch06.KEY_SYMBOLS}
 SPLIT = int(0.9 * TOKENS.numel())
 TRAIN_TEXT = ch06.key_free_text(TOKENS[:SPLIT])
 HELD_OUT_TEXT = ch06.key_free_text(TOKENS[SPLIT:])
 
 
-def record_positions(batch: ch06.KeyBatch, row: int, questions: int) -> set[int]:
-    """The input positions a planted record or a question occupies in one row."""
+def record_positions(batch: ch06.KeyBatch, row: int) -> set[int]:
+    """The input positions a planted record or the question occupies in one row."""
     length = batch.inputs.shape[1]
     planted = {int(s) + k for s in batch.starts[row] for k in range(3)}
-    asked = {length + 1 - 3 * q + k for q in range(1, questions + 1) for k in range(3)}
-    return planted | {p for p in asked if p < length}
+    return planted | {length - 3, length - 2, length - 1}  # mark, name, ask
 
 
 def test_key_free_text_removes_every_key_symbol_and_keeps_the_rest_in_order():
@@ -207,7 +206,7 @@ def test_no_key_symbol_appears_in_the_evaluation_text_outside_the_planted_record
                                    torch.Generator().manual_seed(runner.EVALUATION_SEED), keys=keys)
             for row in range(len(where)):
                 found = {i for i, t in enumerate(batch.inputs[row].tolist()) if t in KEY_BYTES}
-                assert found == record_positions(batch, row, 1)
+                assert found == record_positions(batch, row)
                 assert int(batch.targets[row, -1]) in KEY_BYTES  # the answer is a planted value
         ends = torch.linspace(max(settings.lengths), held_out.numel() - 2, settings.windows).round().long()
         windows = held_out[ends[:, None] + torch.arange(-length, 1)]  # inputs and the last target
@@ -215,51 +214,44 @@ def test_no_key_symbol_appears_in_the_evaluation_text_outside_the_planted_record
 
 
 @FAST
-@given(length=st.integers(30, 120), keys=st.integers(1, 4), questions=st.integers(1, 4), batch=st.integers(1, 5),
-       seed=st.integers(0, 1_000))
-def test_key_batch_plants_distinct_records_and_asks_for_them(length, keys, questions, batch, seed):
-    questions = min(questions, keys)
+@given(length=st.integers(30, 120), keys=st.integers(1, 4), batch=st.integers(1, 5), seed=st.integers(0, 1_000))
+def test_key_batch_plants_distinct_records_and_asks_for_one(length, keys, batch, seed):
     depths = torch.rand(batch, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    made = ch06.key_batch(HELD_OUT_TEXT, depths, length, torch.Generator().manual_seed(seed), keys=keys,
-                          questions=questions)
+    made = ch06.key_batch(HELD_OUT_TEXT, depths, length, torch.Generator().manual_seed(seed), keys=keys)
     assert made.inputs.shape == made.targets.shape == made.answers.shape == (batch, length)
     assert torch.equal(made.inputs[:, 1:], made.targets[:, :-1])
-    assert made.starts.shape == (batch, keys)
-    last = length - 3 * questions - 2
+    assert made.starts.shape == made.values.shape == (batch, keys)
+    assert made.answers.sum(1).tolist() == [1] * batch and bool(made.answers[:, -1].all())
     for row in range(batch):
         starts = sorted(made.starts[row].tolist())
         assert all(b - a >= 3 for a, b in zip(starts, starts[1:], strict=False))  # no two records overlap
-        assert int(made.starts[row, 0]) == round(float(depths[row]) * last)
+        assert int(made.starts[row, 0]) == round(float(depths[row]) * (length - 6))
         sequence = made.inputs[row].tolist() + [int(made.targets[row, -1])]
         names = [sequence[s + 1] for s in made.starts[row].tolist()]
         assert len(set(names)) == keys and all(chr(n) in ch06.KEY_SYMBOLS for n in names)
-        value_of = {sequence[s + 1]: sequence[s + 2] for s in made.starts[row].tolist()}
-        answered = made.answers[row].nonzero().flatten().tolist()
-        assert len(answered) == questions and answered[-1] == length - 1
-        for target in answered:  # each answer is the value planted under the name just asked
-            assert sequence[target - 1] == ord(ch06.KEY_MARK)
-            assert made.targets[row, target].item() == value_of[sequence[target]]
-        assert sequence[-2] == names[0]  # the last question asks record 0
+        assert [sequence[s + 2] for s in made.starts[row].tolist()] == made.values[row].tolist()
+        question = [ord(ch06.KEY_MARK), names[0], ord(ch06.KEY_ASK), int(made.values[row, 0])]
+        assert sequence[-4:] == question  # record 0 is asked, and its value is the last target
+        assert int(made.distance[row]) == length - 3 - int(made.starts[row, 0])
         found = {i for i, t in enumerate(made.inputs[row].tolist()) if t in KEY_BYTES}
-        assert found == record_positions(made, row, questions)
+        assert found == record_positions(made, row)
 
 
 def test_key_batch_depth_zero_and_one_sit_at_the_ends_of_the_window():
     made = ch06.key_batch(HELD_OUT_TEXT, torch.tensor([0.0, 1.0]), 20, torch.Generator().manual_seed(0))
-    assert made.starts[:, 0].tolist() == [0, 15]
+    assert made.starts[:, 0].tolist() == [0, 14] and made.distance.tolist() == [17, 3]
     mark = ord(ch06.KEY_MARK)
-    assert int(made.inputs[0, 0]) == mark and int(made.inputs[1, 15]) == mark
-    assert int(made.inputs[1, 18]) == mark  # the question follows the record at depth 1
+    assert int(made.inputs[0, 0]) == mark and int(made.inputs[1, 14]) == mark
+    assert int(made.inputs[1, 17]) == mark  # the question follows the record at depth 1
 
 
 def test_key_batch_refuses_records_that_do_not_fit():
     generator = torch.Generator().manual_seed(0)
+    ch06.key_batch(HELD_OUT_TEXT, torch.tensor([0.5]), 20, generator, keys=5)  # 15 bytes of records fit
     with pytest.raises(ValueError, match="do not fit"):
-        ch06.key_batch(HELD_OUT_TEXT, torch.tensor([0.5]), 20, generator, keys=4, questions=4)
+        ch06.key_batch(HELD_OUT_TEXT, torch.tensor([0.5]), 20, generator, keys=6)
     with pytest.raises(ValueError, match="keys"):
         ch06.key_batch(HELD_OUT_TEXT, torch.tensor([0.5]), 64, generator, keys=11)
-    with pytest.raises(ValueError, match="questions"):
-        ch06.key_batch(HELD_OUT_TEXT, torch.tensor([0.5]), 64, generator, keys=2, questions=3)
 
 
 @pytest.mark.slow  # trains a model
@@ -286,9 +278,11 @@ def test_train_with_keys_loss_is_text_mean_plus_answer_mean():
     parts = [(text_in, text_out, torch.zeros_like(text_in, dtype=torch.bool))]
     for keys in (1, 3):
         depths = torch.rand(2, generator=generator, dtype=torch.float64)
-        parts.append(ch06.key_batch(data, depths, 32, generator, keys=keys, questions=keys)[:3])
+        keyed = ch06.key_batch(data, depths, 32, generator, keys=keys)  # the evaluation's generator
+        assert keyed.answers.sum(1).tolist() == [1, 1] and bool(keyed.answers[:, -1].all())  # one asked
+        parts.append(keyed[:3])
     inputs, targets, answers = (torch.cat(column) for column in zip(*parts, strict=True))
-    assert int(answers.sum()) == 2 * 1 + 2 * 3
+    assert int(answers.sum()) == 4
     with torch.no_grad():
         per_target = torch.nn.functional.cross_entropy(reference(inputs).transpose(1, 2), targets, reduction="none")
     expected = per_target[~answers].mean() + per_target[answers].mean()
@@ -328,8 +322,11 @@ def test_key_hits_counts_argmax_answers_on_shared_windows():
     assert hits.shape == (3, 5) and hits.dtype == torch.bool
     made = ch06.key_batch(HELD_OUT_TEXT, torch.tensor([0.0, 0.5, 1.0]).repeat_interleave(5), 40,
                           torch.Generator().manual_seed(3), keys=3)
+    trials = ch06.key_trials(HELD_OUT_TEXT, length=40, depths=(0.0, 0.5, 1.0), trials=5, seed=3, keys=3)
+    assert all(torch.equal(a, b) for a, b in zip(made, trials, strict=True))
     with torch.no_grad():
         guesses = model(made.inputs)[:, -1].argmax(-1)
+    assert torch.equal(ch06.key_guesses(model, trials, chunk=7), guesses)
     assert torch.equal(hits.flatten(), guesses == made.targets[:, -1])
 
 
@@ -339,8 +336,8 @@ class _Oracle(ch06.RotaryGPT):
     def forward(self, tokens, cache=None):
         logits = torch.zeros(*tokens.shape, 256)
         for row, sequence in enumerate(tokens.tolist()):
-            name = sequence[-1]
-            where = next(i for i in range(len(sequence) - 2) if sequence[i:i + 2] == [ord(ch06.KEY_MARK), name])
+            name = sequence[-2]  # the question: mark, name, ask
+            where = next(i for i in range(len(sequence) - 3) if sequence[i:i + 2] == [ord(ch06.KEY_MARK), name])
             logits[row, -1, sequence[where + 2]] = 1.0
         return logits
 
@@ -351,7 +348,7 @@ class _Nearest(ch06.RotaryGPT):
     def forward(self, tokens, cache=None):
         logits = torch.zeros(*tokens.shape, 256)
         for row, sequence in enumerate(tokens.tolist()):
-            where = max(i for i in range(len(sequence) - 3) if sequence[i] == ord(ch06.KEY_MARK))
+            where = max(i for i in range(len(sequence) - 3) if sequence[i] == ord(ch06.KEY_MARK))  # not the question
             logits[row, -1, sequence[where + 2]] = 1.0
         return logits
 
@@ -366,7 +363,39 @@ def test_a_model_that_matches_names_finds_every_key_and_one_that_copies_the_near
     assert bool(nearest[-1].all()) and nearest[0].float().mean() < 0.5  # distractors fool it far back
 
 
+def test_answer_kinds_and_the_name_blind_baselines_on_a_constructed_batch():
+    """Three windows, three records each (column 0 asked), values chosen by hand."""
+    digit = [ord(c) for c in ch06.KEY_SYMBOLS]
+    values = torch.tensor([[digit[1], digit[2], digit[3]], [digit[4], digit[4], digit[5]], [digit[1], digit[6], digit[7]]])
+    starts = torch.tensor([[0, 10, 5], [20, 3, 9], [4, 8, 12]])  # the nearest records: 1, 0, 2
+    batch = ch06.KeyBatch(torch.zeros(3, 30, dtype=torch.long), torch.zeros(3, 30, dtype=torch.long),
+                          torch.zeros(3, 30, dtype=torch.bool), starts, values)
+    guesses = torch.tensor([digit[1], digit[5], digit[9]])  # asked; a distractor's value; neither
+    assert ch06.answer_kinds(batch, guesses).tolist() == [0, 1, 2]
+    assert ch06.answer_kinds(batch, values[:, 1]).tolist() == [1, 0, 1]  # row 1: a distractor shares the answer
+    assert ch06.baseline(batch, "nearest record", torch.Generator()).tolist() == [digit[2], digit[4], digit[7]]
+    assert ch06.baseline(batch, "most frequent", torch.Generator()).tolist() == [digit[1]] * 3
+    drawn = torch.stack([ch06.baseline(batch, "random record", torch.Generator().manual_seed(s)) for s in range(300)])
+    for row in range(3):  # a planted value every time, each record about a third of the time
+        assert set(drawn[:, row].tolist()) <= set(values[row].tolist())
+    assert 0.25 < (drawn[:, 0] == values[0, 0]).float().mean() < 0.42
+
+
+def test_random_record_baseline_scores_what_the_construction_predicts():
+    """Copying a random record of k: right with probability 1/k + (1 - 1/k) / 10 (a value shared by chance)."""
+    trials = ch06.key_trials(HELD_OUT_TEXT, length=64, depths=(0.0, 0.5, 1.0), trials=400, seed=5, keys=4)
+    score = (ch06.baseline(trials, "random record", torch.Generator().manual_seed(0)) == trials.values[:, 0])
+    expected = 1 / 4 + (3 / 4) / 10
+    assert abs(score.float().mean().item() - expected) < 3 * math.sqrt(expected * (1 - expected) / 1200)
+
+
 # --- the statistics ------------------------------------------------------------------------------
+
+
+def test_holm_multiplies_the_sorted_p_values_and_keeps_them_in_order():
+    assert ch06.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert ch06.holm([0.3, 0.9]) == pytest.approx([0.6, 0.9]) and ch06.holm([]) == []
+    assert ch06.holm([0.2, 0.2, 0.2]) == pytest.approx([0.6, 0.6, 0.6])
 
 
 @pytest.mark.parametrize(("dof", "expected"), [(1, 12.7062), (2, 4.3027), (10, 2.2281), (30, 2.0423)])

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from longctx import ch01, ch02, ch03, support
 
 
-# chapters/ch06-extension.qmd:88
+# chapters/ch06-extension.qmd:89
 class RotarySelfAttention(ch02.CausalSelfAttention):
     """Chapter 2's causal attention with RoPE on queries and keys.
 
@@ -79,7 +79,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
                                               attn_mask=mask)
 
 
-# chapters/ch06-extension.qmd:167
+# chapters/ch06-extension.qmd:168
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's thresholds
 #: (the rope_scaling entry of its released config.json).
@@ -160,64 +160,78 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:339
-#: The byte that opens a record and, at the end of a window, asks for one.
+# chapters/ch06-extension.qmd:340
+#: The byte that opens a record and, at the end of a window, the question.
 KEY_MARK = "#"
+#: The byte that closes the question; the answer is the byte after it.
+KEY_ASK = "="
 #: The bytes names and values are drawn from; the filler text has none.
 KEY_SYMBOLS = "0123456789"
+#: How ``answer_kinds`` classes an answer, by its code 0, 1, 2.
+ANSWER_KINDS = ("asked", "distractor", "other")
+#: The answers a model that reads no question could give (``baseline``).
+BASELINES = ("random record", "nearest record", "most frequent")
 
 
 def key_free_text(token_ids: Tensor) -> Tensor:
-    """Return the byte ids (N,) without any ``KEY_MARK`` or ``KEY_SYMBOLS``.
+    """Return the byte ids (N,) without any ``KEY_MARK``, ``KEY_ASK`` or
+    ``KEY_SYMBOLS``.
 
     Filler in which a planted record is the only thing that looks like one.
     """
-    banned = torch.tensor([ord(c) for c in KEY_MARK + KEY_SYMBOLS])
+    banned = torch.tensor([ord(c) for c in KEY_MARK + KEY_ASK + KEY_SYMBOLS])
     return token_ids[~torch.isin(token_ids, banned)]
 
 
 class KeyBatch(NamedTuple):
-    """Windows with planted records, as ``key_batch`` returns them.
+    """Windows with planted records and one question, from ``key_batch``.
 
     Attributes:
-        inputs: Byte ids (B, T) the model reads.
-        targets: Byte ids (B, T), the inputs shifted by one.
-        answers: Bool (B, T), True at the targets that are asked values.
+        inputs: Byte ids (B, T) the model reads; they end on the question's
+            mark, the asked name and ``KEY_ASK``.
+        targets: Byte ids (B, T), the inputs shifted by one; the last is
+            the asked value.
+        answers: Bool (B, T), True at the last target only.
         starts: (B, K) positions where each record begins (column 0: the
-            record asked last).
+            record asked).
+        values: (B, K) byte ids of each record's value (column 0: the
+            answer).
     """
 
     inputs: Tensor
     targets: Tensor
     answers: Tensor
     starts: Tensor
+    values: Tensor
+
+    @property
+    def distance(self) -> Tensor:
+        """(B,) bytes from the asked record's mark to the question's."""
+        return self.inputs.shape[1] - 3 - self.starts[:, 0]
 
 
 def key_batch(text: Tensor, depths: Tensor, length: int,
-              generator: torch.Generator, *, keys: int = 1,
-              questions: int = 1) -> KeyBatch:
-    """Return windows of ``text`` with ``keys`` records planted in each.
+              generator: torch.Generator, *, keys: int = 1) -> KeyBatch:
+    """Return windows of ``text``, ``keys`` records planted in each, one asked.
 
-    Record 0 of row i starts at p = round(depths[i] * (T - 3q - 2)); the
-    others at random places clear of every record. The names of a window
-    differ. The window closes with q = ``questions`` questions, each the
-    mark and a name followed by its value (the target), asking records
-    q - 1, ..., 1 and last record 0; records past q are distractors. Every
-    draw comes from ``generator``; ``text`` should be key-free.
+    Record 0, the one asked, starts at p = round(depths[i] * (T - 6)); the
+    others at random places clear of every record, so that with a depth
+    drawn at random the asked record's rank among them is random too. The
+    names of a window differ; values are drawn independently. The window
+    closes with the question: the mark, record 0's name and ``KEY_ASK``,
+    then its value, the last target. Training and evaluation both draw
+    their windows here. Every draw comes from ``generator``; ``text``
+    should be key-free.
 
     Raises:
-        ValueError: If ``keys`` is not 1 to len(KEY_SYMBOLS), ``questions``
-            not 1 to ``keys``, or the records do not fit in the window.
+        ValueError: If ``keys`` is not 1 to len(KEY_SYMBOLS), or the
+            records do not fit in the window.
     """
     keys = support.check_int("keys", keys, minimum=1, maximum=len(KEY_SYMBOLS))
-    questions = support.check_int("questions", questions, minimum=1)
-    if questions > keys:
-        raise ValueError(f"questions must be at most keys (got questions="
-                         f"{questions} and keys={keys})")
-    last = length - 3 * questions - 2  # the latest start of a record
+    last = length - 6  # the latest start: a record, then the question
     if 3 * keys > last + 1:
-        raise ValueError(f"{keys} records and {questions} questions do not "
-                         f"fit in a window of {length}")
+        raise ValueError(f"{keys} records and a question do not fit in a "
+                         f"window of {length} (need length >= 3 keys + 5)")
     batch = depths.numel()
     inputs, targets = ch02.sample_batch(text, batch, length, generator)
     window = torch.cat([inputs, targets[:, -1:]], dim=1)  # (B, T + 1)
@@ -239,17 +253,17 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
     window[rows, starts] = ord(KEY_MARK)
     window[rows, starts + 1] = symbols[names]
     window[rows, starts + 2] = symbols[values]
-    answers = torch.zeros(batch, length + 1, dtype=torch.bool)
-    for slot, record in enumerate(range(questions - 1, -1, -1)):
-        at = length + 1 - 3 * (questions - slot)  # this question's mark
-        window[:, at] = ord(KEY_MARK)
-        window[:, at + 1] = symbols[names[:, record]]
-        window[:, at + 2] = symbols[values[:, record]]  # the answer
-        answers[:, at + 2] = True
-    return KeyBatch(window[:, :-1], window[:, 1:], answers[:, 1:], starts)
+    window[:, -4] = ord(KEY_MARK)  # the question: mark, name, ask, value
+    window[:, -3] = symbols[names[:, 0]]
+    window[:, -2] = ord(KEY_ASK)
+    window[:, -1] = symbols[values[:, 0]]  # the answer
+    answers = torch.zeros(batch, length, dtype=torch.bool)
+    answers[:, -1] = True
+    return KeyBatch(window[:, :-1], window[:, 1:], answers, starts,
+                    symbols[values])
 
 
-# chapters/ch06-extension.qmd:483
+# chapters/ch06-extension.qmd:498
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
@@ -278,7 +292,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                                          above=0)
     seed = support.check_int("seed", seed, minimum=0)
     support.check_type("progress", progress, tqdm, optional=True)
-    length = support.check_int("length", length, minimum=6 * max_keys + 1)
+    length = support.check_int("length", length, minimum=3 * max_keys + 5)
     support.check_tensor("text", text, dims=1, dtype=torch.long)
     if text.numel() <= length + 1:
         raise ValueError(f"text must hold more than length + 1 = "
@@ -293,10 +307,9 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
         rise = min(1.0, (step + 1) / warmup)  # linear over the first tenth
         return rise * (0.1 + 0.45 * (1 + math.cos(math.pi * step / steps)))
 
-    def records(rows: int, keys: int) -> KeyBatch:  # every record asked
+    def records(rows: int, keys: int) -> KeyBatch:  # one record asked
         depths = torch.rand(rows, generator=generator, dtype=torch.float64)
-        return key_batch(text, depths, length, generator, keys=keys,
-                         questions=keys)
+        return key_batch(text, depths, length, generator, keys=keys)
 
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
     losses = []
@@ -325,7 +338,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:582
+# chapters/ch06-extension.qmd:596
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -345,25 +358,73 @@ def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                            reduction="none")  # (W, T)
 
 
+def key_trials(text: Tensor, *, length: int, depths: tuple[float, ...],
+               trials: int, seed: int, keys: int = 1) -> KeyBatch:
+    """Return the held-out trials: ``trials`` windows at each depth.
+
+    Row d * trials + j is trial j at depth ``depths[d]``, drawn by
+    ``key_batch`` from a generator seeded with ``seed``: one seed, the
+    same windows for every model scored on them.
+    """
+    where = torch.tensor(depths, dtype=torch.float64).repeat_interleave(trials)
+    return key_batch(text, where, length,
+                     torch.Generator().manual_seed(seed), keys=keys)
+
+
+@torch.no_grad()
+def key_guesses(model: RotaryGPT, batch: KeyBatch, *,
+                chunk: int = 32) -> Tensor:
+    """Return the model's most likely byte (B,) after each question."""
+    return torch.cat([model(part)[:, -1].argmax(-1)
+                      for part in batch.inputs.split(chunk)])  # (B,)
+
+
+def answer_kinds(batch: KeyBatch, guesses: Tensor) -> Tensor:
+    """Return a code (B,) per answer, as named in ``ANSWER_KINDS``.
+
+    0: the asked value; 1: not it, but another planted record's value;
+    2: anything else.
+    """
+    asked = guesses == batch.values[:, 0]
+    planted = (guesses[:, None] == batch.values[:, 1:]).any(-1)
+    return torch.where(asked, 0, torch.where(planted, 1, 2))
+
+
+def baseline(batch: KeyBatch, rule: str, generator: torch.Generator) -> Tensor:
+    """Return the bytes (B,) a rule of ``BASELINES`` answers, blind to names.
+
+    "random record": a planted record's value, drawn uniformly;
+    "nearest record": the value of the record that ends nearest the
+    question; "most frequent": the value asked most often in ``batch``,
+    the same byte for every window.
+    """
+    support.check_choice("rule", rule, BASELINES)
+    rows = torch.arange(batch.values.shape[0])
+    if rule == "random record":
+        pick = torch.randint(0, batch.values.shape[1], rows.shape,
+                             generator=generator)
+        return batch.values[rows, pick]
+    if rule == "nearest record":
+        return batch.values[rows, batch.starts.argmax(-1)]
+    return batch.values[:, 0].mode().values.expand(rows.shape)
+
+
 @torch.no_grad()
 def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
              depths: tuple[float, ...], trials: int, seed: int,
              keys: int = 1, chunk: int = 32) -> Tensor:
     """Return a bool (len(depths), trials) grid: was the asked value found?
 
-    Trial j at depth d is row j of ``key_batch`` from a generator seeded
-    with ``seed``, the same windows for every model; a hit is the model's
-    most likely byte after the question being the asked value.
+    The trials of ``key_trials``; a hit is the model's most likely byte
+    after the question (``key_guesses``) being the asked value.
     """
-    where = torch.tensor(depths, dtype=torch.float64).repeat_interleave(trials)
-    batch = key_batch(text, where, length,
-                      torch.Generator().manual_seed(seed), keys=keys)
-    guesses = torch.cat([model(part)[:, -1].argmax(-1)
-                         for part in batch.inputs.split(chunk)])  # (D * N,)
-    return (guesses == batch.targets[:, -1]).view(len(depths), trials)
+    batch = key_trials(text, length=length, depths=depths, trials=trials,
+                       seed=seed, keys=keys)
+    guesses = key_guesses(model, batch, chunk=chunk)
+    return (guesses == batch.values[:, 0]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:650
+# chapters/ch06-extension.qmd:713
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -412,7 +473,10 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
 
     ``first`` and ``second`` are bool tensors of hits on the same trials;
     n_1 counts those only the first got right, n_2 those only the second
-    did, and the p-value is the exact two-sided binomial tail.
+    did, and the p-value is the exact two-sided binomial tail. Hits of
+    several seeds, each on its own windows, may be passed flattened: with
+    every pair its own stratum this is the exact form of the
+    Cochran-Mantel-Haenszel test, and the seeds' pairs are independent.
     """
     only_first = int((first & ~second).sum())
     only_second = int((second & ~first).sum())
@@ -422,7 +486,22 @@ def mcnemar(first: Tensor, second: Tensor) -> tuple[int, int, float]:
     return only_first, only_second, min(1.0, 2 * tail)
 
 
-# chapters/ch06-extension.qmd:750
+def holm(p_values: list[float]) -> list[float]:
+    """Return Holm's adjusted p-values, in the order given.
+
+    The i-th smallest of m is multiplied by m - i + 1 (i from 1), and no
+    adjusted value is below one before it: rejecting those under 0.05
+    keeps the chance of any false rejection in the family under 0.05.
+    """
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+# chapters/ch06-extension.qmd:831
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 
