@@ -90,6 +90,18 @@ def test_quarto_project_lists_index_chapters_and_appendices():
     assert config["book"]["chapters"][0] == "index.qmd"
 
 
+def test_every_reference_gives_a_doi_or_a_url():
+    """A reader can reach every work the book cites: each entry of references.bib has a doi or url field
+    (the book's style prints one of them), and each code link in a note is a full https address."""
+    text = (ROOT / "references.bib").read_text(encoding="utf-8")
+    entries = re.split(r"\n(?=@)", text)
+    keys = [re.match(r"@\w+\{([^,]+),", e.strip()).group(1) for e in entries if e.strip().startswith("@")]
+    missing = [key for key, e in zip(keys, [e for e in entries if e.strip().startswith("@")], strict=True)
+               if not re.search(r"^\s*(doi|url)\s*=\s*\{\S+\}", e, flags=re.M | re.I)]
+    assert len(keys) > 50 and missing == []
+    assert all(link.startswith("https://") for link in re.findall(r"[Cc]ode: (\S+?)\}", text))
+
+
 def test_code_tests_and_benchmarks_are_lint_clean():
     """`make lint` passes: ruff on code/ (the generated modules' imports, names and Google-style docstrings,
     code/ruff.toml), tools/, tests/, benchmarks/ and experiments/."""
