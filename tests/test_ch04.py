@@ -356,6 +356,57 @@ def test_block_sparse_refuses_what_would_silently_drop_pairs():
         ch04.sliding_window_block_mask(8, 0, 4)
 
 
+
+# --------------------------------------------------------------------------- blocks the query picks
+
+
+@pytest.mark.parametrize(("tokens", "block"), [(12, 4), (13, 4), (9, 3), (5, 8)])
+def test_chosen_blocks_mask_reads_its_own_block_and_the_best_earlier_ones(tokens, block):
+    """Against a loop over queries: the own block causally, then the top earlier complete blocks by
+    q . mean(k); every earlier block when top reaches their number, none with top 0."""
+    q, k = randn(2, tokens, 6, seed=1), randn(2, tokens, 6, seed=2)
+    blocks = -(-tokens // block)
+    for top in (0, 1, 2, blocks):
+        mask = ch04.chosen_blocks_mask(q, k, block, top)
+        assert mask.shape == (2, tokens, tokens) and not mask.triu(1).any()
+        for head in range(2):
+            for i in range(tokens):
+                own = i // block
+                means = [k[head, b * block:(b + 1) * block].mean(0) for b in range(own)]
+                scores = torch.tensor([float(q[head, i] @ m) for m in means])
+                best = set(scores.topk(min(top, own)).indices.tolist()) if own else set()
+                expected = {j for j in range(i + 1) if j // block == own or j // block in best}
+                assert set(mask[head, i].nonzero().flatten().tolist()) == expected
+    assert torch.equal(ch04.chosen_blocks_mask(q, k, block, blocks)[0], ch01.causal_mask(tokens))
+
+
+def test_page_bounds_bound_every_score_and_quest_with_every_page_is_full_attention():
+    keys, values = randn(3, 50, 8, seed=3), randn(3, 50, 5, seed=4)
+    query = randn(3, 8, seed=5)
+    lower, upper = ch04.page_bounds(keys, 16)  # pages of 16, 16, 16 and 2 tokens
+    assert lower.shape == upper.shape == (3, 4, 8)
+    assert torch.equal(lower[:, 3], keys[:, 48:].amin(1)) and torch.equal(upper[:, 0], keys[:, :16].amax(1))
+    bounds = ch04.page_upper_bounds(query, lower, upper)
+    scores = (keys @ query[..., None])[..., 0]  # (3, 50)
+    for p in range(4):
+        assert bool((bounds[:, p] >= scores[:, 16 * p:16 * (p + 1)].amax(-1) - 1e-6).all())
+    full, _ = ch01.scaled_dot_product_attention(query[:, None], keys, values)
+    every, pages = ch04.quest_decode(query, keys, values, 16, 4)
+    assert torch.allclose(every, full[:, 0], atol=1e-6) and pages.tolist() == [[0, 1, 2, 3]] * 3
+
+
+def test_quest_decode_reads_only_the_pages_with_the_largest_bounds():
+    keys, values = randn(40, 4, seed=6), randn(40, 3, seed=7)
+    query = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=keys.dtype)
+    keys[25, 0] = 50.0  # page 3 of 5 (tokens 24..31) holds a key the query cannot miss
+    output, pages = ch04.quest_decode(query, keys, values, 8, 1)
+    assert pages.tolist() == [3]
+    expected, _ = ch01.scaled_dot_product_attention(query[None], keys[24:32], values[24:32])
+    assert torch.allclose(output, expected[0], atol=1e-6)
+    with pytest.raises(ValueError, match="top"):
+        ch04.quest_decode(query, keys, values, 8, 6)  # only five pages
+
+
 # --------------------------------------------------------------------------- linear attention
 
 

@@ -2,6 +2,7 @@
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
 """Code saved from chapters/ch04-efficient-architectures.qmd ("Efficient architectures: windows, sums, states and compressed caches")."""
 
+import math
 from dataclasses import replace
 
 import torch
@@ -19,7 +20,7 @@ from longctx.support import (
     check_type,
 )
 
-# chapters/ch04-efficient-architectures.qmd:90
+# chapters/ch04-efficient-architectures.qmd:92
 #: Gemma 3 1B's attention with all 26 layers global (the shipped model
 #: windows 22 of them): 4 query heads, 1 KV head of 256, bf16.
 RUNNING_EXAMPLE = ch03.KVConfig(
@@ -28,7 +29,7 @@ RUNNING_EXAMPLE = ch03.KVConfig(
 )
 
 
-# chapters/ch04-efficient-architectures.qmd:126
+# chapters/ch04-efficient-architectures.qmd:128
 def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     """Return what the token at position T costs attention (Equation 4.1).
 
@@ -60,7 +61,7 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     }
 
 
-# chapters/ch04-efficient-architectures.qmd:380
+# chapters/ch04-efficient-architectures.qmd:382
 def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
                                  scale_bytes: int = 2) -> int:
     """Return the cache bytes per token at ``bits`` per number (Equation 4.3).
@@ -80,7 +81,7 @@ def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
     return vectors * (-(-width * bits // 8) + scale_bytes)
 
 
-# chapters/ch04-efficient-architectures.qmd:460
+# chapters/ch04-efficient-architectures.qmd:462
 def quantize_kv(x: Tensor, bits: int, *,
                 per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d).
@@ -95,7 +96,7 @@ def quantize_kv(x: Tensor, bits: int, *,
     return ch02.quantize(x, bits, dim=-1 if per == "token" else -2)
 
 
-# chapters/ch04-efficient-architectures.qmd:482
+# chapters/ch04-efficient-architectures.qmd:484
 def quantized_cache_error(bits: int, *, keys_per: str = "token",
                           tokens: int = 512, dim: int = 256,
                           outlier_channels: int = 0,
@@ -140,7 +141,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:677
+# chapters/ch04-efficient-architectures.qmd:679
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     return int(mask.sum())
@@ -160,7 +161,7 @@ def receptive_field(mask: Tensor, layers: int) -> Tensor:
     return heard.bool()
 
 
-# chapters/ch04-efficient-architectures.qmd:787
+# chapters/ch04-efficient-architectures.qmd:789
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -192,7 +193,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:1037
+# chapters/ch04-efficient-architectures.qmd:1039
 def tiles_touched(token_mask: Tensor, block_size: int) -> Tensor:
     """Return the bool (n, n) tiles of a (T, T) mask, n = ceil(T / block_size).
 
@@ -271,7 +272,80 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1339
+# chapters/ch04-efficient-architectures.qmd:1257
+def chosen_blocks_mask(query: Tensor, key: Tensor, block_size: int,
+                       top: int) -> Tensor:
+    """Return MoBA's choice as a bool token mask (..., T, T).
+
+    Query i reads its own block up to itself and the ``top`` complete
+    earlier blocks whose mean key it scores highest (every earlier block
+    when fewer exist). query, key: (..., T, d).
+    """
+    block_size = check_int("block_size", block_size, minimum=1)
+    top = check_int("top", top, minimum=0)
+    tokens = key.shape[-2]
+    blocks = -(-tokens // block_size)
+    padded = F.pad(key, (0, 0, 0, blocks * block_size - tokens))
+    counts = torch.full((blocks,), block_size).to(key.dtype)
+    counts[-1] = tokens - (blocks - 1) * block_size  # a short last block
+    means = padded.unflatten(-2, (blocks, block_size)).sum(-2) / counts[:, None]
+    own = torch.arange(tokens) // block_size  # (T,): each query's block
+    earlier = torch.arange(blocks) < own[:, None]  # (T, n)
+    gate = (query @ means.transpose(-1, -2)).masked_fill(~earlier, -math.inf)
+    best = gate.topk(min(top, blocks), dim=-1).indices  # (..., T, top)
+    picked = torch.zeros_like(gate, dtype=torch.bool).scatter(-1, best, True)
+    read = (picked & earlier) | (torch.arange(blocks) == own[:, None])
+    mask = read.repeat_interleave(block_size, dim=-1)[..., :tokens]
+    return mask & ch01.causal_mask(tokens)
+
+
+def page_bounds(keys: Tensor, page: int) -> tuple[Tensor, Tensor]:
+    """Return Quest's (lower, upper) key bounds (..., P, d) per page.
+
+    Each is the smallest and the largest value of every coordinate over
+    the ``page`` tokens of a page (the last page may be short); keys:
+    (..., T, d), P = ceil(T / page).
+    """
+    page = check_int("page", page, minimum=1)
+    pages = -(-keys.shape[-2] // page)
+    short = pages * page - keys.shape[-2]
+    lower = F.pad(keys, (0, 0, 0, short), value=math.inf)
+    upper = F.pad(keys, (0, 0, 0, short), value=-math.inf)
+    return (lower.unflatten(-2, (pages, page)).amin(-2),
+            upper.unflatten(-2, (pages, page)).amax(-2))
+
+
+def page_upper_bounds(query: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
+    """Return each page's bound (..., P) on the query's scores in it.
+
+    sum_i max(q_i l_i, q_i u_i) >= q . k for every key k of the page;
+    query: (..., d); lower, upper: (..., P, d).
+    """
+    low, high = query[..., None, :] * lower, query[..., None, :] * upper
+    return torch.maximum(low, high).sum(-1)
+
+
+def quest_decode(query: Tensor, keys: Tensor, values: Tensor, page: int,
+                 top: int) -> tuple[Tensor, Tensor]:
+    """Return (output (..., d_v), pages read (..., top)) for one query.
+
+    The query reads the ``top`` pages with the largest upper bounds and
+    attends over their tokens only. query: (..., d); keys: (..., T, d);
+    values: (..., T, d_v).
+    """
+    lower, upper = page_bounds(keys, page)
+    bounds = page_upper_bounds(query, lower, upper)  # (..., P)
+    top = check_int("top", top, minimum=1, maximum=bounds.shape[-1])
+    chosen = bounds.topk(top, dim=-1).indices  # (..., top)
+    pages = torch.zeros_like(bounds, dtype=torch.bool).scatter(-1, chosen,
+                                                               True)
+    mask = pages.repeat_interleave(page, dim=-1)[..., :keys.shape[-2]]
+    output, _ = ch01.scaled_dot_product_attention(
+        query[..., None, :], keys, values, mask[..., None, :])
+    return output[..., 0, :], chosen.sort(dim=-1).values
+
+
+# chapters/ch04-efficient-architectures.qmd:1518
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -354,7 +428,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1583
+# chapters/ch04-efficient-architectures.qmd:1762
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -389,7 +463,7 @@ def sharpness_comparison(query_scale: float, seed: int = 1813,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1673
+# chapters/ch04-efficient-architectures.qmd:1852
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
 
@@ -429,7 +503,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:1872
+# chapters/ch04-efficient-architectures.qmd:2051
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = alpha_t h_{t-1} + xi_t, with h = 0 before the start.
 
@@ -474,7 +548,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2059
+# chapters/ch04-efficient-architectures.qmd:2238
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -507,7 +581,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2323
+# chapters/ch04-efficient-architectures.qmd:2502
 def retention_decays(heads: int) -> Tensor:
     """Return RetNet's keep factor per head, gamma_h = 1 - 2^(-5-h).
 
@@ -569,7 +643,7 @@ def gated_linear_attention_scan(query: Tensor, key: Tensor, value: Tensor,
     return read.sum(dim=-3).transpose(-2, -1)  # (..., T, d_v)
 
 
-# chapters/ch04-efficient-architectures.qmd:2456
+# chapters/ch04-efficient-architectures.qmd:2635
 def delta_rule(query: Tensor, key: Tensor, value: Tensor,
                strength: Tensor) -> tuple[Tensor, Tensor]:
     """Return (outputs, S) of the delta rule (Equation 4.11), o_t = S_t^T q_t.
@@ -595,7 +669,7 @@ def delta_rule(query: Tensor, key: Tensor, value: Tensor,
     return torch.stack(outputs, dim=-2), state
 
 
-# chapters/ch04-efficient-architectures.qmd:2674
+# chapters/ch04-efficient-architectures.qmd:2853
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 4.12).
@@ -617,7 +691,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2814
+# chapters/ch04-efficient-architectures.qmd:2993
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -692,7 +766,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:2907
+# chapters/ch04-efficient-architectures.qmd:3086
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -848,7 +922,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:3250
+# chapters/ch04-efficient-architectures.qmd:3429
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -890,7 +964,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3421
+# chapters/ch04-efficient-architectures.qmd:3600
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig, *,
                           channels: int,
                           state_size: int = 16) -> dict[str, int]:

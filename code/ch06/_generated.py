@@ -174,10 +174,10 @@ BASELINES = ("random record", "nearest record", "most frequent")
 
 
 def key_free_text(token_ids: Tensor) -> Tensor:
-    """Return the byte ids (N,) without any ``KEY_MARK``, ``KEY_ASK`` or
-    ``KEY_SYMBOLS``.
+    """Return the byte ids (N,) without a mark, an ask or a key symbol.
 
-    Filler in which a planted record is the only thing that looks like one.
+    Filler in which a planted record is the only thing that looks like one
+    (``KEY_MARK``, ``KEY_ASK`` and ``KEY_SYMBOLS`` all removed).
     """
     banned = torch.tensor([ord(c) for c in KEY_MARK + KEY_ASK + KEY_SYMBOLS])
     return token_ids[~torch.isin(token_ids, banned)]
