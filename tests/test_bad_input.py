@@ -255,7 +255,25 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         # the chapter's small case, which Exercise 7.2 builds again
         "ch07.toy_seen": Valid(lambda: dict(entries=6, window=2, seed=0), accepts={"seed": {"zero"}}),
     },
+    # ---------------------------------------------------------------- ch08: the ranking of served caches, and its reader
+    "ch08": {
+        "ch08.served_options": Valid(
+            lambda: dict(config=_ch("ch03").KVConfig("toy", layers=2, query_heads=4, head_dim=8, bytes_per_scalar=2,
+                                                     kv_heads=2),
+                         tokens=4_096, memory=2**20, decode=_saved("benchmarks"), forgetting=_saved("forgetting"),
+                         batch=1, tolerance=0.05, task="multi", menu=_ch("ch08").EVIDENCE),
+            accepts={"tolerance": {"zero"}, "memory": {"zero"}}),  # exact ties only; no memory: nothing fits
+        "ch08.byte_shares": Valid(lambda: dict(decode=_saved("benchmarks"), bytes_per_scalar=2,
+                                               menu=_ch("ch08").EVIDENCE)),
+    },
 }
+
+
+def _saved(prefix: str) -> dict:
+    """A saved run the chapters read (Chapter 8 ranks from two of them)."""
+    from longctx import support
+
+    return support.load_results(prefix)[0]
 
 
 # ------------------------------------------------------------------------------------------ silent wrong answers
@@ -376,6 +394,12 @@ SILENT: list[Silent] = [
     Silent("ch06", "a zero extension factor", lambda: _rotary_model().set_rope("pi", 0.0), "factor"),
     Silent("ch06", "a NaN extension factor", lambda: _rotary_model().set_rope("yarn", math.nan), "factor"),
     Silent("ch06", "a zero rotary base", lambda: _ch("ch06").RotaryGPT(_tiny_config(), base=0.0), "base"),
+    # Chapter 8
+    Silent("ch08", "a negative memory (nothing would fit, without a word)",
+           lambda: _ch("ch08").served_options(_ch("ch03").KVConfig("toy", layers=2, query_heads=4, head_dim=8,
+                                                                    bytes_per_scalar=2, kv_heads=2),
+                                              1_024, -1, decode=_saved("benchmarks"),
+                                              forgetting=_saved("forgetting")), "memory"),
     # Chapter 7
     Silent("ch07", "a budget that keeps only the sinks",
            lambda: _ch("ch07").make_cache(_rotary_model(), "sinks", 0.1, prompt_tokens=40), "budget"),

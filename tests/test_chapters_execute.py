@@ -35,6 +35,9 @@ def test_chapter_executes_in_quartos_render(executed_book, source):
     assert len(code) == len(doc.python_cells), f"{source}: Quarto ran {len(code)} cells of {len(doc.python_cells)}"
     for cell, written in zip(code, doc.python_cells, strict=True):
         assert not any(output.get("output_type") == "error" for output in cell.get("outputs", [])), written.line
+        crowded = [output["text"] for output in cell.get("outputs", [])
+                   if output.get("output_type") == "stream" and "FigureTextWarning" in output.get("text", "")]
+        assert not crowded, f"{source}:{written.line}: {written.label}: {crowded}"  # support.style's watch
         if (written.label or "").startswith("fig-"):
             kinds = {key for output in cell.get("outputs", []) for key in output.get("data", {})}
             assert kinds & {"image/png", "image/svg+xml"}, f"{source}:{written.line}: {written.label} drew no image"

@@ -341,3 +341,57 @@ def test_data_path_refuses_paths_that_leave_the_data_folder(part):
 def test_data_path_refuses_parts_that_are_not_strings(part):
     with pytest.raises(TypeError, match=r"^data_path parts must be a str \(got "):
         support.data_path("configs", part)
+
+
+# --- the figures' text watch ----------------------------------------------------------------------
+
+
+def _drawn_warnings(fig) -> list[str]:
+    import io
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig.savefig(io.BytesIO(), bbox_inches="tight")  # as the notebook and Quarto draw it
+    return sorted({str(w.message) for w in caught if issubclass(w.category, support.style.FigureTextWarning)})
+
+
+def test_the_book_style_warns_of_overlapping_crowded_and_cut_off_text_and_nothing_else():
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    support.apply_book_style()
+    try:
+        clean, ax = plt.subplots()
+        ax.plot([1, 2], [3, 4], label="a line")
+        ax.set(title="a title", xlabel="x", ylabel="y")
+        ax.legend()
+        ax.annotate("a note", (1.2, 3.6))
+        assert _drawn_warnings(clean) == [] and support.style.text_problems(clean) == []
+        crowded, ax = plt.subplots()
+        ax.plot([0, 1])
+        ax.text(0.5, 0.5, "first label")
+        ax.text(0.52, 0.5, "second label")
+        ax.text(0.97, 0.2, "a label past the edge", clip_on=True)
+        assert _drawn_warnings(crowded) == [
+            "figure text: 'a label past the edge' is cut off at its axes' edge",
+            "figure text: 'first label' overlaps 'second label'"]
+        ticks, ax = plt.subplots()
+        ax.plot(range(60))
+        ax.set_xticks(range(60))  # sixty labels along one axis cannot all be read
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", support.style.FigureTextWarning)  # the watch says it too
+            assert any("overlaps" in problem for problem in support.style.text_problems(ticks))
+        named, ax = plt.subplots()
+        ax.scatter([1, 1.05, 2], [1, 1, 1])
+        labels = [ax.annotate(name, (x, 1), xytext=(4, 2), textcoords="offset points")
+                  for name, x in (("first point", 1), ("second point", 1.05), ("third", 2))]
+        assert support.style.text_problems(named)  # the first two names collide
+        support.style.spread_labels(named, labels)
+        assert support.style.text_problems(named) == [] and labels[2].xyann == (4, 2)  # only the crowd moved
+    finally:
+        plt.close("all")

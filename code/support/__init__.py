@@ -28,9 +28,10 @@ from .checks import (
 )
 from .data import data_path
 from .runs import load_results, machine_record, results_folders, time_call, timed_run, write_results
-from .style import PALETTE, apply_book_style
+from .style import DESIGN_COLOURS, PALETTE, apply_book_style
 
 __all__ = [
+    "DESIGN_COLOURS",
     "PALETTE",
     "apply_book_style",
     "load_results",
