@@ -1,4 +1,4 @@
-"""The one .qmd parser: front matter, blocks, cell options, line numbers, divs, section ids; BibTeX keys;
+"""The one .qmd parser: front matter, blocks, cell options, line numbers, divs; BibTeX keys;
 an inline value's text, as Quarto prints it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from booktools.bib import bibliography_keys, render_citations
 from booktools.book import load_book
-from booktools.qmd import Cell, Markdown, QmdError, inline_text, pandoc_slug, parse, parse_heading, walk
+from booktools.qmd import Cell, Markdown, QmdError, inline_text, parse, parse_heading, walk
 
 
 def qmd(text: str) -> str:
@@ -255,42 +255,6 @@ def test_the_book_style_cites_first_author_et_al_from_three(tmp_path):
         "(Su and Lu 2021, 2022)",  # works of the same authors share their names
         "Sch\u00fctze and \u00d8stergaard (2019)",  # accents kept
     ]
-
-
-@pytest.mark.parametrize(
-    ("text", "slug"),
-    [
-        ("The KV cache", "the-kv-cache"),
-        ("3 ways: `softmax` & more", "ways-softmax-more"),
-        ("1.2", "section"),
-        ("A [link](x.html) and $x_1$", "a-link-and-x_1"),
-    ],
-)
-def test_pandoc_slug(text, slug):
-    assert pandoc_slug(text) == slug
-
-
-def test_section_ids_take_slugs_as_pandoc_does_and_skip_callout_titles():
-    doc = parse(
-        qmd(
-            """
-            # Title {#sec-ch09-title}
-
-            ## Notes
-
-            ::: {.callout-tip}
-            ## Notes
-            :::
-
-            ## Notes
-
-            ## Grouped {#sec-ch09-grouped}
-            """
-        ),
-        "a.qmd",
-    )
-    assert [ident for _, ident in doc.section_ids] == ["sec-ch09-title", "notes", "notes-2", "sec-ch09-grouped"]
-    assert doc.section_ids is doc.section_ids  # computed once
 
 
 def test_book_lists_chapters_then_appendices_in_order(fixture_book):

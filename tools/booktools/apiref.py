@@ -103,24 +103,25 @@ def _describe(name: str, obj) -> tuple[str, str, str]:
 
 
 def _section_for(numbering: Numbering, file: str, line: int) -> tuple[str | None, str | None]:
-    """The heading above `line` of `file` as "Section 3.2 Grouped heads" (or "Chapter 3"), and its id."""
+    """The section heading above `line` of `file` as "Section 3.2 Grouped heads" (or "Chapter 3"), and
+    its label (None where the heading has none: the entry then names the section without a link)."""
     info = numbering.chapter(file)
     if info is None or info.document is None:
         return None, None
-    above = [(heading, ident) for heading, ident in info.document.section_ids if heading.line < line]
-    heading, ident = above[-1] if above else (None, _chapter_anchor(info))
-    number = numbering.heading_numbers.get((file, heading.line), "") if heading is not None else info.number
-    if heading is None or heading.level == 1:
+    above = [heading for heading in info.document.headings()
+             if heading.line < line and (file, heading.line) in numbering.heading_numbers]  # no callout titles
+    if not above or above[-1].level == 1:
         kind = "Appendix" if info.entry.appendix else "Chapter"
-        return (f"{kind} {number}" if number else info.title), ident
-    return (f"Section {number} {heading.text}" if number else heading.text), ident
+        return (f"{kind} {info.number}" if info.number else info.title), _chapter_label(info)
+    number = numbering.heading_numbers[(file, above[-1].line)]
+    return (f"Section {number} {above[-1].text}" if number else above[-1].text), above[-1].label
 
 
-def _chapter_anchor(info) -> str | None:
-    """The id of a chapter's title heading (its `sec-` label, else Pandoc's slug)."""
+def _chapter_label(info) -> str | None:
+    """The label of a chapter's title heading."""
     if info is None or info.document is None:
         return None
-    return next((ident for heading, ident in info.document.section_ids if heading.level == 1), None)
+    return next((heading.label for heading in info.document.headings() if heading.level == 1), None)
 
 
 def api_entries(root: Path | str | None = None, numbering: Numbering | None = None) -> list[ApiEntry]:
@@ -166,12 +167,13 @@ def api_reference_markdown(root: Path | str | None = None) -> str:
             current = entry.module
             info = titles.get(current.rsplit(".", 1)[-1])
             chapter = f"Chapter {info.number}, {info.title}" if info is not None and info.number else current
-            anchor = _chapter_anchor(info)
+            anchor = _chapter_label(info)
             count = sum(1 for item in entries if item.module == current)
             out.append(f"**`{current}`**: {f'[{chapter}](#{anchor})' if anchor else chapter} ({count} public names)")
         words = [REFERENCE.sub(link, html.escape(entry.summary, quote=False))] if entry.summary else []
         words += ["A constant."] if not entry.summary and entry.kind == "constant" else []
-        words += [f"Defined in [{entry.section}](#{entry.fragment})."] if entry.fragment else []
+        words += [f"Defined in [{entry.section}](#{entry.fragment})."] if entry.fragment else (
+            [f"Defined in {entry.section}."] if entry.section else [])
         out.append("\n".join(["```python", signature, "```", "", " ".join(words)]).rstrip())
     return "\n\n".join(out).strip() + "\n"
 

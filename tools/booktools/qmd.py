@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
-import unicodedata
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 import yaml
@@ -173,33 +171,6 @@ class Document:
 
     def error(self, line: int, message: str) -> QmdError:
         return QmdError(self.display, line, message)
-
-    @cached_property
-    def section_ids(self) -> list[tuple[Heading, str]]:
-        """Each section heading with the id Pandoc gives it: its label, else its slug, made unique.
-        A callout's title heading is no section, but Pandoc takes its slug all the same."""
-        found: list[tuple[Heading, str]] = []
-        used: set[str] = set()
-        for item in walk(self)[0]:
-            if isinstance(item, Line) and item.kind == "heading" and not item.in_math:
-                ident = base = item.heading.label or pandoc_slug(item.heading.text)
-                number = 1
-                while ident in used:
-                    ident, number = f"{base}-{number}", number + 1
-                used.add(ident)
-                if not item.callout_title:
-                    found.append((item.heading, ident))
-        return found
-
-
-def pandoc_slug(text: str) -> str:
-    """The identifier Pandoc gives a heading without a label (its `auto_identifiers` rule)."""
-    text = re.sub(r"`([^`]*)`", r"\1", text)
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # a link keeps its text
-    text = unicodedata.normalize("NFC", re.sub(r"[*$]", "", text)).lower()
-    text = "".join(ch for ch in text if ch.isalnum() or ch in "_-. \n\t")
-    text = re.sub(r"^[^a-z]+", "", re.sub(r"\s+", "-", text.strip()))
-    return text or "section"
 
 
 def parse_heading(text: str, line: int = 0) -> Heading | None:
