@@ -162,6 +162,11 @@ BROKEN = [
             id="long-line-in-a-shown-block",
         ),
         pytest.param(
+            lambda root: edit(chapter(root), "### A detail\n", "![A curve](curve.png){#fig-ch01-image}\n\n### A detail\n"),
+            "chapters/ch01-alpha.qmd:36: label fig-ch01-image is on an image or a div",
+            id="image-figure-the-tools-would-not-number",
+        ),
+        pytest.param(
             lambda root: edit(chapter(root), "### A detail\n", "### A detail with $k$\n"),
             "chapters/ch01-alpha.qmd:36: maths in a heading: the EPUB's contents would hold MathML",
             id="maths-in-a-heading",

@@ -74,7 +74,10 @@ def check_book(book: Book) -> list[str]:
         add(repeat.file, repeat.line, f"label {repeat.label} is already used at {first.file}:{first.line}")
     for path, line, label, allowed in numbering.labels:
         prefix, scope = label.split("-", 1)[0], _label_scope(path)
-        if prefix not in allowed:
+        if not allowed:
+            add(path, line, f"label {label} is on an image or a div; the book's figures and tables are labelled "
+                "cells and pipe tables, the ones the tools number as Quarto does")
+        elif prefix not in allowed:
             add(path, line, f"label {label} should start with {' or '.join(f'{kind}-' for kind in allowed)}")
         elif scope is not None and not label.startswith(f"{prefix}-{scope}-") and not (
             scope == "appendix" and MOVED_LABEL.match(label.split("-", 1)[1])  # a chapter's section moved there
@@ -134,7 +137,7 @@ def _document_problems(doc, module, order, numbering: Numbering, bib, bib_names)
                 found.append((item.line, "maths in a heading: the EPUB's contents would hold MathML"))
             references(item.heading.text, item.line)
         elif item.kind == "text":
-            text = qmd.EQUATION_LABEL.sub("", qmd.IMAGE_LABEL.sub("", item.text))
+            text = qmd.EQUATION_LABEL.sub("", item.text)
             references(re.sub(r"\{#[^}]*\}\s*$", "", text), item.line)
     return found
 

@@ -155,17 +155,8 @@ class _Builder:
         if caption is not None:
             name = self.name(caption.group("label"), "table", numbered=False)
             self.segments += [("md", ""), ("md", f"**{name}:** {caption.group('caption')}"), ("md", "")]
-        elif item.kind == "text" and not item.in_math and "{#fig-" in item.text:
-            self.segments.append(("md", qmd.IMAGE_LABEL.sub(self.image, item.text)))
         else:
             self.segments.append(("md", item.text))
-
-    def image(self, match: re.Match) -> str:
-        if not match.group("label").startswith("fig-"):
-            return match.group(0)
-        alt = qmd.parse_attributes(match.group("attrs"))[2].get("fig-alt", match.group("caption"))
-        name = self.name(match.group("label"), "figure", numbered=False)
-        return f"![{alt}]({match.group('path')}{match.group('title') or ''})\n\n**{name}:** {match.group('caption')}"
 
     def cell(self, item: qmd.CellItem) -> None:
         callout = self.set_context(item.divs)

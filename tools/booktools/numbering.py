@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .book import Book, ChapterEntry, load_book
-from .qmd import EQUATION_LABEL, IMAGE_LABEL, PIPE_CAPTION, CellItem, Document, QmdError, parse_file, walk
+from .qmd import ATTRIBUTE_LABEL, EQUATION_LABEL, PIPE_CAPTION, CellItem, Document, QmdError, parse_file, walk
 
 KIND_NAMES = {"figure": "Figure", "table": "Table", "equation": "Equation", "section": "Section"}
 LABEL_KINDS = {"fig": "figure", "tbl": "table", "eq": "equation", "sec": "section"}
@@ -146,22 +146,17 @@ def _number_document(numbering: Numbering, info: ChapterInfo, doc: Document) -> 
             if heading.label:
                 numbering.add(Target(heading.label, "section", number, doc.display, item.line, heading.text))
         elif item.kind == "div_open" and item.div.identifier:
-            site(item.div.identifier, item.line, "fig", "tbl")
-            for prefix, kind in (("fig-", "figure"), ("tbl-", "table")):
-                if item.div.identifier.startswith(prefix):
-                    add(item.div.identifier, kind, item.line)
+            site(item.div.identifier, item.line)  # a div figure or table: `check` refuses it
         elif item.kind == "text":
-            for pattern, kind in ((EQUATION_LABEL, "eq"), (IMAGE_LABEL, "fig"), (PIPE_CAPTION, "tbl")):
-                for match in pattern.finditer(item.text):
-                    site(match.group("label"), item.line, kind)
             caption = PIPE_CAPTION.match(item.text)
             if caption is not None:
+                site(caption.group("label"), item.line, "tbl")
                 add(caption.group("label"), "table", item.line, caption.group("caption"))
                 continue
-            for match in IMAGE_LABEL.finditer(item.text):
-                if match.group("label").startswith("fig-"):
-                    add(match.group("label"), "figure", item.line, match.group("caption"))
+            for match in ATTRIBUTE_LABEL.finditer(EQUATION_LABEL.sub("", item.text)):
+                site(match.group("label"), item.line)  # an image figure: `check` refuses it
             for match in EQUATION_LABEL.finditer(item.text):
+                site(match.group("label"), item.line, "eq")
                 if match.group("label").startswith("eq-"):
                     add(match.group("label"), "equation", item.line)
 

@@ -37,10 +37,8 @@ CROSS_REFERENCE = re.compile(r"@(?P<label>(?:fig|tbl|eq|sec)-[A-Za-z0-9_-]*[A-Za
 EQUATION_LABEL = re.compile(r"\$\$[ \t]*\{[^}]*#(?P<label>[^\s}]+)[^}]*\}")
 #: A whole labelled display equation, `$$ body $$ {#eq-x}`, across lines.
 LABELLED_EQUATION = re.compile(r"\$\$(?P<body>(?:(?!\$\$).)*?)\$\$[ \t]*\{#(?P<label>eq-[^\s}]+)[^}]*\}", re.DOTALL)
-#: An image with a label, `![caption](path "title"){#fig-x fig-alt="..."}` (any label).
-IMAGE_LABEL = re.compile(
-    r"!\[(?P<caption>[^\]]*)\]\((?P<path>[^)\s]+)(?P<title>\s+\"[^\"]*\")?\)\{(?P<attrs>[^}]*#(?P<label>[^\s}]+)[^}]*)\}"
-)
+#: A figure or table label in a markdown attribute block, `![a](b.png){#fig-x}`: the tools number none.
+ATTRIBUTE_LABEL = re.compile(r"\{[^}]*#(?P<label>(?:fig|tbl)-[^\s}]+)[^}]*\}")
 #: A pipe table's caption line with its label, `: Caption {#tbl-x}`.
 PIPE_CAPTION = re.compile(r"^:[ \t]+(?P<caption>.*?)[ \t]*\{#(?P<label>tbl-[^\s}]+)[^}]*\}[ \t]*$")
 #: An inline expression, `` `{python} expr` ``.
