@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from booktools import quarto
-from booktools.apiref import api_reference_markdown, wrap_signature
+from booktools.apiref import api_reference_markdown, wrap_signatures
 from booktools.book import load_book
 from booktools.numbering import compute_numbering
 from booktools.qmd import CROSSREF_PREFIXES, parse_file
@@ -128,15 +128,16 @@ def test_a_mathjax_file_the_book_does_not_ship_is_an_error(tmp_path):
         quarto.finish_html(out, _fake_node_modules(tmp_path))
 
 
-def test_debian_chromium_is_found_for_quarto(tmp_path):
+def test_debian_chromium_is_found_for_quarto(tmp_path, monkeypatch):
     browser = tmp_path / "chrome"
     browser.write_text("")
-    assert quarto.find_chromium({"QUARTO_CHROMIUM": str(browser)}, which=lambda name: None) == str(browser)
-    debian = {"chromium": "/usr/bin/chromium"}
-    assert quarto.find_chromium({}, which=debian.get) == "/usr/bin/chromium"
-    both = {"google-chrome": "/opt/chrome", "chromium": "/usr/bin/chromium"}
-    assert quarto.find_chromium({}, which=both.get) == "/opt/chrome"  # what Quarto itself would pick
-    assert quarto.find_chromium({"QUARTO_CHROMIUM": str(tmp_path / "gone")}, which=lambda name: None) is None
+    monkeypatch.setenv("QUARTO_CHROMIUM", str(browser))
+    assert quarto.find_chromium() == str(browser)
+    monkeypatch.setenv("QUARTO_CHROMIUM", str(tmp_path / "gone"))  # a browser that is gone is no browser
+    for found, expected in (({"chromium": "/usr/bin/chromium"}, "/usr/bin/chromium"), ({}, None),
+                            ({"google-chrome": "/opt/chrome", "chromium": "/usr/bin/chromium"}, "/opt/chrome")):
+        monkeypatch.setattr(shutil, "which", found.get)
+        assert quarto.find_chromium() == expected  # Debian's name, else the one Quarto itself would pick
 
 
 FAKE_QUARTO = """#!/usr/bin/env python3
@@ -161,7 +162,7 @@ def test_a_hung_later_pass_is_killed_and_tried_again(fixture_book, tmp_path, mon
     fake = tmp_path / "quarto"
     fake.write_text(FAKE_QUARTO)
     fake.chmod(0o755)
-    monkeypatch.setattr(quarto, "LATER_FORMAT_SECONDS", 3.0)
+    monkeypatch.setattr(quarto, "LATER_FORMAT_SECONDS", 1.5)
     stage, out = tmp_path / "stage", tmp_path / "_book"
     result = quarto.build_quarto_book(fixture_book, out, stage=stage, executed=tmp_path / "executed",
                                       quarto=str(fake), node_modules=_fake_node_modules(tmp_path), quiet=True)
@@ -195,7 +196,7 @@ def test_no_quarto_is_a_clear_error(tmp_path, monkeypatch):
     ],
 )
 def test_long_signatures_break_one_parameter_per_line(signature, expected):
-    assert wrap_signature(signature) == expected
+    assert wrap_signatures([signature]) == [expected]
 
 
 def test_the_api_appendix_fits_the_page_and_links_by_fragment():
@@ -343,7 +344,7 @@ def test_the_epub_has_a_language_and_no_links_to_web_pages_of_the_book(quarto_bo
 def test_a_long_tuple_default_is_wrapped_inside_its_parentheses():
     long = "Settings(steps: int = 600, depths: tuple[float, ...] = (" + ", ".join(f"{i / 8}" for i in range(9))
     long += "), seeds: tuple[int, ...] = (0, 1))"
-    shown = wrap_signature(long, width=60)
+    [shown] = wrap_signatures([long], width=60)
     assert max(len(line) for line in shown.splitlines()) <= 60
     assert shown.splitlines()[2] == "    depths: tuple[float, ...] = ("
     # the same signature, once the layout's spaces and trailing commas are taken out

@@ -81,10 +81,6 @@ def wrap_signatures(signatures: list[str], width: int = SIGNATURE_WIDTH) -> list
     return wrapped
 
 
-def wrap_signature(signature: str, width: int = SIGNATURE_WIDTH) -> str:
-    return wrap_signatures([signature], width)[0]
-
-
 def _describe(name: str, obj) -> tuple[str, str, str]:
     """(kind, signature, summary) of a public object; a constant's summary comes from its `#:` lines."""
     if not callable(obj):
