@@ -75,12 +75,12 @@ BROKEN = [
         ),
         pytest.param(
             lambda root: edit(chapter(root), '#| fig-alt: "A rising curve."\n', ""),
-            "chapters/ch01-alpha.qmd:72: figure cell fig-ch01-curve has no `#| fig-alt:`",
+            "chapters/ch01-alpha.qmd:71: figure cell fig-ch01-curve has no `#| fig-alt:`",
             id="figure-without-alt",
         ),
         pytest.param(
             lambda root: edit(chapter(root), '#| fig-cap: "How do pairs grow with n?"\n', ""),
-            "chapters/ch01-alpha.qmd:72: figure cell fig-ch01-curve has no `#| fig-cap:`",
+            "chapters/ch01-alpha.qmd:71: figure cell fig-ch01-curve has no `#| fig-cap:`",
             id="figure-without-caption",
         ),
         pytest.param(
@@ -158,13 +158,18 @@ BROKEN = [
         ),
         pytest.param(
             lambda root: edit(chapter(root), "x = 1\n```", "x = '" + "y" * 80 + "'\n```"),
-            "chapters/ch01-alpha.qmd:82: code line is 86 characters",
+            "chapters/ch01-alpha.qmd:81: code line is 86 characters",
             id="long-line-in-a-shown-block",
         ),
         pytest.param(
             lambda root: edit(chapter(root), "### A detail\n", "![A curve](curve.png){#fig-ch01-image}\n\n### A detail\n"),
             "chapters/ch01-alpha.qmd:36: label fig-ch01-image is on an image or a div",
             id="image-figure-the-tools-would-not-number",
+        ),
+        pytest.param(
+            lambda root: edit(chapter(root), "Models grow;", "## Growth\n\nModels grow;"),
+            "chapters/ch01-alpha.qmd:55: a heading inside a callout, which Quarto would take for the callout's title",
+            id="heading-inside-a-callout",
         ),
         pytest.param(
             lambda root: edit(chapter(root), "### A detail\n", "### A detail with $k$\n"),

@@ -166,12 +166,12 @@ def test_translate_inline_forms(fixture_book):
 
 def test_python_cells_keep_options_and_carry_metadata(exported):
     cells = [cell for cell in exported["ch01-alpha"].cells if cell.cell_type == "code"]
-    assert [cell.metadata.longctx.line for cell in cells] == [17, 29, 61, 70]
+    assert [cell.metadata.longctx.line for cell in cells] == [17, 29, 60, 69]
     figure = cells[-1]
     assert figure.source.startswith("#| label: fig-ch01-curve\n#| fig-cap: \"How do pairs grow with n?\"\n")
     assert figure.metadata.longctx == {
         "source": "chapters/ch01-alpha.qmd",
-        "line": 70,
+        "line": 69,
         "kind": "figure",
         "label": "fig-ch01-curve",
     }

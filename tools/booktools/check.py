@@ -133,8 +133,11 @@ def _document_problems(doc, module, order, numbering: Numbering, bib, bib_names)
                 if isinstance(cell.options.get(option), str):
                     references(cell.options[option], cell.line)
         elif item.kind == "heading":
-            if not item.callout_title and "$" in item.heading.text:  # EPUBCheck refuses MathML in nav
+            if "$" in item.heading.text:  # EPUBCheck refuses MathML in nav
                 found.append((item.line, "maths in a heading: the EPUB's contents would hold MathML"))
+            if any(div.callout_type for div in item.divs):
+                found.append((item.line, "a heading inside a callout, which Quarto would take for the callout's "
+                              "title: give the callout a `title=\"...\"` attribute instead"))
             references(item.heading.text, item.line)
         elif item.kind == "text":
             text = qmd.EQUATION_LABEL.sub("", item.text)

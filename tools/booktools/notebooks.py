@@ -139,8 +139,6 @@ class _Builder:
             return
         self.set_context(item.divs)
         if item.kind == "heading" and not item.in_math:
-            if item.callout_title:
-                return
             heading = item.heading
             if heading.level <= 3:
                 self.flush()

@@ -128,7 +128,7 @@ def _number_document(numbering: Numbering, info: ChapterInfo, doc: Document) -> 
             if item.cell.executable and label.startswith(("fig-", "tbl-")):
                 kind, option = ("figure", "fig-cap") if label.startswith("fig-") else ("table", "tbl-cap")
                 add(label, kind, item.cell.line, str(item.cell.options.get(option, "") or ""))
-        elif item.kind == "heading" and not item.callout_title and not item.in_math:
+        elif item.kind == "heading" and not item.in_math:
             heading = item.heading
             site(heading.label, item.line, "sec")
             if heading.level == 1 and not seen_h1:

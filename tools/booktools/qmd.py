@@ -284,7 +284,6 @@ class Div:
     identifier: str | None
     classes: list[str]
     attributes: dict[str, str]
-    title: str | None = None  # a callout's: title="..." or its leading heading
 
     @property
     def callout_type(self) -> str | None:
@@ -297,7 +296,7 @@ class Div:
 
     @property
     def display_title(self) -> str:
-        return self.title or (self.callout_type or "").capitalize() or "Note"
+        return self.attributes.get("title") or (self.callout_type or "").capitalize() or "Note"
 
 
 def parse_attributes(text: str) -> tuple[str | None, list[str], dict[str, str]]:
@@ -313,14 +312,13 @@ def parse_attributes(text: str) -> tuple[str | None, list[str], dict[str, str]]:
 class Line:
     """One markdown line, classified, with the fenced divs open around it."""
 
-    kind: str  # "text", "blank", "heading", "div_open", "div_close"
+    kind: str  # "text", "heading", "div_open", "div_close"
     line: int
     text: str
     divs: tuple[Div, ...]  # open divs, outermost first (for div_open: including the new one)
     in_math: bool = False  # inside a $$ ... $$ display, the $$ lines included
     heading: Heading | None = None
     div: Div | None = None  # the div opened or closed
-    callout_title: bool = False  # a heading that gives its callout's title
 
 
 @dataclass
@@ -338,20 +336,14 @@ def walk(doc: Document) -> tuple[list[Line | CellItem], list[QmdError]]:
     problems: list[QmdError] = []
     stack: list[Div] = []
     in_math = False
-    awaiting_title: Div | None = None
     for block in doc.blocks:
         if isinstance(block, Cell):
             items.append(CellItem(block, tuple(stack)))
-            awaiting_title = None
             continue
         for number, text in enumerate(block.lines, block.line):
             if in_math or text.count("$$") % 2 == 1 and not _DIV_OPEN.match(text) and parse_heading(text) is None:
                 in_math = in_math != (text.count("$$") % 2 == 1)
                 items.append(Line("text", number, text, tuple(stack), in_math=True))
-                awaiting_title = None
-                continue
-            if not text.strip():
-                items.append(Line("blank", number, text, tuple(stack)))
                 continue
             opened, heading = _DIV_OPEN.match(text), parse_heading(text, number)
             if opened is not None:
@@ -359,10 +351,9 @@ def walk(doc: Document) -> tuple[list[Line | CellItem], list[QmdError]]:
                     identifier, classes, attributes = parse_attributes(opened.group("attrs"))
                 else:
                     identifier, classes, attributes = None, [opened.group("cls")], {}
-                div = Div(number, identifier, classes, attributes, attributes.get("title"))
+                div = Div(number, identifier, classes, attributes)
                 stack.append(div)
                 items.append(Line("div_open", number, text, tuple(stack), div=div))
-                awaiting_title = div if div.callout_type and div.title is None else None
             elif _DIV_CLOSE.match(text):
                 if stack:
                     div = stack.pop()
@@ -370,15 +361,9 @@ def walk(doc: Document) -> tuple[list[Line | CellItem], list[QmdError]]:
                 else:
                     problems.append(doc.error(number, "`:::` closes a fenced div that was never opened"))
                     items.append(Line("text", number, text, tuple(stack)))
-                awaiting_title = None
             elif heading is not None:
-                if awaiting_title is not None:
-                    awaiting_title.title = heading.text
-                items.append(Line("heading", number, text, tuple(stack), heading=heading,
-                                  callout_title=awaiting_title is not None))
-                awaiting_title = None
+                items.append(Line("heading", number, text, tuple(stack), heading=heading))
             else:
                 items.append(Line("text", number, text, tuple(stack), in_math="$$" in text))
-                awaiting_title = None
     problems += [doc.error(div.line, "fenced div opened here (`:::`) is never closed") for div in stack]
     return items, problems
