@@ -214,8 +214,8 @@ def test_bibliography_keys_lines_and_duplicates(tmp_path):
         "e2024": ("refs.bib", 11),
     }
     assert problems == [
-        "refs.bib:12: duplicate key a2017 (first at line 2)",
-        "missing.bib:0: bibliography file does not exist",
+        ("refs.bib", 12, "duplicate key a2017 (first at line 2)"),
+        ("missing.bib", 0, "bibliography file does not exist"),
     ]
 
 

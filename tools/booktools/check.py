@@ -61,12 +61,10 @@ def check_book(book: Book) -> list[str]:
         if path.relative_to(book.root).as_posix() not in seen:
             add(path.relative_to(book.root).as_posix(), 1,
                 "this chapter file is not listed in _quarto.yml (book.chapters or book.appendices)")
-    bib_problems: list[str] = []
+    bib_problems: list[tuple[str, int, str]] = []
     bib = bibliography_keys(book.bibliography, bib_problems)
     bib_names = ", ".join(path.name for path in book.bibliography) or "no bibliography in _quarto.yml"
-    for text in bib_problems:
-        path, line, message = text.split(":", 2)
-        add(path, int(line or 0), message.strip())
+    problems.update(bib_problems)
     numbering = compute_numbering(book)
     for error in numbering.problems:
         add(error.path, error.line, error.message)

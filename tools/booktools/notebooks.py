@@ -29,9 +29,8 @@ STALE = "the executed notebook is stale ({}); run `make book` (or `python -m boo
 
 
 def _crossref(target: Target, minus: bool, prefix: str = "") -> str:
-    if prefix:
-        return f"{prefix} {target.number or target.title}"
-    return (target.number or target.title) if minus else target.text
+    """How Quarto prints a reference: "Figure 3.2"; with `-@` the number alone; with a prefix, "Fig. 3.2"."""
+    return f"{prefix} {target.number or target.title}".strip() if prefix or minus else target.text
 
 
 def _bracket(match: re.Match, targets: dict[str, Target], cite: Cite) -> str:

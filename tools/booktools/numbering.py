@@ -13,7 +13,6 @@ from pathlib import Path
 from .book import Book, ChapterEntry, load_book
 from .qmd import ATTRIBUTE_LABEL, EQUATION_LABEL, PIPE_CAPTION, CellItem, Document, QmdError, parse_file, walk
 
-KIND_NAMES = {"figure": "Figure", "table": "Table", "equation": "Equation", "section": "Section"}
 LABEL_KINDS = {"fig": "figure", "tbl": "table", "eq": "equation", "sec": "section"}
 
 
@@ -35,7 +34,7 @@ class Target:
             return self.title or self.label if self.kind != "chapter" else self.title
         if self.kind == "chapter":
             return f"Appendix {self.number}" if self.number.isalpha() else f"Chapter {self.number}"
-        return f"{KIND_NAMES[self.kind]} {self.number}"
+        return f"{self.kind.capitalize()} {self.number}"
 
 
 @dataclass
@@ -99,8 +98,7 @@ def compute_numbering(book: Book) -> Numbering:
         else:
             chapters += 1
             number = str(chapters)
-        title = h1.text if h1 is not None else str(doc.front_matter.get("title") or "") if doc is not None else ""
-        info = ChapterInfo(entry, number, title, doc)
+        info = ChapterInfo(entry, number, h1.text if h1 is not None else "", doc)
         numbering.chapters.append(info)
         if doc is not None:
             _number_document(numbering, info, doc)

@@ -118,9 +118,7 @@ def tangle_document(doc: Document, module: str, root: Path) -> tuple[ModuleOutpu
     runs = _saved_code(doc, problems, imports)
     if problems:
         return None, sorted(problems, key=lambda item: (item.path, item.line))
-    title = doc.front_matter.get("title")
-    title = title.strip() if isinstance(title, str) and title.strip() else next(
-        (heading.text for heading in doc.headings() if heading.level == 1), "")
+    title = next((heading.text for heading in doc.headings() if heading.level == 1), "")
     described = f'{doc.display} ("{title}")' if title else doc.display
     header = [f"# Generated from {doc.display} by `python -m booktools tangle`.",
               "# Do not edit: change the chapter's `# @save` cells, then tangle again."]
