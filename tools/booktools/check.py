@@ -4,7 +4,8 @@ References name labels that exist and citations keys of the bibliography; labels
 the fig-/tbl-/eq-/sec- prefixes and name their chapter (`fig-ch03-…`, `sec-index-…`,
 `sec-appendix-…`); figure cells have `fig-cap` and `fig-alt`, table cells `tbl-cap`; `_quarto.yml`
 lists exactly the files in chapters/; saved code obeys the book's rules (`saved_code_problems`);
-the generated modules are current; and what Quarto trips on (`source_problems`).
+and what Quarto trips on (`source_problems`). Whether the generated modules are current is the
+tangle's to say (`tangle --check`; `make check` runs both).
 """
 
 from __future__ import annotations
@@ -88,14 +89,6 @@ def check_book(book: Book) -> list[str]:
                 add(info.document.display, line, message)
             for error in qmd.walk(info.document)[1]:
                 add(error.path, error.line, error.message)
-
-    from .tangle import stale_outputs, tangle_book
-
-    result = tangle_book(book)
-    for problem in result.problems:
-        add(problem.path, problem.line, problem.message)
-    for path in stale_outputs(result):
-        add(book.display(path), 1, "generated module is stale: run `python -m booktools tangle`")
     return [f"{path}:{line}: {message}" for path, line, message in sorted(problems)]
 
 

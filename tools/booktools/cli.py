@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "first cell that installs longctx outside the repository")
     notebooks.add_argument("-q", "--quiet", action="store_true")
     notebooks.set_defaults(run=cmd_notebooks)
-    check = verbs.add_parser("check", help="check cross-references, citations, labels, captions, saved code and modules")
+    check = verbs.add_parser("check", help="check cross-references, citations, labels, captions and saved code")
     check.set_defaults(run=cmd_check)
     quarto = verbs.add_parser("quarto", help="execute and render the book with Quarto into _book/ (HTML and EPUB)")
     quarto.set_defaults(run=cmd_quarto)
