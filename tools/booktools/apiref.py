@@ -105,7 +105,7 @@ def _section_for(numbering: Numbering, file: str, line: int) -> tuple[str | None
     if info is None or info.document is None:
         return None, None
     above = [heading for heading in info.document.headings()
-             if heading.line < line and (file, heading.line) in numbering.heading_numbers]  # no callout titles
+             if heading.line < line and (file, heading.line) in numbering.heading_numbers]  # none in maths
     if not above or above[-1].level == 1:
         kind = "Appendix" if info.entry.appendix else "Chapter"
         return (f"{kind} {info.number}" if info.number else info.title), _chapter_label(info)

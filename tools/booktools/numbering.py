@@ -1,6 +1,6 @@
 """The book's numbering, as Quarto numbers it: chapters by their place among the numbered files of
 `_quarto.yml` (`index.qmd` and `{.unnumbered}` chapters have none; appendices are lettered A, B, ...);
-sections `##` N.M and `###` N.M.K (not `{.unnumbered}`/`{-}` ones, nor a callout's title); figures,
+sections `##` N.M and `###` N.M.K (not `{.unnumbered}`/`{-}` ones); figure and table cells, pipe
 tables and equations per chapter in order: Figure 3.2, Table 3.1, Equation 3.1. `compute_numbering`
 parses every listed file once; a command computes it once and hands it on.
 """
