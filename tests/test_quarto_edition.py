@@ -199,18 +199,7 @@ def test_long_signatures_break_one_parameter_per_line(signature, expected):
     assert wrap_signatures([signature]) == [expected]
 
 
-def test_the_api_appendix_fits_the_page_and_links_by_fragment():
-    text = api_reference_markdown(ROOT)
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) > 50
-    assert max(len(line) for block in blocks for line in block.splitlines()) <= 80
-    labels = compute_numbering(load_book(ROOT)).targets
-    links = re.findall(r"\]\(([^)]*)\)", text)
-    assert links and all(link.startswith("#") for link in links), [link for link in links if not link.startswith("#")][:3]
-    assert {link[1:] for link in links} <= set(labels)
-
-
-def test_the_api_appendix_reads_each_chapter_once(monkeypatch):
+def test_the_api_appendix_reads_each_chapter_once_fits_the_page_and_links_by_fragment(monkeypatch):
     from booktools import numbering, qmd
 
     parsed: dict[str, int] = {}
@@ -222,9 +211,15 @@ def test_the_api_appendix_reads_each_chapter_once(monkeypatch):
 
     monkeypatch.setattr(numbering, "parse_file", counting)
     monkeypatch.setattr(qmd, "parse_file", counting)
-    api_reference_markdown(ROOT)
-    assert len(parsed) == len(load_book(ROOT).entries)
-    assert set(parsed.values()) == {1}
+    text = api_reference_markdown(ROOT)
+    assert len(parsed) == len(load_book(ROOT).entries) and set(parsed.values()) == {1}
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) > 50
+    assert max(len(line) for block in blocks for line in block.splitlines()) <= 80
+    labels = compute_numbering(load_book(ROOT)).targets
+    links = re.findall(r"\]\(([^)]*)\)", text)
+    assert links and all(link.startswith("#") for link in links), [link for link in links if not link.startswith("#")][:3]
+    assert {link[1:] for link in links} <= set(labels)
 
 
 # --- the rendered edition --------------------------------------------------------------------------
