@@ -140,19 +140,14 @@ def test_debian_chromium_is_found_for_quarto(tmp_path, monkeypatch):
         assert quarto.find_chromium() == expected  # Debian's name, else the one Quarto itself would pick
 
 
-FAKE_QUARTO = """#!/usr/bin/env python3
-import pathlib, sys, time
-fmt = sys.argv[sys.argv.index("--to") + 1]
-book = pathlib.Path("_book")
-book.mkdir(exist_ok=True)
-if fmt == "html":
-    (book / "index.html").write_text("<html><head></head><body>fixture</body></html>")
-else:  # the first EPUB pass hangs, as Quarto's Chromium connection now and then does
-    tries = pathlib.Path("epub-tries")
-    tries.write_text(tries.read_text() + "x" if tries.exists() else "x")
-    if len(tries.read_text()) == 1:
-        time.sleep(120)
-    (book / "fixture.epub").write_bytes(b"PK")
+FAKE_QUARTO = """#!/bin/sh
+mkdir -p _book
+case "$*" in
+  *"--to html"*) echo "<html><head></head><body>fixture</body></html>" > _book/index.html ;;
+  *) echo x >> epub-tries  # the first EPUB pass hangs, as Quarto's Chromium connection now and then does
+     if [ "$(wc -l < epub-tries)" -eq 1 ]; then sleep 120; fi
+     printf PK > _book/fixture.epub ;;
+esac
 """
 
 
@@ -162,12 +157,12 @@ def test_a_hung_later_pass_is_killed_and_tried_again(fixture_book, tmp_path, mon
     fake = tmp_path / "quarto"
     fake.write_text(FAKE_QUARTO)
     fake.chmod(0o755)
-    monkeypatch.setattr(quarto, "LATER_FORMAT_SECONDS", 1.5)
+    monkeypatch.setattr(quarto, "LATER_FORMAT_SECONDS", 0.5)
     stage, out = tmp_path / "stage", tmp_path / "_book"
     result = quarto.build_quarto_book(fixture_book, out, stage=stage, executed=tmp_path / "executed",
                                       quarto=str(fake), node_modules=_fake_node_modules(tmp_path), quiet=True)
     assert result["formats"] == ["html", "epub"]
-    assert (stage / "epub-tries").read_text() == "xx"  # killed once, then done
+    assert (stage / "epub-tries").read_text() == "x\nx\n"  # killed once, then done
     assert (out / "fixture.epub").exists() and (out / "index.html").exists()
 
 
