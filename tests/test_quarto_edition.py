@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from booktools import quarto
-from booktools.apiref import api_reference_markdown, wrap_signatures
+from booktools.apiref import api_entries, api_reference_markdown, wrap_signatures
 from booktools.book import load_book
 from booktools.numbering import compute_numbering
 from booktools.qmd import CROSSREF_PREFIXES, parse_file
@@ -215,6 +215,15 @@ def test_the_api_appendix_reads_each_chapter_once_fits_the_page_and_links_by_fra
     links = re.findall(r"\]\(([^)]*)\)", text)
     assert links and all(link.startswith("#") for link in links), [link for link in links if not link.startswith("#")][:3]
     assert {link[1:] for link in links} <= set(labels)
+
+
+def test_the_api_appendix_names_the_section_whose_saved_cell_defines_each_name():
+    entries = {f"{entry.module}.{entry.name}": entry for entry in api_entries(ROOT)}
+    assert (entries["longctx.ch01.causal_mask"].section, entries["longctx.ch01.causal_mask"].fragment) == (
+        "Section 1.4 The causal mask", "sec-ch01-causal")
+    targets = compute_numbering(load_book(ROOT)).targets
+    for key, entry in entries.items():  # each in a section of its own chapter
+        assert targets[entry.fragment].file.startswith(f"chapters/{entry.module.removeprefix('longctx.')}-"), key
 
 
 # --- the rendered edition --------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 public name of each chapter module its signature (laid out by `ruff format` past 80 characters), the
 first paragraph of its docstring (a constant's `#:` lines), and a link by fragment alone
 (`#sec-ch03-rope`, the one form both Quarto's HTML and its EPUB resolve) to the section whose
-`# @save` cell defines it, found from the `# chapters/FILE.qmd:LINE` comments of `_generated.py`.
+`# @save` cell defines it.
 The appendix's one cell is `from booktools.apiref import api_reference; api_reference()`.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 from .book import find_root, load_book
 from .numbering import Numbering, compute_numbering
 from .qmd import CROSS_REFERENCE
+from .tangle import public_names
 
-SOURCE_COMMENT = re.compile(r"^# (?P<file>\S+\.qmd):(?P<line>\d+)\s*$", re.MULTILINE)
 REFERENCE = re.compile(r"\[?" + CROSS_REFERENCE.pattern + r"\]?")  # `[@eq-x]` or `@eq-x`, brackets and all
 COMMENTED = re.compile(r"^((?:#:.*\n)+)(\w+)\s*[:=]", re.MULTILINE)  # a constant's `#:` lines: all it has (no docstring)
 SIGNATURE_WIDTH = 80
@@ -38,23 +38,6 @@ class ApiEntry:
     summary: str  # the docstring's first paragraph ("" when there is none)
     section: str | None  # "Section 3.2 Grouped heads" (or the chapter, before its first section)
     fragment: str | None  # that section's id, "sec-ch03-gqa"
-
-
-def defining_lines(generated: Path) -> dict[str, tuple[str, int]]:
-    """Top-level name -> (chapter file, line) from a generated module's source comments."""
-    text = generated.read_text(encoding="utf-8")
-    marks = [(text.count("\n", 0, m.start()) + 1, m.group("file"), int(m.group("line"))) for m in SOURCE_COMMENT.finditer(text)]
-    found: dict[str, tuple[str, int]] = {}
-    for node in ast.parse(text).body:
-        names = [target.id for target in getattr(node, "targets", [getattr(node, "target", None)])
-                 if isinstance(target, ast.Name)] if isinstance(node, ast.Assign | ast.AnnAssign) else []
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names = [node.name]
-        first = min([node.lineno] + [decorator.lineno for decorator in getattr(node, "decorator_list", [])])
-        before = [mark for mark in marks if mark[0] < first]
-        for name in names if before else []:
-            found.setdefault(name, before[-1][1:])
-    return found
 
 
 def _is_def(signature: str) -> bool:
@@ -127,13 +110,19 @@ def api_entries(root: Path | str | None = None, numbering: Numbering | None = No
     numbering = numbering or compute_numbering(book)
     entries: list[ApiEntry] = []
     for chapter in book.module_entries:
-        generated = root / "code" / chapter.module / "_generated.py"
-        if not generated.is_file():
+        info = numbering.chapter(chapter.path)
+        if not (root / "code" / chapter.module / "_generated.py").is_file() or info is None or info.document is None:
             continue
         module = importlib.import_module(f"longctx.{chapter.module}")
-        lines = defining_lines(generated)
-        notes = {match[2]: " ".join(line[2:].strip() for line in match[1].splitlines())
-                 for match in COMMENTED.finditer(generated.read_text(encoding="utf-8"))}
+        lines: dict[str, tuple[str, int]] = {}  # each name the saved cells define -> (chapter file, line)
+        notes: dict[str, str] = {}
+        for cell in (cell for cell in info.document.python_cells if cell.saved):
+            source = "\n".join(text.removeprefix(cell.indent) for text in cell.saved_code_lines)
+            notes |= {match[2]: " ".join(line[2:].strip() for line in match[1].splitlines())
+                      for match in COMMENTED.finditer(source)}
+            for node in ast.parse(source).body:
+                lines |= {name: (chapter.path, cell.saved_code_line + node.lineno - 1) for name in public_names([node])
+                          if name not in lines}
         for name in getattr(module, "__all__", []):
             kind, signature, summary = _describe(name, getattr(module, name))
             section, fragment = _section_for(numbering, *lines[name]) if name in lines else (None, None)

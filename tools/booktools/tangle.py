@@ -84,7 +84,7 @@ def _saved_code(doc: Document, problems: list[QmdError], imports: list[str]) -> 
     return runs
 
 
-def _public_names(body: list[ast.stmt]) -> list[str]:
+def public_names(body: list[ast.stmt]) -> list[str]:
     """The names a module's top level defines (not imports) that do not start with `_`."""
     found: list[str] = []
     for stmt in body:
@@ -94,7 +94,7 @@ def _public_names(body: list[ast.stmt]) -> list[str]:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             names = [node.id for target in targets for node in ast.walk(target) if isinstance(node, ast.Name)]
         elif isinstance(stmt, ast.If | ast.Try):
-            names = _public_names(stmt.body + stmt.orelse + getattr(stmt, "finalbody", [])
+            names = public_names(stmt.body + stmt.orelse + getattr(stmt, "finalbody", [])
                                   + [s for handler in getattr(stmt, "handlers", []) for s in handler.body])
         else:
             names = []
@@ -126,7 +126,7 @@ def tangle_document(doc: Document, module: str, root: Path) -> tuple[ModuleOutpu
     for line, lines in runs:
         out += ["", "", f"# {doc.display}:{line}", *lines]
     generated = "\n".join(out) + "\n"
-    public = sorted(_public_names(ast.parse(generated).body), key=_member_key)
+    public = sorted(public_names(ast.parse(generated).body), key=_member_key)
     init = [*header, f'"""{_escape_docstring(title or module)}: the code saved from {doc.display}."""', ""]
     if public:
         init += ["from ._generated import (", *[f"    {name}," for name in public], ")", ""]
