@@ -200,9 +200,9 @@ def test_the_api_appendix_reads_each_chapter_once_fits_the_page_and_links_by_fra
     parsed: dict[str, int] = {}
     original = qmd.parse_file
 
-    def counting(path, root=None):
+    def counting(path, display=None):
         parsed[str(path)] = parsed.get(str(path), 0) + 1
-        return original(path, root)
+        return original(path, display)
 
     monkeypatch.setattr(numbering, "parse_file", counting)
     monkeypatch.setattr(qmd, "parse_file", counting)
@@ -359,7 +359,7 @@ def test_the_three_editions_carry_the_same_reference_citation_and_value(quarto_b
 
     book = load_book(ROOT)
     source = "chapters/ch03-long-context.qmd"
-    doc = parse_file(ROOT / source, ROOT)
+    doc = parse_file(ROOT / source, source)
     prose = "\n".join(block.text for block in doc.markdown)
     prose = INLINE_EXPRESSION.sub("", prose)
     label = next(match.group("key") for match in REFERENCE.finditer(prose) if match.group("key").startswith("fig-"))

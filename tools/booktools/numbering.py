@@ -87,7 +87,7 @@ def compute_numbering(book: Book) -> Numbering:
         doc, path = None, book.root / entry.path
         if path.is_file() and path.suffix == ".qmd":
             try:
-                doc = parse_file(path, book.root)
+                doc = parse_file(path, entry.path)
             except QmdError as exc:
                 numbering.problems.append(exc)
         h1 = next((heading for heading in doc.headings() if heading.level == 1), None) if doc is not None else None

@@ -256,17 +256,9 @@ def parse(text: str, display: str = "<string>") -> Document:
     return Document(display, front_matter, front_matter_lines, blocks)
 
 
-def parse_file(path: Path | str, root: Path | str | None = None) -> Document:
-    """Read and parse a `.qmd` file; messages name it relative to `root` when given."""
-    path = Path(path)
-    display = str(path)
-    if root is not None and path.resolve().is_relative_to(Path(root).resolve()):
-        display = path.resolve().relative_to(Path(root).resolve()).as_posix()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise QmdError(display, 0, "file not found") from None
-    return parse(text, display)
+def parse_file(path: Path | str, display: str | None = None) -> Document:
+    """Read and parse a `.qmd` file; messages name it `display` (by default, the path as given)."""
+    return parse(Path(path).read_text(encoding="utf-8"), display or str(path))
 
 
 # Fenced divs (callouts), headings and display maths, line by line.

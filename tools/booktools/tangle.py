@@ -167,7 +167,7 @@ def tangle_book(book: Book) -> TangleResult:
         if not (book.root / entry.path).is_file():
             continue  # `check` names a listed file that does not exist
         try:
-            output, problems = tangle_document(parse_file(book.root / entry.path, book.root), entry.module, book.root)
+            output, problems = tangle_document(parse_file(book.root / entry.path, entry.path), entry.module, book.root)
         except QmdError as exc:
             result.problems.append(exc)
             continue
