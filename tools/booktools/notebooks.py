@@ -83,12 +83,10 @@ class _Builder:
     def add_markdown(self, source: str) -> None:
         self.cells.append(nbformat.v4.new_markdown_cell(source))
 
-    def name(self, label: str | None, kind: str, numbered: bool = True) -> str:
+    def name(self, label: str | None, kind: str) -> str:
         """"Figure 3.2" for a numbered label of this kind, else "Figure"."""
         target = self.targets.get(label or "")
-        if target is None or (numbered and (not target.number or target.kind != kind)):
-            return kind.capitalize()
-        return target.text
+        return target.text if target is not None and target.number and target.kind == kind else kind.capitalize()
 
     def open_callout(self, callout: qmd.Div, body: str) -> None:
         """The titled first part of a callout (body may be empty)."""
@@ -150,7 +148,7 @@ class _Builder:
             return
         caption = qmd.PIPE_CAPTION.match(item.text) if item.kind == "text" and not item.in_math else None
         if caption is not None:
-            name = self.name(caption.group("label"), "table", numbered=False)
+            name = self.name(caption.group("label"), "table")
             self.segments += [("md", ""), ("md", f"**{name}:** {caption.group('caption')}"), ("md", "")]
         else:
             self.segments.append(("md", item.text))
