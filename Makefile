@@ -57,7 +57,9 @@ tangle: $(ENV_STAMP)
 notebooks: book
 	$(BOOK) notebooks
 
+# The tangle says whether code/ is current (and why a saved cell cannot be saved); check, the rest.
 check: $(ENV_STAMP)
+	$(BOOK) tangle --check
 	$(BOOK) check
 
 # Quarto executes every chapter (Jupyter, the venv's kernel; a failing cell fails the build) and renders

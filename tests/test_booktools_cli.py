@@ -31,13 +31,6 @@ def test_every_verb_is_parsed_by_the_one_parser(verb):
     assert args.verb == verb and args.root == "somewhere" and callable(args.run)
 
 
-def test_quarto_options_are_parsed_like_every_other_verbs():
-    args = build_parser().parse_args(["quarto", "--out", "x"])
-    assert args.out == "x"
-    args = build_parser().parse_args(["notebooks", "--executed", "y", "--out", "x"])
-    assert (args.executed, args.out) == ("y", "x")
-
-
 def test_usage_errors_exit_2(fixture_book, booktools):
     for argv in (["no-such-verb"], ["execute"], ["quarto", "--no-such-option"]):
         with pytest.raises(SystemExit) as caught:

@@ -369,26 +369,6 @@ def test_fixture_book_modules_have_their_imports_on_top_and_pass_ruff(fixture_bo
     assert result.returncode == 0, result.stdout
 
 
-def test_api_reference_still_finds_each_definitions_cell():
-    """The source comments still lead apiref from each public name to the cell that defines it."""
-    import importlib
-
-    from booktools.apiref import defining_lines
-
-    for module_name in ("ch01", "ch02", "ch03", "ch04", "ch05"):
-        generated = REPO / "code" / module_name / "_generated.py"
-        found = defining_lines(generated)
-        module = importlib.import_module(f"longctx.{module_name}")
-        for name in module.__all__:
-            file, line = found[name]
-            chapter = (REPO / file).read_text(encoding="utf-8").splitlines()
-            # The named line opens a run of the cell; the definition follows in that cell.
-            rest = chapter[line - 1 :]
-            fence = next(index for index, text in enumerate(rest) if text.startswith("```"))
-            definition = [text for text in rest[:fence] if text.startswith((f"def {name}(", f"class {name}", f"{name} =", f"{name}:"))]
-            assert definition, (module_name, name, file, line)
-
-
 def test_what_the_tangle_leaves_to_ruff_ruff_finds(tmp_path, booktools):
     """Unused and undefined names and a name saved twice tangle; ruff on the module names each."""
     body = (

@@ -913,13 +913,19 @@ def test_rope_from_config_needs_a_mapping_and_a_width():
 # --- the retrieval probe --------------------------------------------------------------------------------
 
 
-def test_probe_golden_means_and_ordering():
+@pytest.fixture(scope="module")
+def probe_rows() -> dict[str, list[dict]]:
+    """The chapter's five probe runs, made once (each takes a few tenths of a second); the tests only read them."""
+    return {method: ch03.retrieval_probe(method) for method in ("rope", "pi", "ntk", "yarn", "llama3")}
+
+
+def test_probe_golden_means_and_ordering(probe_rows):
     """The chapter's five runs: TinyGPT's 128 positions stretched by DeepSeek-V2-Lite's factor of 40."""
     defaults = ch03.retrieval_probe.__kwdefaults__
     assert (defaults["original_context"], defaults["context"]) == (128, 40 * 128)
     hits = {}
     for method in ("rope", "pi", "ntk", "yarn", "llama3"):
-        rows = ch03.retrieval_probe(method)
+        rows = probe_rows[method]
         assert len(rows) == 41 and [r["depth_percent"] for r in rows] == [k * 2.5 for k in range(41)]
         for row in rows:
             p = row["accuracy"]
@@ -930,7 +936,7 @@ def test_probe_golden_means_and_ordering():
     assert hits["rope"] < hits["ntk"] < min(hits["pi"], hits["yarn"], hits["llama3"])
 
 
-def test_probe_reach_at_one_hit_in_two_is_the_chapters():
+def test_probe_reach_at_one_hit_in_two_is_the_chapters(probe_rows):
     """The chapter's effective length: how far before the query every nearer depth still wins half the draws."""
     context = ch03.retrieval_probe.__kwdefaults__["context"]
 
@@ -942,7 +948,7 @@ def test_probe_reach_at_one_hit_in_two_is_the_chapters():
             found = context - 1 - round(row["depth_percent"] / 100 * (context - 2))
         return found
 
-    reaches = {m: reach(ch03.retrieval_probe(m)) for m in ("rope", "pi", "ntk", "yarn", "llama3")}
+    reaches = {method: reach(rows) for method, rows in probe_rows.items()}
     assert reaches == {"rope": 1, "pi": 257, "ntk": 1, "yarn": 1, "llama3": 1}
 
 
@@ -968,9 +974,9 @@ def test_probe_is_reproducible_and_accepts_custom_bands():
         ch03.retrieval_probe("rope", dim=7)
 
 
-def test_probe_magnitude_moves_the_needle_weight_but_never_the_hit_rate():
+def test_probe_magnitude_moves_the_needle_weight_but_never_the_hit_rate(probe_rows):
     bands, magnitude = ch03.inverse_frequencies(32, method="yarn", factor=40, original_context=128)
-    hot = ch03.retrieval_probe("yarn")
+    hot = probe_rows["yarn"]
     cold = ch03.retrieval_probe((bands, 1.0))
     hotter = ch03.retrieval_probe((bands, 2.0))
     assert [r["accuracy"] for r in hot] == [r["accuracy"] for r in cold] == [r["accuracy"] for r in hotter]

@@ -25,7 +25,7 @@ LISTED = [entry.path for entry in load_book(REPO).entries]
 def test_chapter_executes_in_quartos_render(executed_book, source):
     if not (REPO / source).is_file():
         pytest.fail(f"{source} is listed in _quarto.yml but not yet written")
-    doc = parse_file(REPO / source, REPO)
+    doc = parse_file(REPO / source, source)
     path = executed_book / f"{Path(source).stem}.ipynb"
     if not doc.python_cells:
         assert not path.exists(), f"{source} has no Python cell, yet Quarto ran a kernel for it"

@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from booktools import quarto
-from booktools.apiref import api_reference_markdown, wrap_signature
+from booktools.apiref import api_entries, api_reference_markdown, wrap_signatures
 from booktools.book import load_book
 from booktools.numbering import compute_numbering
 from booktools.qmd import CROSSREF_PREFIXES, parse_file
@@ -128,30 +128,26 @@ def test_a_mathjax_file_the_book_does_not_ship_is_an_error(tmp_path):
         quarto.finish_html(out, _fake_node_modules(tmp_path))
 
 
-def test_debian_chromium_is_found_for_quarto(tmp_path):
+def test_debian_chromium_is_found_for_quarto(tmp_path, monkeypatch):
     browser = tmp_path / "chrome"
     browser.write_text("")
-    assert quarto.find_chromium({"QUARTO_CHROMIUM": str(browser)}, which=lambda name: None) == str(browser)
-    debian = {"chromium": "/usr/bin/chromium"}
-    assert quarto.find_chromium({}, which=debian.get) == "/usr/bin/chromium"
-    both = {"google-chrome": "/opt/chrome", "chromium": "/usr/bin/chromium"}
-    assert quarto.find_chromium({}, which=both.get) == "/opt/chrome"  # what Quarto itself would pick
-    assert quarto.find_chromium({"QUARTO_CHROMIUM": str(tmp_path / "gone")}, which=lambda name: None) is None
+    monkeypatch.setenv("QUARTO_CHROMIUM", str(browser))
+    assert quarto.find_chromium() == str(browser)
+    monkeypatch.setenv("QUARTO_CHROMIUM", str(tmp_path / "gone"))  # a browser that is gone is no browser
+    for found, expected in (({"chromium": "/usr/bin/chromium"}, "/usr/bin/chromium"), ({}, None),
+                            ({"google-chrome": "/opt/chrome", "chromium": "/usr/bin/chromium"}, "/opt/chrome")):
+        monkeypatch.setattr(shutil, "which", found.get)
+        assert quarto.find_chromium() == expected  # Debian's name, else the one Quarto itself would pick
 
 
-FAKE_QUARTO = """#!/usr/bin/env python3
-import pathlib, sys, time
-fmt = sys.argv[sys.argv.index("--to") + 1]
-book = pathlib.Path("_book")
-book.mkdir(exist_ok=True)
-if fmt == "html":
-    (book / "index.html").write_text("<html><head></head><body>fixture</body></html>")
-else:  # the first EPUB pass hangs, as Quarto's Chromium connection now and then does
-    tries = pathlib.Path("epub-tries")
-    tries.write_text(tries.read_text() + "x" if tries.exists() else "x")
-    if len(tries.read_text()) == 1:
-        time.sleep(120)
-    (book / "fixture.epub").write_bytes(b"PK")
+FAKE_QUARTO = """#!/bin/sh
+mkdir -p _book
+case "$*" in
+  *"--to html"*) echo "<html><head></head><body>fixture</body></html>" > _book/index.html ;;
+  *) echo x >> epub-tries  # the first EPUB pass hangs, as Quarto's Chromium connection now and then does
+     if [ "$(wc -l < epub-tries)" -eq 1 ]; then sleep 120; fi
+     printf PK > _book/fixture.epub ;;
+esac
 """
 
 
@@ -161,12 +157,12 @@ def test_a_hung_later_pass_is_killed_and_tried_again(fixture_book, tmp_path, mon
     fake = tmp_path / "quarto"
     fake.write_text(FAKE_QUARTO)
     fake.chmod(0o755)
-    monkeypatch.setattr(quarto, "LATER_FORMAT_SECONDS", 3.0)
+    monkeypatch.setattr(quarto, "LATER_FORMAT_SECONDS", 0.5)
     stage, out = tmp_path / "stage", tmp_path / "_book"
     result = quarto.build_quarto_book(fixture_book, out, stage=stage, executed=tmp_path / "executed",
                                       quarto=str(fake), node_modules=_fake_node_modules(tmp_path), quiet=True)
-    assert result["formats"] == ["html", "epub"] and result["seconds"] < 60
-    assert (stage / "epub-tries").read_text() == "xx"  # killed once, then done
+    assert result["formats"] == ["html", "epub"]
+    assert (stage / "epub-tries").read_text() == "x\nx\n"  # killed once, then done
     assert (out / "fixture.epub").exists() and (out / "index.html").exists()
 
 
@@ -195,39 +191,39 @@ def test_no_quarto_is_a_clear_error(tmp_path, monkeypatch):
     ],
 )
 def test_long_signatures_break_one_parameter_per_line(signature, expected):
-    assert wrap_signature(signature) == expected
+    assert wrap_signatures([signature]) == [expected]
 
 
-def test_the_api_appendix_fits_the_page_and_links_by_fragment():
-    text = api_reference_markdown(ROOT)
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) > 50
-    assert max(len(line) for block in blocks for line in block.splitlines()) <= 80
-    numbering = compute_numbering(load_book(ROOT))
-    ids = {label for label in numbering.targets}
-    for info in numbering.chapters:
-        if info.document is not None:
-            ids |= {ident for _, ident in info.document.section_ids}
-    links = re.findall(r"\]\(([^)]*)\)", text)
-    assert links and all(link.startswith("#") for link in links), [link for link in links if not link.startswith("#")][:3]
-    assert {link[1:] for link in links} <= ids
-
-
-def test_the_api_appendix_reads_each_chapter_once(monkeypatch):
+def test_the_api_appendix_reads_each_chapter_once_fits_the_page_and_links_by_fragment(monkeypatch):
     from booktools import numbering, qmd
 
     parsed: dict[str, int] = {}
     original = qmd.parse_file
 
-    def counting(path, root=None):
+    def counting(path, display=None):
         parsed[str(path)] = parsed.get(str(path), 0) + 1
-        return original(path, root)
+        return original(path, display)
 
     monkeypatch.setattr(numbering, "parse_file", counting)
     monkeypatch.setattr(qmd, "parse_file", counting)
-    api_reference_markdown(ROOT)
-    assert len(parsed) == len(load_book(ROOT).entries)
-    assert set(parsed.values()) == {1}
+    text = api_reference_markdown(ROOT)
+    assert len(parsed) == len(load_book(ROOT).entries) and set(parsed.values()) == {1}
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) > 50
+    assert max(len(line) for block in blocks for line in block.splitlines()) <= 80
+    labels = compute_numbering(load_book(ROOT)).targets
+    links = re.findall(r"\]\(([^)]*)\)", text)
+    assert links and all(link.startswith("#") for link in links), [link for link in links if not link.startswith("#")][:3]
+    assert {link[1:] for link in links} <= set(labels)
+
+
+def test_the_api_appendix_names_the_section_whose_saved_cell_defines_each_name():
+    entries = {f"{entry.module}.{entry.name}": entry for entry in api_entries(ROOT)}
+    assert (entries["longctx.ch01.causal_mask"].section, entries["longctx.ch01.causal_mask"].fragment) == (
+        "Section 1.4 The causal mask", "sec-ch01-causal")
+    targets = compute_numbering(load_book(ROOT)).targets
+    for key, entry in entries.items():  # each in a section of its own chapter
+        assert targets[entry.fragment].file.startswith(f"chapters/{entry.module.removeprefix('longctx.')}-"), key
 
 
 # --- the rendered edition --------------------------------------------------------------------------
@@ -347,7 +343,7 @@ def test_the_epub_has_a_language_and_no_links_to_web_pages_of_the_book(quarto_bo
 def test_a_long_tuple_default_is_wrapped_inside_its_parentheses():
     long = "Settings(steps: int = 600, depths: tuple[float, ...] = (" + ", ".join(f"{i / 8}" for i in range(9))
     long += "), seeds: tuple[int, ...] = (0, 1))"
-    shown = wrap_signature(long, width=60)
+    [shown] = wrap_signatures([long], width=60)
     assert max(len(line) for line in shown.splitlines()) <= 60
     assert shown.splitlines()[2] == "    depths: tuple[float, ...] = ("
     # the same signature, once the layout's spaces and trailing commas are taken out
@@ -363,7 +359,7 @@ def test_the_three_editions_carry_the_same_reference_citation_and_value(quarto_b
 
     book = load_book(ROOT)
     source = "chapters/ch03-long-context.qmd"
-    doc = parse_file(ROOT / source, ROOT)
+    doc = parse_file(ROOT / source, source)
     prose = "\n".join(block.text for block in doc.markdown)
     prose = INLINE_EXPRESSION.sub("", prose)
     label = next(match.group("key") for match in REFERENCE.finditer(prose) if match.group("key").startswith("fig-"))

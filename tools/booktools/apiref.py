@@ -2,7 +2,7 @@
 public name of each chapter module its signature (laid out by `ruff format` past 80 characters), the
 first paragraph of its docstring (a constant's `#:` lines), and a link by fragment alone
 (`#sec-ch03-rope`, the one form both Quarto's HTML and its EPUB resolve) to the section whose
-`# @save` cell defines it, found from the `# chapters/FILE.qmd:LINE` comments of `_generated.py`.
+`# @save` cell defines it.
 The appendix's one cell is `from booktools.apiref import api_reference; api_reference()`.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 from .book import find_root, load_book
 from .numbering import Numbering, compute_numbering
 from .qmd import CROSS_REFERENCE
+from .tangle import public_names
 
-SOURCE_COMMENT = re.compile(r"^# (?P<file>\S+\.qmd):(?P<line>\d+)\s*$", re.MULTILINE)
 REFERENCE = re.compile(r"\[?" + CROSS_REFERENCE.pattern + r"\]?")  # `[@eq-x]` or `@eq-x`, brackets and all
 COMMENTED = re.compile(r"^((?:#:.*\n)+)(\w+)\s*[:=]", re.MULTILINE)  # a constant's `#:` lines: all it has (no docstring)
 SIGNATURE_WIDTH = 80
@@ -38,23 +38,6 @@ class ApiEntry:
     summary: str  # the docstring's first paragraph ("" when there is none)
     section: str | None  # "Section 3.2 Grouped heads" (or the chapter, before its first section)
     fragment: str | None  # that section's id, "sec-ch03-gqa"
-
-
-def defining_lines(generated: Path) -> dict[str, tuple[str, int]]:
-    """Top-level name -> (chapter file, line) from a generated module's source comments."""
-    text = generated.read_text(encoding="utf-8")
-    marks = [(text.count("\n", 0, m.start()) + 1, m.group("file"), int(m.group("line"))) for m in SOURCE_COMMENT.finditer(text)]
-    found: dict[str, tuple[str, int]] = {}
-    for node in ast.parse(text).body:
-        names = [target.id for target in getattr(node, "targets", [getattr(node, "target", None)])
-                 if isinstance(target, ast.Name)] if isinstance(node, ast.Assign | ast.AnnAssign) else []
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names = [node.name]
-        first = min([node.lineno] + [decorator.lineno for decorator in getattr(node, "decorator_list", [])])
-        before = [mark for mark in marks if mark[0] < first]
-        for name in names if before else []:
-            found.setdefault(name, before[-1][1:])
-    return found
 
 
 def _is_def(signature: str) -> bool:
@@ -81,10 +64,6 @@ def wrap_signatures(signatures: list[str], width: int = SIGNATURE_WIDTH) -> list
     return wrapped
 
 
-def wrap_signature(signature: str, width: int = SIGNATURE_WIDTH) -> str:
-    return wrap_signatures([signature], width)[0]
-
-
 def _describe(name: str, obj) -> tuple[str, str, str]:
     """(kind, signature, summary) of a public object; a constant's summary comes from its `#:` lines."""
     if not callable(obj):
@@ -103,24 +82,25 @@ def _describe(name: str, obj) -> tuple[str, str, str]:
 
 
 def _section_for(numbering: Numbering, file: str, line: int) -> tuple[str | None, str | None]:
-    """The heading above `line` of `file` as "Section 3.2 Grouped heads" (or "Chapter 3"), and its id."""
+    """The section heading above `line` of `file` as "Section 3.2 Grouped heads" (or "Chapter 3"), and
+    its label (None where the heading has none: the entry then names the section without a link)."""
     info = numbering.chapter(file)
     if info is None or info.document is None:
         return None, None
-    above = [(heading, ident) for heading, ident in info.document.section_ids if heading.line < line]
-    heading, ident = above[-1] if above else (None, _chapter_anchor(info))
-    number = numbering.heading_numbers.get((file, heading.line), "") if heading is not None else info.number
-    if heading is None or heading.level == 1:
+    above = [heading for heading in info.document.headings()
+             if heading.line < line and (file, heading.line) in numbering.heading_numbers]  # none in maths
+    if not above or above[-1].level == 1:
         kind = "Appendix" if info.entry.appendix else "Chapter"
-        return (f"{kind} {number}" if number else info.title), ident
-    return (f"Section {number} {heading.text}" if number else heading.text), ident
+        return (f"{kind} {info.number}" if info.number else info.title), _chapter_label(info)
+    number = numbering.heading_numbers[(file, above[-1].line)]
+    return (f"Section {number} {above[-1].text}" if number else above[-1].text), above[-1].label
 
 
-def _chapter_anchor(info) -> str | None:
-    """The id of a chapter's title heading (its `sec-` label, else Pandoc's slug)."""
+def _chapter_label(info) -> str | None:
+    """The label of a chapter's title heading."""
     if info is None or info.document is None:
         return None
-    return next((ident for heading, ident in info.document.section_ids if heading.level == 1), None)
+    return next((heading.label for heading in info.document.headings() if heading.level == 1), None)
 
 
 def api_entries(root: Path | str | None = None, numbering: Numbering | None = None) -> list[ApiEntry]:
@@ -130,13 +110,19 @@ def api_entries(root: Path | str | None = None, numbering: Numbering | None = No
     numbering = numbering or compute_numbering(book)
     entries: list[ApiEntry] = []
     for chapter in book.module_entries:
-        generated = root / "code" / chapter.module / "_generated.py"
-        if not generated.is_file():
+        info = numbering.chapter(chapter.path)
+        if not (root / "code" / chapter.module / "_generated.py").is_file() or info is None or info.document is None:
             continue
         module = importlib.import_module(f"longctx.{chapter.module}")
-        lines = defining_lines(generated)
-        notes = {match[2]: " ".join(line[2:].strip() for line in match[1].splitlines())
-                 for match in COMMENTED.finditer(generated.read_text(encoding="utf-8"))}
+        lines: dict[str, tuple[str, int]] = {}  # each name the saved cells define -> (chapter file, line)
+        notes: dict[str, str] = {}
+        for cell in (cell for cell in info.document.python_cells if cell.saved):
+            source = "\n".join(text.removeprefix(cell.indent) for text in cell.saved_code_lines)
+            notes |= {match[2]: " ".join(line[2:].strip() for line in match[1].splitlines())
+                      for match in COMMENTED.finditer(source)}
+            for node in ast.parse(source).body:
+                lines |= {name: (chapter.path, cell.saved_code_line + node.lineno - 1) for name in public_names([node])
+                          if name not in lines}
         for name in getattr(module, "__all__", []):
             kind, signature, summary = _describe(name, getattr(module, name))
             section, fragment = _section_for(numbering, *lines[name]) if name in lines else (None, None)
@@ -166,12 +152,13 @@ def api_reference_markdown(root: Path | str | None = None) -> str:
             current = entry.module
             info = titles.get(current.rsplit(".", 1)[-1])
             chapter = f"Chapter {info.number}, {info.title}" if info is not None and info.number else current
-            anchor = _chapter_anchor(info)
+            anchor = _chapter_label(info)
             count = sum(1 for item in entries if item.module == current)
             out.append(f"**`{current}`**: {f'[{chapter}](#{anchor})' if anchor else chapter} ({count} public names)")
         words = [REFERENCE.sub(link, html.escape(entry.summary, quote=False))] if entry.summary else []
         words += ["A constant."] if not entry.summary and entry.kind == "constant" else []
-        words += [f"Defined in [{entry.section}](#{entry.fragment})."] if entry.fragment else []
+        words += [f"Defined in [{entry.section}](#{entry.fragment})."] if entry.fragment else (
+            [f"Defined in {entry.section}."] if entry.section else [])
         out.append("\n".join(["```python", signature, "```", "", " ".join(words)]).rstrip())
     return "\n\n".join(out).strip() + "\n"
 

@@ -12,14 +12,14 @@ from pathlib import Path
 ENTRY = re.compile(r"@(?P<type>[A-Za-z]+)\s*[{(]\s*(?P<key>[^,\s{}()]+)\s*,")
 
 
-def bibliography_keys(paths: list[Path], problems: list[str] | None = None) -> dict[str, tuple[str, int]]:
+def bibliography_keys(paths: list[Path], problems: list | None = None) -> dict[str, tuple[str, int]]:
     """Every entry key of the `.bib` files -> (file name, line) of its first entry; each repeated key
-    and missing file goes to `problems` as "FILE:LINE: message"."""
+    and missing file goes to `problems` as (file name, line, message)."""
     problems = [] if problems is None else problems
     keys: dict[str, tuple[str, int]] = {}
     for path in paths:
         if not path.is_file():
-            problems.append(f"{path.name}:0: bibliography file does not exist")
+            problems.append((path.name, 0, "bibliography file does not exist"))
             continue
         text = path.read_text(encoding="utf-8")
         for match in ENTRY.finditer(text):
@@ -29,7 +29,7 @@ def bibliography_keys(paths: list[Path], problems: list[str] | None = None) -> d
             if key in keys:
                 first_file, first_line = keys[key]
                 where = f"line {first_line}" if first_file == path.name else f"{first_file}:{first_line}"
-                problems.append(f"{path.name}:{line}: duplicate key {key} (first at {where})")
+                problems.append((path.name, line, f"duplicate key {key} (first at {where})"))
             keys.setdefault(key, (path.name, line))
     return keys
 

@@ -90,7 +90,7 @@ def load_book(root: Path | str | None = None) -> Book:
 def repo_url(book: Book) -> str:
     """`_quarto.yml`'s `book.repo-url`, where the notebooks install longctx from (BookError if unusable)."""
     value = (book.config.get("book") or {}).get("repo-url")
-    if value is None or (isinstance(value, str) and not value.strip()):
+    if not str(value or "").strip():
         raise BookError("_quarto.yml has no book.repo-url: the notebooks' first cell installs longctx from it "
                         "(add `repo-url: https://github.com/OWNER/REPO` under `book:`)")
     if not isinstance(value, str) or not re.match(r"^(?:https?|ssh|git)://[^\s'\"\\]+$", value.strip()):

@@ -4,7 +4,8 @@ References name labels that exist and citations keys of the bibliography; labels
 the fig-/tbl-/eq-/sec- prefixes and name their chapter (`fig-ch03-…`, `sec-index-…`,
 `sec-appendix-…`); figure cells have `fig-cap` and `fig-alt`, table cells `tbl-cap`; `_quarto.yml`
 lists exactly the files in chapters/; saved code obeys the book's rules (`saved_code_problems`);
-the generated modules are current; and what Quarto trips on (`source_problems`).
+and what Quarto trips on (`source_problems`). Whether the generated modules are current is the
+tangle's to say (`tangle --check`; `make check` runs both).
 """
 
 from __future__ import annotations
@@ -61,12 +62,10 @@ def check_book(book: Book) -> list[str]:
         if path.relative_to(book.root).as_posix() not in seen:
             add(path.relative_to(book.root).as_posix(), 1,
                 "this chapter file is not listed in _quarto.yml (book.chapters or book.appendices)")
-    bib_problems: list[str] = []
+    bib_problems: list[tuple[str, int, str]] = []
     bib = bibliography_keys(book.bibliography, bib_problems)
     bib_names = ", ".join(path.name for path in book.bibliography) or "no bibliography in _quarto.yml"
-    for text in bib_problems:
-        path, line, message = text.split(":", 2)
-        add(path, int(line or 0), message.strip())
+    problems.update(bib_problems)
     numbering = compute_numbering(book)
     for error in numbering.problems:
         add(error.path, error.line, error.message)
@@ -74,7 +73,10 @@ def check_book(book: Book) -> list[str]:
         add(repeat.file, repeat.line, f"label {repeat.label} is already used at {first.file}:{first.line}")
     for path, line, label, allowed in numbering.labels:
         prefix, scope = label.split("-", 1)[0], _label_scope(path)
-        if prefix not in allowed:
+        if not allowed:
+            add(path, line, f"label {label} is on an image or a div; the book's figures and tables are labelled "
+                "cells and pipe tables, the ones the tools number as Quarto does")
+        elif prefix not in allowed:
             add(path, line, f"label {label} should start with {' or '.join(f'{kind}-' for kind in allowed)}")
         elif scope is not None and not label.startswith(f"{prefix}-{scope}-") and not (
             scope == "appendix" and MOVED_LABEL.match(label.split("-", 1)[1])  # a chapter's section moved there
@@ -87,14 +89,6 @@ def check_book(book: Book) -> list[str]:
                 add(info.document.display, line, message)
             for error in qmd.walk(info.document)[1]:
                 add(error.path, error.line, error.message)
-
-    from .tangle import stale_outputs, tangle_book
-
-    result = tangle_book(book)
-    for problem in result.problems:
-        add(problem.path, problem.line, problem.message)
-    for path in stale_outputs(result):
-        add(book.display(path), 1, "generated module is stale: run `python -m booktools tangle`")
     return [f"{path}:{line}: {message}" for path, line, message in sorted(problems)]
 
 
@@ -130,11 +124,14 @@ def _document_problems(doc, module, order, numbering: Numbering, bib, bib_names)
                 if isinstance(cell.options.get(option), str):
                     references(cell.options[option], cell.line)
         elif item.kind == "heading":
-            if not item.callout_title and "$" in item.heading.text:  # EPUBCheck refuses MathML in nav
+            if "$" in item.heading.text:  # EPUBCheck refuses MathML in nav
                 found.append((item.line, "maths in a heading: the EPUB's contents would hold MathML"))
+            if any(div.callout_type for div in item.divs):
+                found.append((item.line, "a heading inside a callout, which Quarto would take for the callout's "
+                              "title: give the callout a `title=\"...\"` attribute instead"))
             references(item.heading.text, item.line)
         elif item.kind == "text":
-            text = qmd.EQUATION_LABEL.sub("", qmd.IMAGE_LABEL.sub("", item.text))
+            text = qmd.EQUATION_LABEL.sub("", item.text)
             references(re.sub(r"\{#[^}]*\}\s*$", "", text), item.line)
     return found
 

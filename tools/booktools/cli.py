@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from .book import BookError, find_root, load_book
@@ -23,7 +22,6 @@ def _report(problems: list, verb: str) -> int:
 def cmd_tangle(book, args: argparse.Namespace) -> int:
     from .tangle import stale_outputs, tangle_book, write_outputs
 
-    started = time.perf_counter()
     result = tangle_book(book)
     if result.problems:
         _report(result.problems, "tangle")
@@ -41,17 +39,14 @@ def cmd_tangle(book, args: argparse.Namespace) -> int:
     if not args.quiet:
         for path in written:
             print(f"wrote {book.display(path)}")
-        elapsed = (time.perf_counter() - started) * 1000
-        print(f"tangle: {len(result.outputs)} module(s), {len(written)} file(s) changed, {elapsed:.0f} ms")
+        print(f"tangle: {len(result.outputs)} module(s), {len(written)} file(s) changed")
     return 0
 
 
 def cmd_notebooks(book, args: argparse.Namespace) -> int:
     from .notebooks import finish_book
 
-    out = Path(args.out).resolve() if args.out else book.root / "notebooks"
-    executed = Path(args.executed).resolve() if args.executed else book.root / "_build" / "executed"
-    paths, problems = finish_book(book, executed, out)
+    paths, problems = finish_book(book, book.root / "_build" / "executed", book.root / "notebooks")
     for path in [] if args.quiet else paths:
         print(f"wrote {book.display(path)}")
     return _report(problems, "notebooks")
@@ -69,7 +64,7 @@ def cmd_check(book, args: argparse.Namespace) -> int:
 def cmd_quarto(book, args: argparse.Namespace) -> int:
     from .quarto import QuartoError, build_quarto_book
 
-    out = Path(args.out).resolve() if args.out else book.root / "_book"
+    out = book.root / "_book"
     try:
         result = build_quarto_book(book.root, out)
     except QuartoError as exc:
@@ -95,14 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     notebooks = verbs.add_parser("notebooks", help="the reader's notebooks/chNN-*.ipynb: the chapters Quarto executed "
                                  "(run `quarto` first) with their outputs and inline values, no Quarto syntax, and a "
                                  "first cell that installs longctx outside the repository")
-    notebooks.add_argument("--executed", help="Quarto's executed notebooks (default: _build/executed/)")
-    notebooks.add_argument("--out", help="output folder (default: notebooks/)")
     notebooks.add_argument("-q", "--quiet", action="store_true")
     notebooks.set_defaults(run=cmd_notebooks)
-    check = verbs.add_parser("check", help="check cross-references, citations, labels, captions, saved code and modules")
+    check = verbs.add_parser("check", help="check cross-references, citations, labels, captions and saved code")
     check.set_defaults(run=cmd_check)
     quarto = verbs.add_parser("quarto", help="execute and render the book with Quarto into _book/ (HTML and EPUB)")
-    quarto.add_argument("--out", help="output folder (default: _book/)")
     quarto.set_defaults(run=cmd_quarto)
     return parser
 

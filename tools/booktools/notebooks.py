@@ -29,9 +29,8 @@ STALE = "the executed notebook is stale ({}); run `make book` (or `python -m boo
 
 
 def _crossref(target: Target, minus: bool, prefix: str = "") -> str:
-    if prefix:
-        return f"{prefix} {target.number or target.title}"
-    return (target.number or target.title) if minus else target.text
+    """How Quarto prints a reference: "Figure 3.2"; with `-@` the number alone; with a prefix, "Fig. 3.2"."""
+    return f"{prefix} {target.number or target.title}".strip() if prefix or minus else target.text
 
 
 def _bracket(match: re.Match, targets: dict[str, Target], cite: Cite) -> str:
@@ -84,12 +83,10 @@ class _Builder:
     def add_markdown(self, source: str) -> None:
         self.cells.append(nbformat.v4.new_markdown_cell(source))
 
-    def name(self, label: str | None, kind: str, numbered: bool = True) -> str:
+    def name(self, label: str | None, kind: str) -> str:
         """"Figure 3.2" for a numbered label of this kind, else "Figure"."""
         target = self.targets.get(label or "")
-        if target is None or (numbered and (not target.number or target.kind != kind)):
-            return kind.capitalize()
-        return target.text
+        return target.text if target is not None and target.number and target.kind == kind else kind.capitalize()
 
     def open_callout(self, callout: qmd.Div, body: str) -> None:
         """The titled first part of a callout (body may be empty)."""
@@ -139,8 +136,6 @@ class _Builder:
             return
         self.set_context(item.divs)
         if item.kind == "heading" and not item.in_math:
-            if item.callout_title:
-                return
             heading = item.heading
             if heading.level <= 3:
                 self.flush()
@@ -153,19 +148,10 @@ class _Builder:
             return
         caption = qmd.PIPE_CAPTION.match(item.text) if item.kind == "text" and not item.in_math else None
         if caption is not None:
-            name = self.name(caption.group("label"), "table", numbered=False)
+            name = self.name(caption.group("label"), "table")
             self.segments += [("md", ""), ("md", f"**{name}:** {caption.group('caption')}"), ("md", "")]
-        elif item.kind == "text" and not item.in_math and "{#fig-" in item.text:
-            self.segments.append(("md", qmd.IMAGE_LABEL.sub(self.image, item.text)))
         else:
             self.segments.append(("md", item.text))
-
-    def image(self, match: re.Match) -> str:
-        if not match.group("label").startswith("fig-"):
-            return match.group(0)
-        alt = qmd.parse_attributes(match.group("attrs"))[2].get("fig-alt", match.group("caption"))
-        name = self.name(match.group("label"), "figure", numbered=False)
-        return f"![{alt}]({match.group('path')}{match.group('title') or ''})\n\n**{name}:** {match.group('caption')}"
 
     def cell(self, item: qmd.CellItem) -> None:
         callout = self.set_context(item.divs)

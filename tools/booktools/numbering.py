@@ -1,6 +1,6 @@
 """The book's numbering, as Quarto numbers it: chapters by their place among the numbered files of
 `_quarto.yml` (`index.qmd` and `{.unnumbered}` chapters have none; appendices are lettered A, B, ...);
-sections `##` N.M and `###` N.M.K (not `{.unnumbered}`/`{-}` ones, nor a callout's title); figures,
+sections `##` N.M and `###` N.M.K (not `{.unnumbered}`/`{-}` ones); figure and table cells, pipe
 tables and equations per chapter in order: Figure 3.2, Table 3.1, Equation 3.1. `compute_numbering`
 parses every listed file once; a command computes it once and hands it on.
 """
@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .book import Book, ChapterEntry, load_book
-from .qmd import EQUATION_LABEL, IMAGE_LABEL, PIPE_CAPTION, CellItem, Document, QmdError, parse_file, walk
+from .qmd import ATTRIBUTE_LABEL, EQUATION_LABEL, PIPE_CAPTION, CellItem, Document, QmdError, parse_file, walk
 
-KIND_NAMES = {"figure": "Figure", "table": "Table", "equation": "Equation", "section": "Section"}
 LABEL_KINDS = {"fig": "figure", "tbl": "table", "eq": "equation", "sec": "section"}
 
 
@@ -35,7 +34,7 @@ class Target:
             return self.title or self.label if self.kind != "chapter" else self.title
         if self.kind == "chapter":
             return f"Appendix {self.number}" if self.number.isalpha() else f"Chapter {self.number}"
-        return f"{KIND_NAMES[self.kind]} {self.number}"
+        return f"{self.kind.capitalize()} {self.number}"
 
 
 @dataclass
@@ -88,7 +87,7 @@ def compute_numbering(book: Book) -> Numbering:
         doc, path = None, book.root / entry.path
         if path.is_file() and path.suffix == ".qmd":
             try:
-                doc = parse_file(path, book.root)
+                doc = parse_file(path, entry.path)
             except QmdError as exc:
                 numbering.problems.append(exc)
         h1 = next((heading for heading in doc.headings() if heading.level == 1), None) if doc is not None else None
@@ -99,8 +98,7 @@ def compute_numbering(book: Book) -> Numbering:
         else:
             chapters += 1
             number = str(chapters)
-        title = h1.text if h1 is not None else str(doc.front_matter.get("title") or "") if doc is not None else ""
-        info = ChapterInfo(entry, number, title, doc)
+        info = ChapterInfo(entry, number, h1.text if h1 is not None else "", doc)
         numbering.chapters.append(info)
         if doc is not None:
             _number_document(numbering, info, doc)
@@ -128,7 +126,7 @@ def _number_document(numbering: Numbering, info: ChapterInfo, doc: Document) -> 
             if item.cell.executable and label.startswith(("fig-", "tbl-")):
                 kind, option = ("figure", "fig-cap") if label.startswith("fig-") else ("table", "tbl-cap")
                 add(label, kind, item.cell.line, str(item.cell.options.get(option, "") or ""))
-        elif item.kind == "heading" and not item.callout_title and not item.in_math:
+        elif item.kind == "heading" and not item.in_math:
             heading = item.heading
             site(heading.label, item.line, "sec")
             if heading.level == 1 and not seen_h1:
@@ -146,22 +144,17 @@ def _number_document(numbering: Numbering, info: ChapterInfo, doc: Document) -> 
             if heading.label:
                 numbering.add(Target(heading.label, "section", number, doc.display, item.line, heading.text))
         elif item.kind == "div_open" and item.div.identifier:
-            site(item.div.identifier, item.line, "fig", "tbl")
-            for prefix, kind in (("fig-", "figure"), ("tbl-", "table")):
-                if item.div.identifier.startswith(prefix):
-                    add(item.div.identifier, kind, item.line)
+            site(item.div.identifier, item.line)  # a div figure or table: `check` refuses it
         elif item.kind == "text":
-            for pattern, kind in ((EQUATION_LABEL, "eq"), (IMAGE_LABEL, "fig"), (PIPE_CAPTION, "tbl")):
-                for match in pattern.finditer(item.text):
-                    site(match.group("label"), item.line, kind)
             caption = PIPE_CAPTION.match(item.text)
             if caption is not None:
+                site(caption.group("label"), item.line, "tbl")
                 add(caption.group("label"), "table", item.line, caption.group("caption"))
                 continue
-            for match in IMAGE_LABEL.finditer(item.text):
-                if match.group("label").startswith("fig-"):
-                    add(match.group("label"), "figure", item.line, match.group("caption"))
+            for match in ATTRIBUTE_LABEL.finditer(EQUATION_LABEL.sub("", item.text)):
+                site(match.group("label"), item.line)  # an image figure: `check` refuses it
             for match in EQUATION_LABEL.finditer(item.text):
+                site(match.group("label"), item.line, "eq")
                 if match.group("label").startswith("eq-"):
                     add(match.group("label"), "equation", item.line)
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
-import unicodedata
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 import yaml
@@ -39,10 +37,8 @@ CROSS_REFERENCE = re.compile(r"@(?P<label>(?:fig|tbl|eq|sec)-[A-Za-z0-9_-]*[A-Za
 EQUATION_LABEL = re.compile(r"\$\$[ \t]*\{[^}]*#(?P<label>[^\s}]+)[^}]*\}")
 #: A whole labelled display equation, `$$ body $$ {#eq-x}`, across lines.
 LABELLED_EQUATION = re.compile(r"\$\$(?P<body>(?:(?!\$\$).)*?)\$\$[ \t]*\{#(?P<label>eq-[^\s}]+)[^}]*\}", re.DOTALL)
-#: An image with a label, `![caption](path "title"){#fig-x fig-alt="..."}` (any label).
-IMAGE_LABEL = re.compile(
-    r"!\[(?P<caption>[^\]]*)\]\((?P<path>[^)\s]+)(?P<title>\s+\"[^\"]*\")?\)\{(?P<attrs>[^}]*#(?P<label>[^\s}]+)[^}]*)\}"
-)
+#: A figure or table label in a markdown attribute block, `![a](b.png){#fig-x}`: the tools number none.
+ATTRIBUTE_LABEL = re.compile(r"\{[^}]*#(?P<label>(?:fig|tbl)-[^\s}]+)[^}]*\}")
 #: A pipe table's caption line with its label, `: Caption {#tbl-x}`.
 PIPE_CAPTION = re.compile(r"^:[ \t]+(?P<caption>.*?)[ \t]*\{#(?P<label>tbl-[^\s}]+)[^}]*\}[ \t]*$")
 #: An inline expression, `` `{python} expr` ``.
@@ -174,33 +170,6 @@ class Document:
     def error(self, line: int, message: str) -> QmdError:
         return QmdError(self.display, line, message)
 
-    @cached_property
-    def section_ids(self) -> list[tuple[Heading, str]]:
-        """Each section heading with the id Pandoc gives it: its label, else its slug, made unique.
-        A callout's title heading is no section, but Pandoc takes its slug all the same."""
-        found: list[tuple[Heading, str]] = []
-        used: set[str] = set()
-        for item in walk(self)[0]:
-            if isinstance(item, Line) and item.kind == "heading" and not item.in_math:
-                ident = base = item.heading.label or pandoc_slug(item.heading.text)
-                number = 1
-                while ident in used:
-                    ident, number = f"{base}-{number}", number + 1
-                used.add(ident)
-                if not item.callout_title:
-                    found.append((item.heading, ident))
-        return found
-
-
-def pandoc_slug(text: str) -> str:
-    """The identifier Pandoc gives a heading without a label (its `auto_identifiers` rule)."""
-    text = re.sub(r"`([^`]*)`", r"\1", text)
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # a link keeps its text
-    text = unicodedata.normalize("NFC", re.sub(r"[*$]", "", text)).lower()
-    text = "".join(ch for ch in text if ch.isalnum() or ch in "_-. \n\t")
-    text = re.sub(r"^[^a-z]+", "", re.sub(r"\s+", "-", text.strip()))
-    return text or "section"
-
 
 def parse_heading(text: str, line: int = 0) -> Heading | None:
     """One markdown line as an ATX heading, or None."""
@@ -287,17 +256,9 @@ def parse(text: str, display: str = "<string>") -> Document:
     return Document(display, front_matter, front_matter_lines, blocks)
 
 
-def parse_file(path: Path | str, root: Path | str | None = None) -> Document:
-    """Read and parse a `.qmd` file; messages name it relative to `root` when given."""
-    path = Path(path)
-    display = str(path)
-    if root is not None and path.resolve().is_relative_to(Path(root).resolve()):
-        display = path.resolve().relative_to(Path(root).resolve()).as_posix()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise QmdError(display, 0, "file not found") from None
-    return parse(text, display)
+def parse_file(path: Path | str, display: str | None = None) -> Document:
+    """Read and parse a `.qmd` file; messages name it `display` (by default, the path as given)."""
+    return parse(Path(path).read_text(encoding="utf-8"), display or str(path))
 
 
 # Fenced divs (callouts), headings and display maths, line by line.
@@ -315,7 +276,6 @@ class Div:
     identifier: str | None
     classes: list[str]
     attributes: dict[str, str]
-    title: str | None = None  # a callout's: title="..." or its leading heading
 
     @property
     def callout_type(self) -> str | None:
@@ -328,7 +288,7 @@ class Div:
 
     @property
     def display_title(self) -> str:
-        return self.title or (self.callout_type or "").capitalize() or "Note"
+        return self.attributes.get("title") or (self.callout_type or "").capitalize() or "Note"
 
 
 def parse_attributes(text: str) -> tuple[str | None, list[str], dict[str, str]]:
@@ -344,14 +304,13 @@ def parse_attributes(text: str) -> tuple[str | None, list[str], dict[str, str]]:
 class Line:
     """One markdown line, classified, with the fenced divs open around it."""
 
-    kind: str  # "text", "blank", "heading", "div_open", "div_close"
+    kind: str  # "text", "heading", "div_open", "div_close"
     line: int
     text: str
     divs: tuple[Div, ...]  # open divs, outermost first (for div_open: including the new one)
     in_math: bool = False  # inside a $$ ... $$ display, the $$ lines included
     heading: Heading | None = None
     div: Div | None = None  # the div opened or closed
-    callout_title: bool = False  # a heading that gives its callout's title
 
 
 @dataclass
@@ -369,20 +328,14 @@ def walk(doc: Document) -> tuple[list[Line | CellItem], list[QmdError]]:
     problems: list[QmdError] = []
     stack: list[Div] = []
     in_math = False
-    awaiting_title: Div | None = None
     for block in doc.blocks:
         if isinstance(block, Cell):
             items.append(CellItem(block, tuple(stack)))
-            awaiting_title = None
             continue
         for number, text in enumerate(block.lines, block.line):
             if in_math or text.count("$$") % 2 == 1 and not _DIV_OPEN.match(text) and parse_heading(text) is None:
                 in_math = in_math != (text.count("$$") % 2 == 1)
                 items.append(Line("text", number, text, tuple(stack), in_math=True))
-                awaiting_title = None
-                continue
-            if not text.strip():
-                items.append(Line("blank", number, text, tuple(stack)))
                 continue
             opened, heading = _DIV_OPEN.match(text), parse_heading(text, number)
             if opened is not None:
@@ -390,10 +343,9 @@ def walk(doc: Document) -> tuple[list[Line | CellItem], list[QmdError]]:
                     identifier, classes, attributes = parse_attributes(opened.group("attrs"))
                 else:
                     identifier, classes, attributes = None, [opened.group("cls")], {}
-                div = Div(number, identifier, classes, attributes, attributes.get("title"))
+                div = Div(number, identifier, classes, attributes)
                 stack.append(div)
                 items.append(Line("div_open", number, text, tuple(stack), div=div))
-                awaiting_title = div if div.callout_type and div.title is None else None
             elif _DIV_CLOSE.match(text):
                 if stack:
                     div = stack.pop()
@@ -401,15 +353,9 @@ def walk(doc: Document) -> tuple[list[Line | CellItem], list[QmdError]]:
                 else:
                     problems.append(doc.error(number, "`:::` closes a fenced div that was never opened"))
                     items.append(Line("text", number, text, tuple(stack)))
-                awaiting_title = None
             elif heading is not None:
-                if awaiting_title is not None:
-                    awaiting_title.title = heading.text
-                items.append(Line("heading", number, text, tuple(stack), heading=heading,
-                                  callout_title=awaiting_title is not None))
-                awaiting_title = None
+                items.append(Line("heading", number, text, tuple(stack), heading=heading))
             else:
                 items.append(Line("text", number, text, tuple(stack), in_math="$$" in text))
-                awaiting_title = None
     problems += [doc.error(div.line, "fenced div opened here (`:::`) is never closed") for div in stack]
     return items, problems

@@ -51,13 +51,14 @@ def find_quarto() -> str | None:
     return shutil.which("quarto")
 
 
-def find_chromium(environ=None, which=shutil.which) -> str | None:
+def find_chromium() -> str | None:
     """`QUARTO_CHROMIUM`, else the first of the names Quarto 1.7 looks for and Debian's `chromium`
     (which Quarto does not look for); never a download."""
-    given = (os.environ if environ is None else environ).get("QUARTO_CHROMIUM")
+    given = os.environ.get("QUARTO_CHROMIUM")
     if given and Path(given).is_file():
         return given
-    return next(filter(None, map(which, ("google-chrome", "google-chrome-stable", "chromium-browser", "chromium"))), None)
+    names = ("google-chrome", "google-chrome-stable", "chromium-browser", "chromium")
+    return next(filter(None, map(shutil.which, names)), None)
 
 
 def stage_project(root: Path, stage: Path) -> None:

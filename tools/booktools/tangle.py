@@ -84,7 +84,7 @@ def _saved_code(doc: Document, problems: list[QmdError], imports: list[str]) -> 
     return runs
 
 
-def _public_names(body: list[ast.stmt]) -> list[str]:
+def public_names(body: list[ast.stmt]) -> list[str]:
     """The names a module's top level defines (not imports) that do not start with `_`."""
     found: list[str] = []
     for stmt in body:
@@ -94,7 +94,7 @@ def _public_names(body: list[ast.stmt]) -> list[str]:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             names = [node.id for target in targets for node in ast.walk(target) if isinstance(node, ast.Name)]
         elif isinstance(stmt, ast.If | ast.Try):
-            names = _public_names(stmt.body + stmt.orelse + getattr(stmt, "finalbody", [])
+            names = public_names(stmt.body + stmt.orelse + getattr(stmt, "finalbody", [])
                                   + [s for handler in getattr(stmt, "handlers", []) for s in handler.body])
         else:
             names = []
@@ -118,9 +118,7 @@ def tangle_document(doc: Document, module: str, root: Path) -> tuple[ModuleOutpu
     runs = _saved_code(doc, problems, imports)
     if problems:
         return None, sorted(problems, key=lambda item: (item.path, item.line))
-    title = doc.front_matter.get("title")
-    title = title.strip() if isinstance(title, str) and title.strip() else next(
-        (heading.text for heading in doc.headings() if heading.level == 1), "")
+    title = next((heading.text for heading in doc.headings() if heading.level == 1), "")
     described = f'{doc.display} ("{title}")' if title else doc.display
     header = [f"# Generated from {doc.display} by `python -m booktools tangle`.",
               "# Do not edit: change the chapter's `# @save` cells, then tangle again."]
@@ -128,7 +126,7 @@ def tangle_document(doc: Document, module: str, root: Path) -> tuple[ModuleOutpu
     for line, lines in runs:
         out += ["", "", f"# {doc.display}:{line}", *lines]
     generated = "\n".join(out) + "\n"
-    public = sorted(_public_names(ast.parse(generated).body), key=_member_key)
+    public = sorted(public_names(ast.parse(generated).body), key=_member_key)
     init = [*header, f'"""{_escape_docstring(title or module)}: the code saved from {doc.display}."""', ""]
     if public:
         init += ["from ._generated import (", *[f"    {name}," for name in public], ")", ""]
@@ -169,7 +167,7 @@ def tangle_book(book: Book) -> TangleResult:
         if not (book.root / entry.path).is_file():
             continue  # `check` names a listed file that does not exist
         try:
-            output, problems = tangle_document(parse_file(book.root / entry.path, book.root), entry.module, book.root)
+            output, problems = tangle_document(parse_file(book.root / entry.path, entry.path), entry.module, book.root)
         except QmdError as exc:
             result.problems.append(exc)
             continue
