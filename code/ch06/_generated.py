@@ -14,7 +14,7 @@ from tqdm import tqdm
 from longctx import ch01, ch02, ch03, support
 
 
-# chapters/ch06-extension.qmd:89
+# chapters/ch06-extension.qmd:93
 class RotarySelfAttention(ch02.CausalSelfAttention):
     """Chapter 2's causal attention with RoPE on queries and keys.
 
@@ -79,7 +79,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
                                               attn_mask=mask)
 
 
-# chapters/ch06-extension.qmd:176
+# chapters/ch06-extension.qmd:180
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's thresholds
 #: (the rope_scaling entry of its released config.json).
@@ -196,7 +196,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:386
+# chapters/ch06-extension.qmd:394
 #: The byte that opens a record and, at the end of a window, the question.
 KEY_MARK = "#"
 #: The byte that closes the question; the answer is the byte after it.
@@ -299,7 +299,7 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
                     symbols[values])
 
 
-# chapters/ch06-extension.qmd:544
+# chapters/ch06-extension.qmd:552
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
@@ -374,7 +374,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:642
+# chapters/ch06-extension.qmd:664
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -460,7 +460,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.values[:, 0]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:759
+# chapters/ch06-extension.qmd:790
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -537,7 +537,7 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
-# chapters/ch06-extension.qmd:877
+# chapters/ch06-extension.qmd:908
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 
