@@ -115,8 +115,9 @@ def test_rotary_layer_uses_chapter_3_rotation_and_chapter_1_attention():
 def test_each_recipe_in_the_model_gives_chapter_3_bands(method, factor):
     model = rotary(context=16, d_model=32, heads=2)
     model.set_rope(method, factor)
+    recipe = ch06.yarn_thresholds(10_000.0, 16) if method == "yarn" else ch06.RECIPE_SETTINGS.get(method, {})
     frequencies, magnitude = ch03.inverse_frequencies(16, method=method, factor=factor, original_context=16,
-                                                      **ch06.RECIPE_SETTINGS.get(method, {}))
+                                                      **recipe)
     for block in model.blocks:
         assert torch.equal(block.attention.frequencies, frequencies)
         assert block.attention.magnitude == magnitude
@@ -128,8 +129,32 @@ def test_recipe_settings_match_the_shipped_llama_config_and_ch03_defaults():
     assert ch06.RECIPE_SETTINGS["llama3"] == {
         "low_freq_factor": scaling["low_freq_factor"], "high_freq_factor": scaling["high_freq_factor"]}
     plain, _ = ch03.inverse_frequencies(32, method="yarn", factor=8, original_context=64)
-    ours, _ = ch06.recipe_bands("yarn", 32, factor=8, original_context=64)
-    assert torch.equal(plain, ours)  # the settings are the paper's defaults, which ch03 also uses
+    ours, _ = ch06.recipe_bands("yarn-paper", 32, factor=8, original_context=64)
+    assert torch.equal(plain, ours)  # the paper's boundaries are ch03's defaults
+
+
+def test_yarn_thresholds_give_back_the_papers_values_on_llama_2_and_keep_its_share_of_bands():
+    llama2 = ch03.load_model_config("llama-2-7b")
+    assert ch06.YARN_REFERENCE == {"base": llama2["rope_theta"], "length": llama2["max_position_embeddings"]}
+    same = ch06.yarn_thresholds(ch06.YARN_REFERENCE["base"], ch06.YARN_REFERENCE["length"])
+    assert same == pytest.approx(ch06.RECIPE_SETTINGS["yarn"])
+
+    def kept(method, dim, base, length):  # bands left exactly as trained at factor 4
+        bands, _ = ch06.recipe_bands(method, dim, factor=4, base=base, original_context=length)
+        return int((bands == ch03.inverse_frequencies(dim, base=base)[0]).sum()) / (dim // 2)
+
+    reference = kept("yarn-paper", 128, 10_000.0, 4096)  # Llama 2's own heads
+    assert kept("yarn", 128, 10_000.0, 4096) == reference and 0.25 < reference < 0.4
+    assert abs(kept("yarn", 32, 27.0, 64) - reference) <= 1 / 16 + 1e-9  # the matched model: about the same
+    assert kept("yarn-paper", 32, 27.0, 64) < reference / 2  # the paper's values keep far fewer
+
+
+def test_yarn_without_temperature_has_yarns_bands_and_magnitude_one():
+    bands, magnitude = ch06.recipe_bands("yarn", 32, factor=4, base=27.0, original_context=64)
+    cold, one = ch06.recipe_bands("yarn-no-temperature", 32, factor=4, base=27.0, original_context=64)
+    assert torch.equal(bands, cold) and one == 1.0 and magnitude == pytest.approx(0.1 * math.log(4) + 1)
+    with pytest.raises(ValueError, match="method"):
+        ch06.recipe_bands("yarn-hot", 32, factor=4, original_context=64)
 
 
 def test_recipes_change_the_model_only_beyond_factor_one():
@@ -198,7 +223,7 @@ def test_no_key_symbol_appears_in_the_evaluation_text_outside_the_planted_record
     from experiments.common import texts
 
     settings = runner.ExtensionSettings()
-    held_out = texts()[1]
+    validation, held_out = runner.split_text(texts()[1], settings.validation_share)
     for length in settings.lengths:
         for keys in (1, settings.max_keys):
             where = torch.tensor(settings.depths, dtype=torch.float64).repeat_interleave(settings.trials)
@@ -447,31 +472,86 @@ def test_matched_base_reproduces_the_reference_and_gives_a_small_model_its_share
 def test_experiment_at_tiny_size_has_every_model_and_measurement_and_repeats_exactly():
     import experiments.extension as runner
 
-    tiny = dataclasses.replace(runner.TINY, seeds=(0,), bases=(27.0,))
+    tiny = runner.TINY
     first = runner.run_job(tiny, 0, 27.0, True)
     second = runner.run_job(tiny, 0, 27.0, True)
     assert first["train_losses"] == second["train_losses"]
+    assert len(first["train_losses"]) == tiny.short_steps + tiny.steps  # the curriculum's two parts
     assert first["evaluations"] == second["evaluations"]
-    kinds = {(e["model"], e["method"], e["rate"], e["length"]) for e in first["evaluations"]}
-    expected = {("as-is", m, None, n) for m in tiny.methods for n in tiny.lengths}
-    expected |= {("fine-tuned", m, r, n) for m in tiny.methods for r in tiny.finetune_rates for n in tiny.lengths}
-    expected |= {("control-short", "rope", r, n) for r in tiny.finetune_rates for n in tiny.lengths}
-    assert kinds == expected
+    assert first["passed"] == runner.passes_gate(first["gate_score"], tiny.gate)  # the gate as written
+    kinds = {(e["model"], e["method"], e["length"]) for e in first["evaluations"]}
+    recipes = (*tiny.methods, *tiny.variants)
+    expected = {("as-is", m, n) for m in recipes for n in tiny.lengths}
+    expected |= {("fine-tuned", m, n) for m in tiny.methods for n in tiny.lengths}
+    expected |= {("control-short", m, n) for m in tiny.methods for n in tiny.lengths}  # each recipe as-is
+    assert kinds == expected and len(first["evaluations"]) == len(expected)
+    for kind, method in {(f["model"], f["method"]) for f in first["finetunes"]}:
+        sweep = [f for f in first["finetunes"] if (f["model"], f["method"]) == (kind, method)]
+        assert [f["rate"] for f in sweep] == list(tiny.finetune_rates)
+        best = min(sweep, key=lambda f: f["validation"]["loss"])  # chosen on the validation split
+        assert [f["chosen"] for f in sweep] == [f is best for f in sweep]
+        used = {e["rate"] for e in first["evaluations"] if (e["model"], e["method"]) == (kind, method)}
+        assert used == {best["rate"]}
     trials = tiny.trials * len(tiny.depths)
+    described = {(t["task"], t["length"]): t for t in first["trials"]}
+    assert set(described) == {(task, n) for task in runner.TASKS for n in tiny.lengths}
     for entry in first["evaluations"]:
         assert len(entry["window_loss"]) == len(entry["tail_loss"]) == tiny.windows
-        assert len(entry["single"]) == len(entry["multi"]) == trials and set(entry["single"]) <= {"0", "1"}
+        for task in runner.TASKS:
+            guesses, kinds_text = entry["key_guesses"][task], entry["answer_kinds"][task]
+            assert len(entry[task]) == len(guesses) == len(kinds_text) == trials
+            answers = described[task, entry["length"]]["answer"]
+            assert entry[task] == "".join("1" if g == a else "0" for g, a in zip(guesses, answers, strict=True))
+            assert [k == "0" for k in kinds_text] == [b == "1" for b in entry[task]]  # asked <=> hit
         assert ("position_loss" in entry) == (entry["length"] == max(tiny.lengths))
-        expected_factor = (entry["length"] / tiny.trained_length if entry["model"] == "as-is"
-                           else max(tiny.lengths) / tiny.trained_length if entry["model"] == "fine-tuned" else 1.0)
+        expected_factor = (max(tiny.lengths) / tiny.trained_length if entry["model"] == "fine-tuned"
+                           else entry["length"] / tiny.trained_length)
         assert entry["factor"] == expected_factor
+    for record in first["trials"]:
+        assert len(record["distance"]) == len(record["answer"]) == trials
+        assert set(record["baselines"]) == set(ch06.BASELINES)
+        assert record["distance"] == sorted(record["distance"], reverse=True) or len(tiny.depths) == 1
     at_t0 = [e["window_loss"] for e in first["evaluations"]
              if e["model"] == "as-is" and e["length"] == tiny.trained_length]
     assert all(row == at_t0[0] for row in at_t0)  # at factor 1 every recipe is plain RoPE
-    long = runner.run_long_control(tiny, 0, 27.0)
-    assert len(long["finetunes"][0]["losses"]) == tiny.steps + tiny.finetune_steps
-    assert {e["model"] for e in long["evaluations"]} == {"control-long"}
+    as_is_only = runner.run_job(tiny, 0, 10_000.0, False)
+    assert {e["model"] for e in as_is_only["evaluations"]} == {"as-is"} and not as_is_only["finetunes"]
     json.dumps(first)  # plain numbers only
+
+
+def test_the_gate_admits_a_seed_at_the_threshold_and_refuses_one_below():
+    import experiments.extension as runner
+
+    gate = runner.ExtensionSettings().gate
+    assert runner.passes_gate(gate, gate) and runner.passes_gate(1.0, gate)
+    assert not runner.passes_gate(gate - 1e-9, gate) and not runner.passes_gate(0.0, gate)
+
+
+def test_validation_and_test_text_are_disjoint_halves_of_the_held_out_text():
+    import experiments.extension as runner
+
+    held_out = torch.arange(100)
+    validation, test = runner.split_text(held_out, 0.25)
+    assert torch.equal(torch.cat([validation, test]), held_out) and validation.numel() == 25
+
+
+def test_first_position_mass_leaves_the_pass_unchanged_and_matches_a_direct_computation():
+    import experiments.extension as runner
+
+    model = rotary(context=8, d_model=16, layers=1, heads=2, fused=True)
+    tokens = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before = model(tokens)
+        mass = runner.first_position_mass(model, tokens, skip=4)
+        assert torch.equal(model(tokens), before)  # the hook is gone
+        layer = model.blocks[0].attention
+        x = model.blocks[0].attention_norm(model.token_embedding(tokens))  # no position table
+        positions = torch.arange(20)
+        q = ch03.apply_rope(ch01.split_heads(layer.query(x), 2), positions, layer.frequencies)
+        k = ch03.apply_rope(ch01.split_heads(layer.key(x), 2), positions, layer.frequencies)
+        _, weights = ch01.scaled_dot_product_attention(q, k, q, ch01.causal_mask(20))
+    assert len(mass) == 1 and 0 < mass[0] < 1
+    assert mass[0] == pytest.approx(weights[:, :, 4:, 0].mean().item(), abs=1e-4)
 
 
 @pytest.mark.slow  # trains a model
@@ -485,10 +565,11 @@ def test_experiment_command_runs_end_to_end_at_tiny_size(tmp_path):
     machine = results["machine"]
     assert machine["mode"] == "tiny" and machine["date"].endswith("Z")
     assert machine["wall_seconds"] > 0 and machine["cpu_seconds"] > 0
-    assert [(r["seed"], r["base"]) for r in results["runs"]] == [(0, 27.0), (1, 27.0), (0, 10_000.0), (1, 10_000.0)]
+    assert [(r["seed"], r["base"]) for r in results["runs"]] == [(0, 27.0), (1, 27.0), (0, 10_000.0)]
+    assert results["passed"] == [r["seed"] for r in results["runs"][:2] if r["passed"]]
     first_base = {e["model"] for e in results["runs"][0]["evaluations"]}
-    assert first_base == {"as-is", "fine-tuned", "control-short", "control-long"}
-    assert {e["model"] for e in results["runs"][2]["evaluations"]} == {"as-is", "fine-tuned"}
+    assert first_base == {"as-is", "fine-tuned", "control-short"}
+    assert {e["model"] for e in results["runs"][2]["evaluations"]} == {"as-is"}
     assert f"wrote {out}" in done.stdout
 
 
@@ -511,14 +592,19 @@ def test_saved_results_hold_everything_the_chapter_reads():
     settings = results["settings"]
     defaults = json.loads(json.dumps(dataclasses.asdict(runner.ExtensionSettings())))
     assert settings == defaults  # the defaults made this run
-    assert len(settings["seeds"]) >= 3 and len(settings["finetune_rates"]) >= 3
-    assert min(settings["finetune_rates"]) <= 1e-4 and max(settings["finetune_rates"]) >= 1e-3
+    assert len(settings["seeds"]) >= 5 and len(settings["finetune_rates"]) >= 3
+    assert max(settings["finetune_rates"]) >= 3e-3
     assert tuple(settings["methods"]) == ch03.ROPE_METHODS
-    for run in results["runs"]:
+    main = [run for run in results["runs"] if run["base"] == settings["bases"][0]]
+    assert [run["seed"] for run in main] == settings["seeds"]
+    assert results["passed"] == [run["seed"] for run in main if run["gate_score"] >= settings["gate"]]
+    for run in main:
         kinds = {(e["model"], e["method"]) for e in run["evaluations"]}
         assert {("fine-tuned", m) for m in settings["methods"]} <= kinds
-        if run["base"] == settings["bases"][0]:
-            assert {("control-short", "rope"), ("control-long", "rope")} <= kinds
+        assert {("control-short", m) for m in settings["methods"]} <= kinds
+        assert all(len(e["key_guesses"]["single"]) == len(e["single"]) for e in run["evaluations"])
+    others = [run for run in results["runs"] if run["base"] == settings["bases"][-1]]
+    assert [run["seed"] for run in others] == settings["other_seeds"]
     machine = results["machine"]
     assert machine["wall_seconds"] > 0 and machine["cpu_seconds"] > 0
     assert len(machine["load_average_start"]) == len(machine["load_average_end"]) == 3
@@ -568,7 +654,9 @@ def test_training_refuses_bad_input():
     ("depths", (0.0, 1.5), ValueError), ("methods", ("rope", "alibi"), ValueError), ("seeds", (-1,), ValueError),
     ("key_share", 2.0, ValueError), ("learning_rate", 0.0, ValueError), ("finetune_rates", (0.0,), ValueError),
     ("fused", "yes", TypeError), ("heads", 3, ValueError), ("windows", 1, ValueError), ("bases", (1.0,), ValueError),
-    ("max_keys", 11, ValueError), ("tail", 65, ValueError),
+    ("max_keys", 11, ValueError), ("tail", 65, ValueError), ("gate", 1.5, ValueError),
+    ("validation_share", 1.0, ValueError), ("short_length", 100, ValueError), ("variants", ("yarn-hot",), ValueError),
+    ("other_seeds", (-2,), ValueError),
 ])
 def test_experiment_settings_refuse_bad_fields(field, value, error):
     import experiments.extension as runner

@@ -9,6 +9,8 @@ from ._generated import (
     KEY_MARK,
     KEY_SYMBOLS,
     RECIPE_SETTINGS,
+    YARN_REFERENCE,
+    YARN_VARIANTS,
     KeyBatch,
     RotaryGPT,
     RotarySelfAttention,
@@ -28,6 +30,7 @@ from ._generated import (
     student_t_quantile,
     train_with_keys,
     turning_bands,
+    yarn_thresholds,
 )
 
 __all__ = [
@@ -37,6 +40,8 @@ __all__ = [
     "KEY_MARK",
     "KEY_SYMBOLS",
     "RECIPE_SETTINGS",
+    "YARN_REFERENCE",
+    "YARN_VARIANTS",
     "KeyBatch",
     "RotaryGPT",
     "RotarySelfAttention",
@@ -56,4 +61,5 @@ __all__ = [
     "student_t_quantile",
     "train_with_keys",
     "turning_bands",
+    "yarn_thresholds",
 ]

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from longctx import ch01, ch02, ch03, support
 
 
-# chapters/ch06-extension.qmd:89
+# chapters/ch06-extension.qmd:93
 class RotarySelfAttention(ch02.CausalSelfAttention):
     """Chapter 2's causal attention with RoPE on queries and keys.
 
@@ -79,7 +79,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
                                               attn_mask=mask)
 
 
-# chapters/ch06-extension.qmd:168
+# chapters/ch06-extension.qmd:180
 #: Each recipe's settings beside its factor, in one place: YaRN's band
 #: boundaries (its paper's values for LLaMA) and Llama 3.1's thresholds
 #: (the rope_scaling entry of its released config.json).
@@ -87,6 +87,28 @@ RECIPE_SETTINGS: dict[str, dict[str, float]] = {
     "yarn": {"beta_fast": 32.0, "beta_slow": 1.0},
     "llama3": {"low_freq_factor": 1.0, "high_freq_factor": 4.0},
 }
+#: The model YaRN's boundaries were set for: Llama 2's base and trained
+#: length, from its released config.json.
+YARN_REFERENCE: dict[str, float] = {"base": 10_000.0, "length": 4_096}
+#: Two readings of YaRN beside the recipe, as ablations: the paper's
+#: boundaries unscaled, and the rescaled bands without the temperature.
+YARN_VARIANTS = ("yarn-paper", "yarn-no-temperature")
+
+
+def yarn_thresholds(base: float, original_context: int) -> dict[str, float]:
+    """Return YaRN's beta_fast and beta_slow rescaled to a trained length.
+
+    A boundary of beta turns sits at the share s = ln(T_ref / (2 pi beta))
+    / ln b_ref of the band index range of ``YARN_REFERENCE``; the band at
+    the same share of a model with base b and trained length T_0 turns
+    beta' = T_0 / (2 pi) * b^(-s) times within T_0.
+    """
+    rescaled = {}
+    for name, beta in RECIPE_SETTINGS["yarn"].items():
+        share = (math.log(YARN_REFERENCE["length"] / (2 * math.pi * beta))
+                 / math.log(YARN_REFERENCE["base"]))
+        rescaled[name] = original_context / (2 * math.pi) * base**-share
+    return rescaled
 
 
 def recipe_bands(method: str, head_dim: int, *, factor: float,
@@ -94,12 +116,26 @@ def recipe_bands(method: str, head_dim: int, *, factor: float,
                  original_context: int) -> tuple[Tensor, float]:
     """Return Chapter 3's (frequencies (d_h / 2,), magnitude) for a recipe.
 
-    At factor a = T_1 / T_0, with the recipe's ``RECIPE_SETTINGS``.
+    At factor a = T_1 / T_0, with the recipe's ``RECIPE_SETTINGS``; YaRN's
+    boundaries rescaled to T_0 by ``yarn_thresholds``. ``yarn-paper`` keeps
+    the paper's boundaries; ``yarn-no-temperature`` has magnitude 1.
+
+    Raises:
+        ValueError: If ``method`` is not in ROPE_METHODS or YARN_VARIANTS.
     """
-    return ch03.inverse_frequencies(
-        head_dim, method=method, base=base, factor=factor,
-        original_context=original_context,
-        **RECIPE_SETTINGS.get(method, {}))
+    support.check_choice("method", method,
+                         tuple(ch03.ROPE_METHODS) + YARN_VARIANTS)
+    settings = RECIPE_SETTINGS.get(method, {})
+    if method in ("yarn", "yarn-no-temperature"):
+        settings = yarn_thresholds(base, original_context)
+    if method == "yarn-paper":
+        settings = RECIPE_SETTINGS["yarn"]
+    frequencies, magnitude = ch03.inverse_frequencies(
+        head_dim, method=method.split("-")[0], base=base, factor=factor,
+        original_context=original_context, **settings)
+    if method == "yarn-no-temperature":
+        magnitude = 1.0
+    return frequencies, magnitude
 
 
 class RotaryGPT(ch02.TinyGPT):
@@ -136,8 +172,8 @@ class RotaryGPT(ch02.TinyGPT):
         """Give every layer the bands of ``method`` at extension ``factor``.
 
         Raises:
-            TypeError, ValueError: For an unknown method or a factor below 1
-                (Chapter 3's ``inverse_frequencies`` checks both).
+            TypeError, ValueError: For an unknown method (one of
+                ``ROPE_METHODS`` or ``YARN_VARIANTS``) or a factor below 1.
         """
         frequencies, magnitude = recipe_bands(
             method, self.config.head_dim, factor=factor, base=self.base,
@@ -160,7 +196,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:340
+# chapters/ch06-extension.qmd:394
 #: The byte that opens a record and, at the end of a window, the question.
 KEY_MARK = "#"
 #: The byte that closes the question; the answer is the byte after it.
@@ -263,7 +299,7 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
                     symbols[values])
 
 
-# chapters/ch06-extension.qmd:498
+# chapters/ch06-extension.qmd:552
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
@@ -338,7 +374,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:596
+# chapters/ch06-extension.qmd:664
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -424,7 +460,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.values[:, 0]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:713
+# chapters/ch06-extension.qmd:790
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -501,7 +537,7 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
-# chapters/ch06-extension.qmd:831
+# chapters/ch06-extension.qmd:908
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 
