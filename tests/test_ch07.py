@@ -485,8 +485,8 @@ def test_the_gate_admits_a_seed_at_its_share_and_refuses_one_below():
     settings = forgetting.ForgettingSettings(gate=0.8)
 
     def run(found: str) -> dict:
-        return {"entries": [{"policy": "full", "budget": None, "multi": found},
-                            {"policy": "window", "budget": 0.5, "multi": "1" * len(found)}]}
+        return {"entries": [{"policy": "full", "budget": None, "single": found, "multi": "0" * len(found)},
+                            {"policy": "window", "budget": 0.5, "single": "1" * len(found)}]}
 
     assert forgetting.passes_gate(run("11111111" + "00"), settings)  # 8 of 10
     assert not forgetting.passes_gate(run("1111111" + "000"), settings)  # 7 of 10
