@@ -12,7 +12,7 @@ from torch import Tensor
 from longctx import ch02, ch05, ch06, support
 
 
-# chapters/ch07-forgetting.qmd:86
+# chapters/ch07-forgetting.qmd:88
 class Seen(NamedTuple):
     """What one layer's heads have attended to, for the cached entries.
 
@@ -45,7 +45,7 @@ def newest(seen: Seen, count: int) -> Tensor:
     return seen.positions > cutoff
 
 
-# chapters/ch07-forgetting.qmd:130
+# chapters/ch07-forgetting.qmd:132
 def keep_all(seen: Seen, keep: int) -> Tensor:
     """The full cache: every entry, whatever the budget."""
     return top_positions(-seen.positions.double(), seen.positions.shape[-1])
@@ -70,7 +70,7 @@ def keep_heavy(seen: Seen, keep: int, recent_share: float = 0.5) -> Tensor:
     return top_positions(score, keep)
 
 
-# chapters/ch07-forgetting.qmd:168
+# chapters/ch07-forgetting.qmd:172
 def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
     """Return SnapKV's votes (B, H, n - window), pooled along the cache.
 
@@ -132,7 +132,7 @@ def pyramid_budgets(keep: int, layers: int, *, tokens: int, window: int,
     return budgets
 
 
-# chapters/ch07-forgetting.qmd:240
+# chapters/ch07-forgetting.qmd:244
 def toy_seen(entries: int = 12, window: int = 3, *, seed: int = 7) -> Seen:
     """Return the chapter's small case: one head's random causal attention.
 
@@ -151,7 +151,7 @@ def toy_seen(entries: int = 12, window: int = 3, *, seed: int = 7) -> Seen:
                 weights[..., -window:, :])
 
 
-# chapters/ch07-forgetting.qmd:312
+# chapters/ch07-forgetting.qmd:320
 class TokensRead:
     """The tokens each layer of a cache has read, which set its positions.
 
@@ -269,7 +269,7 @@ class EvictingCache(TokensRead):
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:444
+# chapters/ch07-forgetting.qmd:452
 class StreamingCache(EvictingCache):
     """StreamingLLM as its paper runs it: every token read alone.
 
@@ -319,7 +319,7 @@ class StreamingCache(EvictingCache):
         """Nothing to cut: the cache held its size while it read."""
 
 
-# chapters/ch07-forgetting.qmd:517
+# chapters/ch07-forgetting.qmd:525
 class QuantizedCache(TokensRead):
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -387,7 +387,7 @@ class QuantizedCache(TokensRead):
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:605
+# chapters/ch07-forgetting.qmd:615
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -407,7 +407,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model(tokens, cache)
 
 
-# chapters/ch07-forgetting.qmd:626
+# chapters/ch07-forgetting.qmd:636
 #: Each policy's name -> (keep function, settings). An evicting policy's
 #: keep function picks the entries to keep; its settings are the
 #: function's own (``sinks`` first positions kept, H2O's ``recent_share``
