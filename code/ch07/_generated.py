@@ -151,7 +151,7 @@ def toy_seen(entries: int = 12, window: int = 3, *, seed: int = 7) -> Seen:
                 weights[..., -window:, :])
 
 
-# chapters/ch07-forgetting.qmd:320
+# chapters/ch07-forgetting.qmd:321
 class TokensRead:
     """The tokens each layer of a cache has read, which set its positions.
 
@@ -269,7 +269,7 @@ class EvictingCache(TokensRead):
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:452
+# chapters/ch07-forgetting.qmd:453
 class StreamingCache(EvictingCache):
     """StreamingLLM as its paper runs it: every token read alone.
 
@@ -319,7 +319,7 @@ class StreamingCache(EvictingCache):
         """Nothing to cut: the cache held its size while it read."""
 
 
-# chapters/ch07-forgetting.qmd:525
+# chapters/ch07-forgetting.qmd:526
 class QuantizedCache(TokensRead):
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -387,7 +387,7 @@ class QuantizedCache(TokensRead):
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:615
+# chapters/ch07-forgetting.qmd:616
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -407,7 +407,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model(tokens, cache)
 
 
-# chapters/ch07-forgetting.qmd:636
+# chapters/ch07-forgetting.qmd:637
 #: Each policy's name -> (keep function, settings). An evicting policy's
 #: keep function picks the entries to keep; its settings are the
 #: function's own (``sinks`` first positions kept, H2O's ``recent_share``
