@@ -246,6 +246,8 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         "ch07.make_cache": Valid(lambda: dict(model=_rotary_model(), policy="h2o", budget=0.5, prompt_tokens=40)),
         "ch07.compressed_hits": Valid(lambda: dict(model=_rotary_model(), batch=_key_batch(), policy="sinks",
                                                    budget=0.5)),
+        "ch07.compressed_guesses": Valid(lambda: dict(model=_rotary_model(), batch=_key_batch(),
+                                                      policy="streaming", budget=0.5)),
         "ch07.compressed_losses": Valid(
             lambda: dict(model=_rotary_model(), inputs=_byte_text(40).view(2, 20),
                          targets=_byte_text(41)[1:].view(2, 20), policy="window", budget=0.5, prompt=12)),

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from longctx import ch01, ch02, ch06, ch07
 
 FAST = settings(max_examples=12, deadline=None)
-EVICTING = ("window", "sinks", "h2o", "snapkv", "pyramidkv")
+EVICTING = ("window", "sinks", "h2o", "snapkv", "pyramidkv")  # read the prompt in full, compress once
 QUANTIZED = ("int8", "int4", "kivi4", "kivi2")
 
 
@@ -115,9 +115,9 @@ def test_an_evicting_cache_places_new_tokens_at_the_tokens_read_not_the_entries_
         cache.compress()
         for t in range(20, 30):
             ch07.read_with_cache(model, ids[:, t:t + 1], cache)
-    assert [k.shape[2] for k in cache.keys] == [15, 15]  # floor(0.5 * 30) entries kept
+    assert [k.shape[2] for k in cache.keys] == [20, 20]  # floor(0.5 * 20) kept, then 10 appended
     assert cache.length == 30 and [cache.position(0), cache.position(1)] == [30, 30]
-    assert cache.seen[1].positions[0, 0].tolist() == list(range(15, 30))  # each entry at its true position
+    assert cache.seen[1].positions[0, 0].tolist() == list(range(10, 30))  # each entry at its true position
 
 
 @pytest.mark.parametrize("policy", EVICTING)
@@ -173,13 +173,43 @@ def test_snapkv_keeps_the_top_positions_of_its_pooled_votes():
     window, pool, keep = 4, 5, 10
     seen = seen_from(torch.randn(1, 2, 24, 24, generator=torch.Generator().manual_seed(5)) * 3, window=window)
     chosen = ch07.keep_snap(seen, keep, window=window, pool=pool)
-    votes = seen.recent.sum(-2)  # (B, H, T): the window's attention, summed by hand
+    votes = seen.recent[..., :20].sum(-2)  # (B, H, 20): the window's votes for the entries before it
     for head in range(2):
         row = votes[0, head]
-        pooled = torch.stack([row[max(0, i - 2):i + 3].mean() for i in range(24)])  # mean over <= 5
+        pooled = torch.stack([row[max(0, i - 2):i + 3].mean() for i in range(20)])  # mean over <= 5
         torch.testing.assert_close(ch07.snap_votes(seen, window, pool)[0, head], pooled)
-        prefix = pooled[:-window].topk(keep - window).indices.tolist()
+        prefix = pooled.topk(keep - window).indices.tolist()
         assert set(chosen[0, head].tolist()) == set(prefix) | {20, 21, 22, 23}
+
+
+def test_snapkvs_votes_ignore_the_windows_own_columns():
+    """The reference code slices the window's own keys off before pooling: a vote the window gives
+    itself cannot pull a neighbour before the window into the cache."""
+    seen = seen_from(torch.zeros(1, 1, 12, 12), window=3)
+    recent = seen.recent.clone()
+    recent[..., 9] += 100.0  # the window votes heavily for its own first entry
+    loud = ch07.Seen(seen.positions, seen.accumulated, recent)
+    assert torch.equal(ch07.snap_votes(loud, 3, 5), ch07.snap_votes(seen, 3, 5))
+    assert ch07.snap_votes(seen, 3, 5).shape == (1, 1, 9)
+
+
+def test_snapkvs_observation_window_holds_the_asked_name():
+    """The prompt ends on the question's mark and the asked name: the window's queries are the question's."""
+    model = rotary(layers=2)
+    text = ch06.key_free_text(torch.tensor(ch02.ByteTokenizer().encode(ch02.load_corpus()[:5000])))
+    batch = ch06.key_batch(text, torch.linspace(0.05, 1, 5, dtype=torch.float64), 40,
+                           torch.Generator().manual_seed(2), keys=3)
+    prompt = batch.inputs[:, :-1]
+    names = batch.inputs[torch.arange(5)[:, None], batch.starts + 1]  # (B, K) each record's name byte
+    assert torch.equal(prompt[:, -1], names[:, 0])  # the last prompt byte is the asked name
+    assert (prompt[:, -2] == ord(ch06.KEY_MARK)).all()
+    cache = ch07.make_cache(model, "snapkv", 0.25, prompt_tokens=prompt.shape[1])
+    with torch.no_grad():
+        ch07.read_with_cache(model, prompt, cache)
+        assert all(seen.recent.shape[2] == 4 for seen in cache.seen)  # the rows of queries P-4 .. P-1
+        cache.compress()
+    for seen in cache.seen:
+        assert (seen.positions[..., -4:] == torch.arange(prompt.shape[1] - 4, prompt.shape[1])).all()
 
 
 def test_the_window_and_the_sinks_keep_what_their_names_say():
@@ -192,15 +222,18 @@ def test_the_window_and_the_sinks_keep_what_their_names_say():
 @given(keep=st.integers(10, 60), layers=st.integers(1, 6), extra=st.integers(0, 60))
 def test_pyramid_budgets_fall_with_depth_and_hold_the_total(keep, layers, extra):
     tokens_seen = keep + extra
-    budgets = ch07.pyramid_budgets(keep, layers, tokens=tokens_seen, floor=9)
+    budgets = ch07.pyramid_budgets(keep, layers, tokens=tokens_seen, window=4)
     assert sum(budgets) == layers * keep
     assert budgets == sorted(budgets, reverse=True)
     assert max(budgets) <= tokens_seen or layers == 1
-    assert min(budgets) >= min(9, keep)
+    assert min(budgets) >= 4
 
 
-def test_pyramid_budgets_at_full_budget_are_uniform():
-    assert ch07.pyramid_budgets(50, 4, tokens=50, floor=9) == [50, 50, 50, 50]
+def test_pyramid_budgets_follow_the_reference_schedule():
+    """beta = 20: the deepest layer keeps its window and a twentieth of the rest, the first as much above."""
+    assert ch07.pyramid_budgets(12, 4, tokens=127, window=4, beta=20) == [20, 15, 9, 4]
+    assert ch07.pyramid_budgets(44, 2, tokens=127, window=4, beta=20) == [82, 6]  # 4 + 40 // 20
+    assert ch07.pyramid_budgets(50, 4, tokens=50, window=4) == [50, 50, 50, 50]  # nothing to move
 
 
 # --- bytes ----------------------------------------------------------------------------------------
@@ -217,15 +250,56 @@ def test_the_bytes_each_eviction_policy_keeps_equal_its_budget(policy, budget):
         ch07.read_with_cache(model, ids[:, :50], cache)
         cache.compress()
         assert cache.nbytes() == 3 * math.floor(budget * 50 + 1e-9) * per_token
+        budgets = [k.shape[2] for k in cache.keys]
+        assert budgets == cache.layer_budgets(50)
         for t in range(50, 60):
             ch07.read_with_cache(model, ids[:, t:t + 1], cache)
-    keep = math.floor(budget * 60 + 1e-9)
-    if policy == "pyramidkv":  # a layer whose budget rises by 2 in a step can only grow by 1
-        assert all(k.shape[2] <= n for k, n in zip(cache.keys, cache.layer_budgets(60), strict=True))
-        assert cache.nbytes() <= 3 * keep * per_token
-    else:
-        assert cache.nbytes() == 3 * keep * per_token
-        assert all(k.shape[2] == keep for k in cache.keys)
+    # compressed once: each decoded token is appended, nothing more evicted
+    assert [k.shape[2] for k in cache.keys] == [b + 10 for b in budgets]
+
+
+@pytest.mark.parametrize("budget", [0.1, 0.25, 0.5])
+def test_the_streaming_cache_holds_its_size_from_the_first_token(budget):
+    model = rotary(layers=2)
+    ids = tokens(2, 60, seed=6)
+    keep = math.floor(budget * 50 + 1e-9)
+    cache = ch07.make_cache(model, "streaming", budget, prompt_tokens=50)
+    with torch.no_grad():
+        for t in range(60):
+            ch07.read_with_cache(model, ids[:, t:t + 1], cache)
+            assert all(k.shape[2] == min(t + 1, keep) for k in cache.keys)
+    assert cache.seen[1].positions[0, 0].tolist() == [0, 1, 2, 3, *range(60 - keep + 4, 60)]
+
+
+class MaskedPass(ch07.TokensRead):
+    """One full causal pass in which token i sees only what StreamingLLM holds when it reads i:
+    the sinks, the newest keep - sinks entries before it, and itself."""
+
+    def __init__(self, layers: int, keep: int, sinks: int):
+        super().__init__(layers)
+        self.keep, self.sinks = keep, sinks
+
+    def attend(self, layer, query, key, value):
+        count = query.shape[2]
+        self.read[layer] += count
+        i, j = torch.arange(count)[:, None], torch.arange(count)[None]
+        mask = (j <= i) & ((j < self.sinks) | (j >= i - self.keep + self.sinks))
+        return ch01.scaled_dot_product_attention(query, key, value, mask)[0]
+
+
+@pytest.mark.parametrize(("budget", "seed"), [(0.2, 0), (0.3, 1), (0.5, 2)])
+def test_the_streaming_cache_never_attends_to_an_evicted_entry(budget, seed):
+    """Read token by token, prompt and decode, it equals one masked pass: no query in any layer
+    sees an entry that was evicted before it, so nothing leaks through the upper layers."""
+    model = rotary(layers=3, seed=seed)
+    ids = tokens(2, 40, seed)
+    keep = math.floor(budget * 30 + 1e-9)
+    with torch.no_grad():
+        streamed, cache = stream(model, "streaming", budget, ids, 30)
+        masked = model(ids, MaskedPass(3, keep, 4))
+        read_then_compressed, _ = stream(model, "sinks", budget, ids, 30)
+    torch.testing.assert_close(streamed, masked, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(streamed[:, 30:], read_then_compressed[:, 30:])  # the leak: they differ
 
 
 @pytest.mark.parametrize("policy", QUANTIZED)
@@ -298,9 +372,11 @@ def test_compressed_hits_at_full_budget_equal_the_models_own_guess():
                            torch.Generator().manual_seed(0), keys=3)
     with torch.no_grad():
         expected = model(batch.inputs)[:, -1].argmax(-1) == batch.targets[:, -1]
-    for policy in ("full", *EVICTING):
+    for policy in ("full", *EVICTING, "streaming"):
         budget = None if policy == "full" else 1.0
         assert torch.equal(ch07.compressed_hits(model, batch, policy, budget), expected)
+        guesses = ch07.compressed_guesses(model, batch, policy, budget)
+        assert torch.equal(guesses == batch.values[:, 0], expected)
 
 
 def test_compressed_losses_at_full_budget_equal_the_models_losses():
@@ -336,7 +412,7 @@ def test_the_decode_step_reads_the_kept_entries_only():
     expected, _ = ch01.scaled_dot_product_attention(query, torch.cat([keys, key], 2),
                                                     torch.cat([values, value], 2))
     assert keys.shape[2] == 14  # floor(0.5 * 29)
-    assert cache.keys[0].shape[2] == 15  # after the step: floor(0.5 * 30)
+    assert cache.keys[0].shape[2] == 15  # after the step: the 14 kept and the step's own
     torch.testing.assert_close(seen["out"], expected)
 
 
@@ -381,15 +457,53 @@ def test_the_tiny_experiment_measures_every_policy_on_the_same_windows():
     job = forgetting.run_job(forgetting.TINY, seed=0)
     grid = [(e["policy"], e["budget"]) for e in job["entries"]]
     assert grid == forgetting.settings_grid(forgetting.TINY)
-    assert len(grid) == 1 + 5 * 3 + 4  # full; five evictions at three budgets; four quantized caches
+    assert len(grid) == 1 + 6 * 3 + 4  # full; six evictions at three budgets; four quantized caches
     full = job["entries"][0]
     assert full["fraction"] == 1.0 and len(full["single"]) == len(full["multi"]) == 2 * 2
-    for e in job["entries"][1:]:
+    for e in job["entries"]:
         if e["budget"] is not None:
             assert e["fraction"] <= e["budget"]  # floor(b t) entries of t
         assert len(e["window_loss"]) == forgetting.TINY.windows
+        assert len(e["position_loss"]) == forgetting.TINY.length - forgetting.TINY.prompt
+        for task in ("single", "multi"):  # every trial's byte, its hit and its class agree
+            assert len(e[f"{task}_guesses"]) == len(e[task]) == len(e[f"{task}_kinds"])
+            assert all((kind == "0") == (hit == "1") for kind, hit in zip(e[f"{task}_kinds"], e[task], strict=True))
+    for task in ("single", "multi"):
+        assert sorted(job["baselines"][task]) == sorted(ch06.BASELINES)
+    assert set(job["baselines"]["single"]["random record"]["hits"]) == {"1"}  # one record: copying it is right
     quarter = {e["policy"]: e["kept"] for e in job["entries"] if e["budget"] == 0.25}
     assert sorted(quarter["window"][0][0]) == list(range(95 - 23, 95))  # floor(0.25 * 95) newest
+    assert sorted(quarter["streaming"][1][0]) == [0, 1, 2, 3, *range(95 - 19, 95)]  # never saw the rest
+    assert job["passed"] == forgetting.passes_gate(job, forgetting.TINY)
+    other = forgetting.run_job(forgetting.TINY, seed=1)  # each seed its own held-out windows
+    assert other["loss_ends"] != job["loss_ends"] and other["evaluation_seed"] != job["evaluation_seed"]
+
+
+def test_the_gate_admits_a_seed_at_its_share_and_refuses_one_below():
+    from experiments import forgetting
+
+    settings = forgetting.ForgettingSettings(gate=0.8)
+
+    def run(found: str) -> dict:
+        return {"entries": [{"policy": "full", "budget": None, "single": found, "multi": "0" * len(found)},
+                            {"policy": "window", "budget": 0.5, "single": "1" * len(found)}]}
+
+    assert forgetting.passes_gate(run("11111111" + "00"), settings)  # 8 of 10
+    assert not forgetting.passes_gate(run("1111111" + "000"), settings)  # 7 of 10
+    assert forgetting.passes_gate(run("1" * 10), forgetting.ForgettingSettings(gate=1.0))
+    with pytest.raises(ValueError, match="full"):
+        forgetting.passes_gate({"entries": []}, settings)
+
+
+def test_the_shallowest_record_sits_past_the_sinks_and_the_pooling():
+    """Depth d places the asked record at round(d (T - 6)) (ch06.key_batch): the shallowest lies past the
+    four sinks and past the reach of SnapKV's pool of 5 around them, so neither keeps it by accident."""
+    from experiments import forgetting
+
+    s = forgetting.ForgettingSettings()
+    first = round(min(s.depths) * (s.length - 6))
+    assert first >= ch07.POLICIES["sinks"][1]["sinks"] + ch07.POLICIES["snapkv"][1]["pool"] // 2
+    assert len(s.seeds) >= 5 and 4 <= s.keys <= 8
 
 
 def test_the_experiment_settings_refuse_a_prompt_past_the_window():

@@ -112,7 +112,7 @@ def test_snapkv_says_what_it_returns_and_its_window():
     doc = " ".join(inspect.getdoc(ch07.keep_snap).split())
     assert "(B, H, keep)" in doc and "sorted by position" in doc and "window of 4" in doc
     assert ch07.POLICIES["snapkv"][1]["window"] == 4  # the window the docstring names
-    assert "(B, H, n)" in inspect.getdoc(ch07.snap_votes)
+    assert "(B, H, n - window)" in inspect.getdoc(ch07.snap_votes)  # the entries before the window
 
 
 def pydoc_text(obj) -> str:

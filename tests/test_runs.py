@@ -204,6 +204,6 @@ def test_every_study_gives_the_shared_command_line_its_sizes_and_job_count():
         assert sorted(study.SIZES) == ["full", "tiny"] and callable(study.run_experiment), name
         counts[name] = (study.job_count(study.SIZES["tiny"]), study.job_count(study.SIZES["full"]))
     # copying: seeds x 3 mixers; extension: a seed each on the matched base, and the other base's; forgetting: seeds
-    assert counts == {"copying": (6, 15), "extension": (3, 7), "forgetting": (2, 3)}
+    assert counts == {"copying": (6, 15), "extension": (3, 7), "forgetting": (2, 5)}
     args = parse_args(["forgetting", "--jobs", "3", "--seeds", "4", "5"])
     assert (args.study, args.size, args.jobs, args.seeds, args.out) == ("forgetting", "full", 3, [4, 5], None)

@@ -12,7 +12,7 @@ from torch import Tensor
 from longctx import ch02, ch05, ch06, support
 
 
-# chapters/ch07-forgetting.qmd:86
+# chapters/ch07-forgetting.qmd:88
 class Seen(NamedTuple):
     """What one layer's heads have attended to, for the cached entries.
 
@@ -45,7 +45,7 @@ def newest(seen: Seen, count: int) -> Tensor:
     return seen.positions > cutoff
 
 
-# chapters/ch07-forgetting.qmd:130
+# chapters/ch07-forgetting.qmd:132
 def keep_all(seen: Seen, keep: int) -> Tensor:
     """The full cache: every entry, whatever the budget."""
     return top_positions(-seen.positions.double(), seen.positions.shape[-1])
@@ -70,20 +70,22 @@ def keep_heavy(seen: Seen, keep: int, recent_share: float = 0.5) -> Tensor:
     return top_positions(score, keep)
 
 
-# chapters/ch07-forgetting.qmd:168
+# chapters/ch07-forgetting.qmd:172
 def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
-    """Return SnapKV's votes (B, H, n), pooled along the cache.
+    """Return SnapKV's votes (B, H, n - window), pooled along the cache.
 
-    nu_j of Equation 7.1 over the newest ``window`` queries, averaged over
-    ``pool`` neighbouring entries (odd, so that each entry is the centre of
-    its neighbourhood); n is the number of cached entries. Neither has a
-    default here; the chapter's SnapKV uses window 4 and pool 5
-    (``POLICIES``).
+    nu_j of Equation 7.1 over the newest ``window`` queries, for the
+    n - window entries before them (the window's own columns are sliced
+    off, as in SnapKV's code: the window is kept whatever its votes),
+    averaged over ``pool`` neighbouring entries (odd, so that each entry
+    is the centre of its neighbourhood). The entries are those of a
+    prompt, in order. Neither has a default here; the chapter's SnapKV
+    uses window 4 and pool 5 (``POLICIES``).
     """
     support.check_int("window", window, minimum=1)
     if support.check_int("pool", pool, minimum=1) % 2 == 0:  # n + 1 votes
         raise ValueError(f"pool must be odd (got {pool})")
-    votes = seen.recent[..., -window:, :].sum(-2)  # (B, H, n)
+    votes = seen.recent[..., -window:, :-window].sum(-2)  # (B, H, n - w)
     batch, heads, entries = votes.shape
     pooled = F.avg_pool1d(votes.reshape(batch * heads, 1, entries), pool,
                           stride=1, padding=pool // 2,
@@ -102,20 +104,24 @@ def keep_snap(seen: Seen, keep: int, window: int, pool: int = 5) -> Tensor:
     """
     if support.check_int("keep", keep, minimum=1) < window:  # window cut
         raise ValueError(f"keep must be at least window={window} (got {keep})")
-    score = snap_votes(seen, window, pool).double()
-    score[newest(seen, window)] = math.inf
+    if keep == window:
+        return top_positions(seen.positions.double(), keep)
+    votes = snap_votes(seen, window, pool).double()  # (B, H, n - window)
+    score = F.pad(votes, (0, window), value=math.inf)  # the window: kept
     return top_positions(score, keep)
 
 
-def pyramid_budgets(keep: int, layers: int, *, tokens: int,
-                    floor: int, ratio: float = 3.0) -> list[int]:
-    """Return per-layer budgets falling linearly with depth.
+def pyramid_budgets(keep: int, layers: int, *, tokens: int, window: int,
+                    beta: float = 20.0) -> list[int]:
+    """Return PyramidKV's per-layer budgets, falling linearly with depth.
 
-    They sum to ``layers * keep``; the deepest gets keep / ``ratio`` (at
-    least ``floor``), the first as much above ``keep``, none more than
-    ``tokens``; rounding is settled on the first layer.
+    As its reference code: of the ``keep`` entries a layer has on average,
+    ``window`` are the observation window; the deepest layer keeps the
+    window and a ``beta``-th of the rest, the first as much above ``keep``
+    (none more than ``tokens``), the layers between a straight line. They
+    sum to ``layers * keep``; rounding is settled on the first layer.
     """
-    last = max(floor, round(keep / ratio))
+    last = window + int((keep - window) // beta)
     first = min(tokens, 2 * keep - last)
     last = 2 * keep - first
     if layers == 1:
@@ -126,7 +132,7 @@ def pyramid_budgets(keep: int, layers: int, *, tokens: int,
     return budgets
 
 
-# chapters/ch07-forgetting.qmd:234
+# chapters/ch07-forgetting.qmd:244
 def toy_seen(entries: int = 12, window: int = 3, *, seed: int = 7) -> Seen:
     """Return the chapter's small case: one head's random causal attention.
 
@@ -145,7 +151,7 @@ def toy_seen(entries: int = 12, window: int = 3, *, seed: int = 7) -> Seen:
                 weights[..., -window:, :])
 
 
-# chapters/ch07-forgetting.qmd:306
+# chapters/ch07-forgetting.qmd:321
 class TokensRead:
     """The tokens each layer of a cache has read, which set its positions.
 
@@ -173,11 +179,12 @@ class TokensRead:
 class EvictingCache(TokensRead):
     """Per-layer keys and values (B, H, k_l, d_h) that a policy keeps.
 
-    After t tokens layer l holds k_l(t) entries a head, summing to
-    L floor(b t) (``layer_budgets``). The prompt is read with full
-    attention; ``compress`` cuts every layer to its budget; each later
-    token, read alone, attends over the kept entries and itself, is
-    appended, and the policy evicts back to the budget.
+    The prompt is read with full attention; ``compress``, once, right
+    after it, cuts layer l to its budget k_l(P) of the P tokens read
+    (``layer_budgets``, summing to L floor(zeta P)). Each later token,
+    read alone, attends over the kept entries and itself and is appended:
+    nothing more is evicted, as SnapKV and PyramidKV run (H2O as those
+    papers run it).
 
     ``make_cache`` builds one with checked arguments.
 
@@ -186,16 +193,16 @@ class EvictingCache(TokensRead):
             (what the layer has seen, keep) -> kept indices (B, H, keep).
         fraction: The budget zeta, a fraction in (0, 1] of the tokens read.
         layers: Number of layers L.
-        pyramid: Whether the layers' budgets fall with depth (PyramidKV)
-            rather than being equal.
+        beta: None for equal budgets in every layer; else PyramidKV's
+            ``beta`` of ``pyramid_budgets``, falling with depth.
         **settings: The policy's own settings (``window``, ``pool``,
-            ``sinks``, ``recent_share``), passed to it at every eviction.
+            ``sinks``, ``recent_share``), passed to it when it evicts.
     """
 
     def __init__(self, policy, fraction: float, layers: int, *,
-                 pyramid: bool = False, **settings):
+                 beta: float | None = None, **settings):
         self.policy, self.settings = policy, settings
-        self.fraction, self.layers, self.pyramid = fraction, layers, pyramid
+        self.fraction, self.layers, self.beta = fraction, layers, beta
         self.window = settings.get("window", 1)  # w rows kept for votes
         self.keys, self.values = [None] * layers, [None] * layers
         self.seen: list[Seen | None] = [None] * layers
@@ -204,10 +211,10 @@ class EvictingCache(TokensRead):
     def layer_budgets(self, tokens: int) -> list[int]:
         """Return k_l(t), the entries a head keeps in each layer."""
         keep = max(1, math.floor(self.fraction * tokens + 1e-9))
-        if not self.pyramid:
+        if self.beta is None:
             return [keep] * self.layers
         return pyramid_budgets(keep, self.layers, tokens=tokens,
-                               floor=self.window + 1)
+                               window=self.window, beta=self.beta)
 
     def attend(self, layer: int, query: Tensor, key: Tensor,
                value: Tensor) -> Tensor:
@@ -230,12 +237,11 @@ class EvictingCache(TokensRead):
         mixed, weights = ch02.attend_with_cache(query, keys, values)
         seen = self.seen[layer]
         self.keys[layer], self.values[layer] = keys, values
-        self.seen[layer] = Seen(
+        self.seen[layer] = Seen(  # kept up to date; no more evictions
             torch.cat([seen.positions, positions], dim=-1),
             F.pad(seen.accumulated, (0, new)) + weights.sum(-2),  # A_j
             torch.cat([F.pad(seen.recent, (0, new)), weights],
                       dim=-2)[..., -self.window:, :])
-        self.evict(layer, self.layer_budgets(start + new)[layer])
         return mixed
 
     def evict(self, layer: int, keep: int) -> None:
@@ -263,7 +269,57 @@ class EvictingCache(TokensRead):
         return sum(t.nbytes for t in self.keys + self.values)
 
 
-# chapters/ch07-forgetting.qmd:446
+# chapters/ch07-forgetting.qmd:453
+class StreamingCache(EvictingCache):
+    """StreamingLLM as its paper runs it: every token read alone.
+
+    Each token, prompt or decode, attends over the kept entries and
+    itself, is appended, and the cache evicts back to ``keep`` entries a
+    head: the first ``sinks`` positions and the newest rest. Keys keep
+    the RoPE of their positions in the text (no re-indexing inside the
+    cache).
+
+    Args:
+        keep: Entries a head holds, k = floor(zeta P).
+        layers: Number of layers L.
+        sinks: First positions always kept.
+    """
+
+    def __init__(self, keep: int, layers: int, *, sinks: int = 4):
+        super().__init__(keep_sinks, 1.0, layers, sinks=sinks)
+        self.keep = keep
+
+    def attend(self, layer: int, query: Tensor, key: Tensor,
+               value: Tensor) -> Tensor:
+        """Return attention (B, H, T, d_h), reading the T tokens one by one."""
+        mixed = []
+        for at in range(query.shape[2]):
+            one = slice(at, at + 1)
+            if self.keys[layer] is None:  # the first token: nothing cached
+                self.keys[layer] = key[:, :, :0]
+                self.values[layer] = value[:, :, :0]
+                empty = key.new_zeros(*key.shape[:2], 0)
+                self.seen[layer] = Seen(empty.long(), empty,
+                                        empty[:, :, :0, None])
+            keys = torch.cat([self.keys[layer], key[:, :, one]], dim=2)
+            values = torch.cat([self.values[layer], value[:, :, one]], dim=2)
+            mixed.append(ch02.attend_with_cache(query[:, :, one], keys,
+                                                values)[0])
+            seen = self.seen[layer]
+            where = torch.full((*key.shape[:2], 1), self.read[layer])
+            self.read[layer] += 1
+            self.keys[layer], self.values[layer] = keys, values
+            self.seen[layer] = Seen(torch.cat([seen.positions, where], -1),
+                                    F.pad(seen.accumulated, (0, 1)),
+                                    F.pad(seen.recent, (0, 1)))
+            self.evict(layer, self.keep)
+        return torch.cat(mixed, dim=2)
+
+    def compress(self) -> None:
+        """Nothing to cut: the cache held its size while it read."""
+
+
+# chapters/ch07-forgetting.qmd:526
 class QuantizedCache(TokensRead):
     """Keys and values stored in ``bits`` bits, every entry kept.
 
@@ -331,7 +387,7 @@ class QuantizedCache(TokensRead):
         return sum(part.nbytes for pair in self.stored for part in pair)
 
 
-# chapters/ch07-forgetting.qmd:534
+# chapters/ch07-forgetting.qmd:616
 def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     """Return logits (B, T, V) for ``tokens`` (B, T) read into ``cache``.
 
@@ -351,7 +407,7 @@ def read_with_cache(model: ch06.RotaryGPT, tokens: Tensor, cache) -> Tensor:
     return model(tokens, cache)
 
 
-# chapters/ch07-forgetting.qmd:555
+# chapters/ch07-forgetting.qmd:637
 #: Each policy's name -> (keep function, settings). An evicting policy's
 #: keep function picks the entries to keep; its settings are the
 #: function's own (``sinks`` first positions kept, H2O's ``recent_share``
@@ -362,6 +418,7 @@ POLICIES = {
     "full": (keep_all, {}),
     "window": (keep_recent, {}),
     "sinks": (keep_sinks, {"sinks": 4}),
+    "streaming": (keep_sinks, {"sinks": 4}),
     "h2o": (keep_heavy, {"recent_share": 0.5}),
     "snapkv": (keep_snap, {"window": 4, "pool": 5}),
     "pyramidkv": (keep_snap, {"window": 4, "pool": 5}),
@@ -372,6 +429,9 @@ POLICIES = {
 }
 #: The budgets measured, as fractions of the full cache's bytes.
 BUDGETS = (0.1, 0.25, 0.5, 1.0)
+#: PyramidKV's beta (its reference code's): the deepest layer keeps its
+#: window and a beta-th of the rest of the mean budget.
+PYRAMID_BETA = 20.0
 
 
 def make_cache(model: ch06.RotaryGPT, policy: str,
@@ -381,7 +441,9 @@ def make_cache(model: ch06.RotaryGPT, policy: str,
     Eviction policies take ``budget``, a fraction of the full cache's
     bytes in (0, 1]; the full cache and the quantized ones (int8, int4,
     kivi4, kivi2) take none (or 1): they keep every entry, and bits set the
-    size of a quantized one.
+    size of a quantized one. ``streaming`` holds floor(budget *
+    ``prompt_tokens``) entries from the first token on (``StreamingCache``);
+    the others read the prompt in full and compress once.
 
     Raises:
         TypeError, ValueError: For an unknown policy, a budget outside
@@ -403,18 +465,23 @@ def make_cache(model: ch06.RotaryGPT, policy: str,
                          f"caches take none; fixed part {fixed})")
     if keep is None:
         return QuantizedCache(len(model.blocks), **settings)
-    return EvictingCache(keep, budget, len(model.blocks),
-                         pyramid=policy == "pyramidkv", **settings)
+    if policy == "streaming":
+        return StreamingCache(math.floor(budget * prompt_tokens + 1e-9),
+                              len(model.blocks), **settings)
+    beta = PYRAMID_BETA if policy == "pyramidkv" else None
+    return EvictingCache(keep, budget, len(model.blocks), beta=beta,
+                         **settings)
 
 
 @torch.no_grad()
-def compressed_hits(model: ch06.RotaryGPT, batch: ch06.KeyBatch,
-                    policy: str, budget: float | None = None) -> Tensor:
-    """Return a bool (B,): was the asked value the most likely byte?
+def compressed_guesses(model: ch06.RotaryGPT, batch: ch06.KeyBatch,
+                       policy: str, budget: float | None = None) -> Tensor:
+    """Return the most likely byte (B,) after each question, compressed.
 
-    The prompt is every input but the last (it ends on the question's
-    mark); after compression the asked name is decoded against the
-    cache, and its next byte is the answer.
+    The prompt is every input but the last: it ends on the asked name, so
+    a policy that reads the last queries reads the question. After
+    compression the last input, ``KEY_ASK``, is decoded against the
+    cache, and its most likely next byte is the answer.
 
     Raises:
         TypeError, ValueError: As ``make_cache``, or if ``batch`` is not
@@ -426,7 +493,20 @@ def compressed_hits(model: ch06.RotaryGPT, batch: ch06.KeyBatch,
     read_with_cache(model, batch.inputs[:, :-1], cache)
     cache.compress()
     logits = read_with_cache(model, batch.inputs[:, -1:], cache)
-    return logits[:, -1].argmax(-1) == batch.targets[:, -1]
+    return logits[:, -1].argmax(-1)
+
+
+def compressed_hits(model: ch06.RotaryGPT, batch: ch06.KeyBatch,
+                    policy: str, budget: float | None = None) -> Tensor:
+    """Return a bool (B,): was the asked value the most likely byte?
+
+    ``compressed_guesses`` compared with each window's answer.
+
+    Raises:
+        TypeError, ValueError: As ``compressed_guesses``.
+    """
+    guesses = compressed_guesses(model, batch, policy, budget)
+    return guesses == batch.targets[:, -1]
 
 
 @torch.no_grad()
