@@ -263,7 +263,7 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
             lambda: dict(config=_ch("ch03").KVConfig("toy", layers=2, query_heads=4, head_dim=8, bytes_per_scalar=2,
                                                      kv_heads=2),
                          tokens=4_096, memory=2**20, decode=_saved("benchmarks"), forgetting=_saved("forgetting"),
-                         batch=1, tolerance=0.05, task="multi", menu=_ch("ch08").EVIDENCE),
+                         batch=1, tolerance=0.05, task="single", menu=_ch("ch08").EVIDENCE),
             accepts={"tolerance": {"zero"}, "memory": {"zero"}}),  # exact ties only; no memory: nothing fits
         "ch08.byte_shares": Valid(lambda: dict(decode=_saved("benchmarks"), bytes_per_scalar=2,
                                                menu=_ch("ch08").EVIDENCE)),

@@ -26,15 +26,21 @@ def _decode_run(seconds_at_1k: dict[str, float], shares: dict[str, float]) -> di
 def _forgetting_run(found: dict[tuple[str, float | None], float], trials: int = 20) -> dict:
     """A made-up Chapter 7 run of one seed whose policies find exactly the given shares."""
     entries = [{"policy": policy, "budget": budget,
-                "multi": "1" * round(share * trials) + "0" * (trials - round(share * trials))}
+                "single": "1" * round(share * trials) + "0" * (trials - round(share * trials))}
                for (policy, budget), share in found.items()]
     return {"budgets": [0.1, 0.25, 0.5, 1.0], "runs": [{"entries": entries}]}
+
+
+def test_found_shares_read_only_the_seeds_that_passed_the_gate():
+    run = {"runs": [{"passed": True, "entries": [{"policy": "full", "budget": None, "single": "11"}]},
+                    {"passed": False, "entries": [{"policy": "full", "budget": None, "single": "00"}]}]}
+    assert ch08.found_shares(run) == {("full", None): 1.0}
 
 
 EVEN = _decode_run({"gqa8": 1.0, "int8": 0.6, "int4": 0.8, "kivi2": 2.0},
                    {"gqa8": 1.0, "int8": 0.25, "int4": 0.125, "kivi2": 0.1})
 EVERY = {("full", None): 0.9, ("int8", None): 0.9, ("int4", None): 0.7, ("kivi2", None): 0.6,
-         **{(p, b): s for p in ("sinks", "snapkv") for b, s in ((0.1, 0.2), (0.25, 0.5), (0.5, 0.88))}}
+         **{(p, b): s for p in ("streaming", "snapkv") for b, s in ((0.1, 0.2), (0.25, 0.5), (0.5, 0.88))}}
 
 
 def test_step_seconds_is_the_measured_time_at_measured_lengths_and_log_linear_between():
@@ -55,13 +61,13 @@ def test_byte_shares_read_chapter_5_against_the_models_own_precision():
     float32 = ch08.byte_shares(DECODE, 4)
     assert float32["int8"] == pytest.approx(measured["int8"] / measured["gqa8"])
     assert ch08.byte_shares(DECODE, 2)["int4"] == pytest.approx(2 * measured["int4"] / measured["gqa8"])
-    assert float32["full"] == float32["sinks"] == float32["snapkv"] == 1.0
+    assert float32["full"] == float32["streaming"] == float32["snapkv"] == 1.0
     assert 0.5 < ch08.byte_shares(DECODE, 2)["int8"] < 0.53  # codes a byte, a float32 scale per 128
 
 
 def test_found_shares_pool_every_seed():
-    run = {"runs": [{"entries": [{"policy": "full", "budget": None, "multi": "1100"}]},
-                    {"entries": [{"policy": "full", "budget": None, "multi": "1000"}]}]}
+    run = {"runs": [{"entries": [{"policy": "full", "budget": None, "single": "1100"}]},
+                    {"entries": [{"policy": "full", "budget": None, "single": "1000"}]}]}
     assert ch08.found_shares(run) == {("full", None): 3 / 8}
 
 
@@ -78,13 +84,13 @@ def test_a_tight_request_puts_what_fits_first_and_the_rest_by_size():
     memory = int(0.3 * full)  # int4 and kivi2 fit; int8 (0.5) and full do not; eviction keeps 30 %
     ranked = ch08.served_options(LLAMA, 65_536, memory, decode=EVEN, forgetting=_forgetting_run(EVERY))
     fitting = [o.design for o in ranked if o.fits]
-    assert set(fitting) == {"int4", "kivi2", "sinks", "snapkv"}
+    assert set(fitting) == {"int4", "kivi2", "streaming", "snapkv"}
     assert [o.design for o in ranked][:len(fitting)] == fitting  # no misfit above a fit
     assert [o.design for o in ranked if not o.fits] == ["int8", "full"]
     kept = ch03.tokens_that_fit(LLAMA, memory)
-    evicting = {o.design: o for o in ranked if o.design in ("sinks", "snapkv")}
+    evicting = {o.design: o for o in ranked if o.design in ("streaming", "snapkv")}
     assert all(o.kept == kept and o.found == 0.5 for o in evicting.values())  # the 25 % budget's evidence
-    assert evicting["sinks"].step == pytest.approx(kept / 65_536)  # reads only what it keeps
+    assert evicting["streaming"].step == pytest.approx(kept / 65_536)  # reads only what it keeps
     assert fitting[0] == "int4"  # 0.7 beats the evictions' 0.5 and kivi2's 0.6 (outside 0.05)
 
 
@@ -92,7 +98,7 @@ def test_eviction_below_every_measured_budget_has_no_evidence_and_follows_the_me
     full = ch03.kv_bytes(LLAMA, 65_536)
     ranked = ch08.served_options(LLAMA, 65_536, int(0.05 * full), decode=EVEN,
                                  forgetting=_forgetting_run(EVERY))
-    assert [(o.design, o.found) for o in ranked if o.fits] == [("sinks", None), ("snapkv", None)]
+    assert [(o.design, o.found) for o in ranked if o.fits] == [("streaming", None), ("snapkv", None)]
     tolerant = ch08.served_options(LLAMA, 4_096, 64 * GIB, decode=EVEN, forgetting=_forgetting_run(EVERY),
                                    tolerance=0.25)
     assert [o.design for o in tolerant] == ["int8", "int4", "full", "kivi2"]  # 0.9, 0.9, 0.7 one group
@@ -108,9 +114,9 @@ def test_the_saved_runs_give_a_ranking_for_every_shipped_config():
 
 @pytest.mark.parametrize(("argument", "value", "error"), [
     ("tokens", 0, ValueError), ("memory", -1, ValueError), ("batch", 0, ValueError),
-    ("tolerance", 1.5, ValueError), ("config", "llama", TypeError)])
+    ("tolerance", 1.5, ValueError), ("config", "llama", TypeError), ("task", "several", ValueError)])
 def test_served_options_refuses_a_bad_request_by_name(argument, value, error):
-    request = {"config": LLAMA, "tokens": 1_024, "memory": GIB, "batch": 1, "tolerance": 0.05}
+    request = {"config": LLAMA, "tokens": 1_024, "memory": GIB, "batch": 1, "tolerance": 0.05, "task": "single"}
     request[argument] = value
     with pytest.raises(error, match=argument):
         ch08.served_options(decode=EVEN, forgetting=_forgetting_run(EVERY), **request)

@@ -9,13 +9,13 @@ from typing import NamedTuple
 
 from longctx import ch03, support
 
-# chapters/ch08-choosing.qmd:75
+# chapters/ch08-choosing.qmd:83
 #: Each served design's name in Chapter 5's decode rows and in Chapter 7's
 #: policies: the menu. An evicting cache reads the float cache's step over
 #: the entries it keeps.
 EVIDENCE = {"full": ("gqa8", "full"), "int8": ("int8", "int8"),
             "int4": ("int4", "int4"), "kivi2": ("kivi2", "kivi2"),
-            "sinks": ("gqa8", "sinks"), "snapkv": ("gqa8", "snapkv")}
+            "streaming": ("gqa8", "streaming"), "snapkv": ("gqa8", "snapkv")}
 #: The caches a served model can switch to without training again.
 SERVED_DESIGNS = tuple(EVIDENCE)
 #: Bytes a number in Chapter 5's timed float cache (float32).
@@ -85,15 +85,16 @@ def step_seconds(decode: dict, design: str, tokens: int) -> float:
                                                     / lengths[at - 1]))
 
 
-def found_shares(forgetting: dict, task: str = "multi"
+def found_shares(forgetting: dict, task: str = "single"
                  ) -> dict[tuple[str, float | None], float]:
     """Return the share of asked records found, by (policy, budget).
 
-    Chapter 7's saved run, every seed's trials of ``task`` pooled; the
+    Chapter 7's saved run, the trials of ``task`` pooled over the seeds
+    that passed its skill gate (every seed, in a run without one); the
     budget is None for the full and the quantized caches.
     """
     hits: dict[tuple[str, float | None], list[int]] = {}
-    for run in forgetting["runs"]:
+    for run in (r for r in forgetting["runs"] if r.get("passed", True)):
         for entry in run["entries"]:
             if task not in entry:
                 raise ValueError(f"task {task!r} is not a task of the run")
@@ -103,7 +104,7 @@ def found_shares(forgetting: dict, task: str = "multi"
     return {key: sum(found) / len(found) for key, found in hits.items()}
 
 
-# chapters/ch08-choosing.qmd:236
+# chapters/ch08-choosing.qmd:245
 class Option(NamedTuple):
     """One served cache for one request, as ``served_options`` ranks them.
 
@@ -128,7 +129,7 @@ class Option(NamedTuple):
 
 def served_options(config: ch03.KVConfig, tokens: int, memory: int, *,
                    decode: dict, forgetting: dict, batch: int = 1,
-                   tolerance: float = 0.05, task: str = "multi",
+                   tolerance: float = 0.05, task: str = "single",
                    menu: dict[str, tuple[str, str]] | None = None
                    ) -> list[Option]:
     """Return the designs of ``menu`` for one request, best first.

@@ -17,7 +17,7 @@ PALETTE: tuple[str, ...] = ("#1f5f8b", "#c4512d", "#4f8a3c", "#7a4fa0", "#c99a12
 # blue, green and violet, the evicting ones in rust and ochre.
 DESIGN_COLOURS: dict[str, str] = {
     "full": PALETTE[5], "int8": PALETTE[0], "int4": PALETTE[2], "kivi2": PALETTE[3],
-    "sinks": PALETTE[1], "snapkv": PALETTE[4],
+    "streaming": PALETTE[1], "snapkv": PALETTE[4],
 }
 
 
