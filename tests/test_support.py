@@ -359,11 +359,9 @@ def _drawn_warnings(fig) -> list[str]:
 def test_the_book_style_warns_of_overlapping_crowded_and_cut_off_text_and_nothing_else():
     import warnings
 
-    import matplotlib
+    from matplotlib import pyplot as plt
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt.switch_backend("Agg")  # no display: draw into memory
     support.apply_book_style()
     try:
         clean, ax = plt.subplots()

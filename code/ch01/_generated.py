@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from longctx.support import check_bool, check_divides, check_int
 
 
-# chapters/ch01-attention.qmd:196
+# chapters/ch01-attention.qmd:210
 def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     """Return the softmax of float ``scores`` along ``dim``, shaped like them.
 
@@ -28,7 +28,7 @@ def softmax(scores: Tensor, dim: int = -1) -> Tensor:
     return exps / torch.where(total > 0, total, ones)  # empty slice: 0 / 1
 
 
-# chapters/ch01-attention.qmd:284
+# chapters/ch01-attention.qmd:298
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -59,7 +59,7 @@ def scaled_dot_product_attention(
     return weights @ value, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
 
-# chapters/ch01-attention.qmd:464
+# chapters/ch01-attention.qmd:478
 def causal_mask(
     seq_len: int, *, device: torch.device | str | None = None
 ) -> Tensor:
@@ -72,7 +72,7 @@ def causal_mask(
     return full.tril()  # keep j <= i
 
 
-# chapters/ch01-attention.qmd:576
+# chapters/ch01-attention.qmd:590
 def split_heads(x: Tensor, heads: int) -> Tensor:
     """Return ``x`` reshaped from (B, T, H*d_h) to (B, H, T, d_h).
 
@@ -95,7 +95,7 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(batch, tokens, heads * head_dim)
 
 
-# chapters/ch01-attention.qmd:608
+# chapters/ch01-attention.qmd:622
 class MultiHeadAttention(nn.Module):
     """Multi-head self-attention: H heads of Equation 1.2 side by side.
 
@@ -144,7 +144,7 @@ class MultiHeadAttention(nn.Module):
         return self.output(merge_heads(attended))  # (B, T, d)
 
 
-# chapters/ch01-attention.qmd:754
+# chapters/ch01-attention.qmd:768
 def attention_pairs(seq_len: int, *, causal: bool = True) -> int:
     """Return how many (query, key) pairs attention scores, per head and layer.
 
