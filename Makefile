@@ -27,7 +27,7 @@ help:
 	@echo "make lint        ruff on code/ (the generated modules' style), tools/, tests/, benchmarks/, experiments/"
 	@echo "make bench       the measured benchmarks (4 to 8 minutes on 2 quiet cores)"
 	@echo "make bench-quick a smoke run of the benchmarks (about 3 minutes)"
-	@echo "make experiment  the trained-model runs of Chapters 4, 6 and 7, saved to experiments/results/ (20 to 24 minutes on 2 idle cores)"
+	@echo "make experiment  the trained-model runs of Chapters 4, 6 and 7, saved to experiments/results/ (about half an hour on 2 idle cores)"
 	@echo "make preview     Quarto's live preview, where Quarto is installed"
 	@echo "make clean       remove built output (keeps .venv); make distclean also removes .venv"
 
@@ -112,7 +112,7 @@ bench-quick: $(ENV_STAMP)
 experiment: $(ENV_STAMP)
 	nice -n 5 $(PY) -m experiments copying
 	nice -n 5 $(PY) -m experiments extension
-	nice -n 5 $(PY) -m experiments forgetting --jobs 3
+	nice -n 5 $(PY) -m experiments forgetting --jobs 2
 
 clean:
 	rm -rf _book _build _freeze notebooks .quarto .pytest_cache .ruff_cache .hypothesis tests/artifacts
