@@ -13,11 +13,13 @@ import warnings
 # The book's colours, in the order plots use them: blue, rust, green, violet, ochre, slate.
 PALETTE: tuple[str, ...] = ("#1f5f8b", "#c4512d", "#4f8a3c", "#7a4fa0", "#c99a12", "#5c6670")
 
-# One colour per cache design, wherever a figure draws it: the full cache slate, quantized caches in
-# blue, green and violet, the evicting ones in rust and ochre.
+# One colour per cache design, wherever a figure draws it (Chapters 7 and 8): the full cache slate,
+# the caches that keep every entry in fewer bits in blues, greens and violets, the evicting ones in
+# warm colours and browns.
 DESIGN_COLOURS: dict[str, str] = {
-    "full": PALETTE[5], "int8": PALETTE[0], "int4": PALETTE[2], "kivi2": PALETTE[3],
-    "streaming": PALETTE[1], "snapkv": PALETTE[4],
+    "full": PALETTE[5], "int8": PALETTE[0], "int4": PALETTE[2], "kivi4": "#a58bc9",
+    "kivi2": PALETTE[3], "streaming": PALETTE[1], "snapkv": PALETTE[4], "pyramidkv": "#8a6d0b",
+    "window": "#8c564b", "sinks": "#d98b6f", "h2o": "#2a9d8f",
 }
 
 
