@@ -178,3 +178,14 @@ def test_make_test_runs_every_test_and_test_fast_leaves_out_only_the_slow_ones()
     recipes = dict(re.findall(r"^(test|test-fast):.*\n\t(.*)$", makefile, flags=re.M))
     assert recipes["test"] == "$(PY) -m pytest"
     assert recipes["test-fast"].endswith('$(PY) -m pytest -m "not slow" -q')
+
+
+def test_every_figure_caption_asks_its_question_and_gives_the_answer():
+    """A reader skimming the figures gets each one's takeaway: the caption's question, then its answer."""
+    missing = []
+    for path in sorted((ROOT / "chapters").glob("*.qmd")):
+        for caption in re.findall(r'^#\| fig-cap: "(.*)"$', path.read_text(encoding="utf-8"), flags=re.M):
+            question, mark, answer = caption.partition("?")
+            if not mark or len(answer.strip()) < 15:
+                missing.append(f"{path.name}: {caption[:60]}")
+    assert missing == []
