@@ -101,9 +101,11 @@ lint: $(ENV_STAMP)
 
 bench: $(ENV_STAMP)
 	$(PY) -m benchmarks
+	$(PY) -m benchmarks.serving
 
 bench-quick: $(ENV_STAMP)
 	$(PY) -m benchmarks --quick
+	$(PY) -m benchmarks.serving --quick
 
 # Chapter 4's selective copying (5 seeds x 3 mixers, about a minute) and Chapter 6's extension study
 # (3 seeds x 2 rotary bases, and 3 long controls, about 15 minutes), then Chapter 7's cache policies

@@ -257,22 +257,35 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         # the chapter's small case, which Exercise 7.2 builds again
         "ch07.toy_seen": Valid(lambda: dict(entries=6, window=2, seed=0), accepts={"seed": {"zero"}}),
     },
-    # ---------------------------------------------------------------- ch08: the ranking of served caches, and its reader
+    # ---------------------------------------------------------------- ch08: serving (the layer step, the kernel, pages, drafts)
     "ch08": {
-        "ch08.served_options": Valid(
+        "ch08.request_trace": Valid(lambda: dict(count=4, seed=0, rate=2.0, max_tokens=4_096),
+                                    accepts={"seed": {"zero"}}),
+        # -- step
+
+        # -- kernel
+
+        # -- paged
+
+        # -- speculative
+
+    },
+    # ---------------------------------------------------------------- ch09: the ranking of served caches, and its reader
+    "ch09": {
+        "ch09.served_options": Valid(
             lambda: dict(config=_ch("ch03").KVConfig("toy", layers=2, query_heads=4, head_dim=8, bytes_per_scalar=2,
                                                      kv_heads=2),
                          tokens=4_096, memory=2**20, decode=_saved("benchmarks"), forgetting=_saved("forgetting"),
-                         batch=1, tolerance=0.05, task="single", menu=_ch("ch08").EVIDENCE),
+                         batch=1, tolerance=0.05, task="single", menu=_ch("ch09").EVIDENCE),
             accepts={"tolerance": {"zero"}, "memory": {"zero"}}),  # exact ties only; no memory: nothing fits
-        "ch08.byte_shares": Valid(lambda: dict(decode=_saved("benchmarks"), bytes_per_scalar=2,
-                                               menu=_ch("ch08").EVIDENCE)),
+        "ch09.byte_shares": Valid(lambda: dict(decode=_saved("benchmarks"), bytes_per_scalar=2,
+                                               menu=_ch("ch09").EVIDENCE)),
     },
 }
 
 
 def _saved(prefix: str) -> dict:
-    """A saved run the chapters read (Chapter 8 ranks from two of them)."""
+    """A saved run the chapters read (Chapter 9 ranks from two of them)."""
     from longctx import support
 
     return support.load_results(prefix)[0]
@@ -397,8 +410,19 @@ SILENT: list[Silent] = [
     Silent("ch06", "a NaN extension factor", lambda: _rotary_model().set_rope("yarn", math.nan), "factor"),
     Silent("ch06", "a zero rotary base", lambda: _ch("ch06").RotaryGPT(_tiny_config(), base=0.0), "base"),
     # Chapter 8
-    Silent("ch08", "a negative memory (nothing would fit, without a word)",
-           lambda: _ch("ch08").served_options(_ch("ch03").KVConfig("toy", layers=2, query_heads=4, head_dim=8,
+    Silent("ch08", "a trace whose prompts cannot fit the longest context",
+           lambda: _ch("ch08").request_trace(4, max_tokens=1), "max_tokens"),
+    # -- step
+
+    # -- kernel
+
+    # -- paged
+
+    # -- speculative
+
+    # Chapter 9
+    Silent("ch09", "a negative memory (nothing would fit, without a word)",
+           lambda: _ch("ch09").served_options(_ch("ch03").KVConfig("toy", layers=2, query_heads=4, head_dim=8,
                                                                     bytes_per_scalar=2, kv_heads=2),
                                               1_024, -1, decode=_saved("benchmarks"),
                                               forgetting=_saved("forgetting")), "memory"),

@@ -1,27 +1,13 @@
-# Generated from chapters/ch08-choosing.qmd by `python -m booktools tangle`.
+# Generated from chapters/ch08-serving.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-"""Choosing a cache from a config, a length and a budget: the code saved from chapters/ch08-choosing.qmd."""
+"""Serving a long context: the code saved from chapters/ch08-serving.qmd."""
 
 from ._generated import (
-    EVIDENCE,
-    SERVED_DESIGNS,
-    TIMED_FLOAT_BYTES,
-    Option,
-    byte_shares,
-    evicts,
-    found_shares,
-    served_options,
-    step_seconds,
+    Request,
+    request_trace,
 )
 
 __all__ = [
-    "EVIDENCE",
-    "SERVED_DESIGNS",
-    "TIMED_FLOAT_BYTES",
-    "Option",
-    "byte_shares",
-    "evicts",
-    "found_shares",
-    "served_options",
-    "step_seconds",
+    "Request",
+    "request_trace",
 ]

@@ -1,11 +1,11 @@
-"""Chapter 8: the saved runs read back, and the ranking on requests whose answer is decided by construction."""
+"""Chapter 9: the saved runs read back, and the ranking on requests whose answer is decided by construction."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from longctx import ch03, ch08, support
+from longctx import ch03, ch09, support
 
 DECODE, _ = support.load_results("benchmarks")
 FORGETTING, _ = support.load_results("forgetting")
@@ -34,7 +34,7 @@ def _forgetting_run(found: dict[tuple[str, float | None], float], trials: int = 
 def test_found_shares_read_only_the_seeds_that_passed_the_gate():
     run = {"runs": [{"passed": True, "entries": [{"policy": "full", "budget": None, "single": "11"}]},
                     {"passed": False, "entries": [{"policy": "full", "budget": None, "single": "00"}]}]}
-    assert ch08.found_shares(run) == {("full", None): 1.0}
+    assert ch09.found_shares(run) == {("full", None): 1.0}
 
 
 EVEN = _decode_run({"gqa8": 1.0, "int8": 0.6, "int4": 0.8, "kivi2": 2.0},
@@ -46,33 +46,33 @@ EVERY = {("full", None): 0.9, ("int8", None): 0.9, ("int4", None): 0.7, ("kivi2"
 def test_step_seconds_is_the_measured_time_at_measured_lengths_and_log_linear_between():
     rows = {r["tokens"]: r["seconds"] for r in DECODE["decode"] if r["design"] == "gqa8"}
     for tokens, seconds in rows.items():
-        assert ch08.step_seconds(DECODE, "gqa8", tokens) == pytest.approx(seconds)
+        assert ch09.step_seconds(DECODE, "gqa8", tokens) == pytest.approx(seconds)
     low, high = sorted(rows)[2:4]
     middle = math.sqrt(low * high)
-    assert ch08.step_seconds(DECODE, "gqa8", middle) == pytest.approx(math.sqrt(rows[low] * rows[high]))
-    assert ch08.step_seconds(EVEN, "int8", 131_072) == pytest.approx(0.6 * 128)  # the last line continued
-    assert ch08.step_seconds(EVEN, "int8", 512) == pytest.approx(0.3)
+    assert ch09.step_seconds(DECODE, "gqa8", middle) == pytest.approx(math.sqrt(rows[low] * rows[high]))
+    assert ch09.step_seconds(EVEN, "int8", 131_072) == pytest.approx(0.6 * 128)  # the last line continued
+    assert ch09.step_seconds(EVEN, "int8", 512) == pytest.approx(0.3)
     with pytest.raises(ValueError, match="no rows"):
-        ch08.step_seconds(EVEN, "latent", 1_024)
+        ch09.step_seconds(EVEN, "latent", 1_024)
 
 
 def test_byte_shares_read_chapter_5_against_the_models_own_precision():
     measured = {r["design"]: r["cache_bytes"] for r in DECODE["decode"] if r["tokens"] == 65_536}
-    float32 = ch08.byte_shares(DECODE, 4)
+    float32 = ch09.byte_shares(DECODE, 4)
     assert float32["int8"] == pytest.approx(measured["int8"] / measured["gqa8"])
-    assert ch08.byte_shares(DECODE, 2)["int4"] == pytest.approx(2 * measured["int4"] / measured["gqa8"])
+    assert ch09.byte_shares(DECODE, 2)["int4"] == pytest.approx(2 * measured["int4"] / measured["gqa8"])
     assert float32["full"] == float32["streaming"] == float32["snapkv"] == 1.0
-    assert 0.5 < ch08.byte_shares(DECODE, 2)["int8"] < 0.53  # codes a byte, a float32 scale per 128
+    assert 0.5 < ch09.byte_shares(DECODE, 2)["int8"] < 0.53  # codes a byte, a float32 scale per 128
 
 
 def test_found_shares_pool_every_seed():
     run = {"runs": [{"entries": [{"policy": "full", "budget": None, "single": "1100"}]},
                     {"entries": [{"policy": "full", "budget": None, "single": "1000"}]}]}
-    assert ch08.found_shares(run) == {("full", None): 3 / 8}
+    assert ch09.found_shares(run) == {("full", None): 3 / 8}
 
 
 def test_a_request_the_full_cache_fits_ranks_the_equally_good_by_speed_and_leaves_out_eviction():
-    ranked = ch08.served_options(LLAMA, 4_096, 64 * GIB, decode=EVEN, forgetting=_forgetting_run(EVERY))
+    ranked = ch09.served_options(LLAMA, 4_096, 64 * GIB, decode=EVEN, forgetting=_forgetting_run(EVERY))
     assert [o.design for o in ranked] == ["int8", "full", "int4", "kivi2"]  # 0.9, 0.9 by step; then 0.7; 0.6
     assert all(o.fits and o.kept == 4_096 for o in ranked)
     assert ranked[1].cache_bytes == ch03.kv_bytes(LLAMA, 4_096)
@@ -82,7 +82,7 @@ def test_a_request_the_full_cache_fits_ranks_the_equally_good_by_speed_and_leave
 def test_a_tight_request_puts_what_fits_first_and_the_rest_by_size():
     full = ch03.kv_bytes(LLAMA, 65_536)
     memory = int(0.3 * full)  # int4 and kivi2 fit; int8 (0.5) and full do not; eviction keeps 30 %
-    ranked = ch08.served_options(LLAMA, 65_536, memory, decode=EVEN, forgetting=_forgetting_run(EVERY))
+    ranked = ch09.served_options(LLAMA, 65_536, memory, decode=EVEN, forgetting=_forgetting_run(EVERY))
     fitting = [o.design for o in ranked if o.fits]
     assert set(fitting) == {"int4", "kivi2", "streaming", "snapkv"}
     assert [o.design for o in ranked][:len(fitting)] == fitting  # no misfit above a fit
@@ -96,10 +96,10 @@ def test_a_tight_request_puts_what_fits_first_and_the_rest_by_size():
 
 def test_eviction_below_every_measured_budget_has_no_evidence_and_follows_the_measured():
     full = ch03.kv_bytes(LLAMA, 65_536)
-    ranked = ch08.served_options(LLAMA, 65_536, int(0.05 * full), decode=EVEN,
+    ranked = ch09.served_options(LLAMA, 65_536, int(0.05 * full), decode=EVEN,
                                  forgetting=_forgetting_run(EVERY))
     assert [(o.design, o.found) for o in ranked if o.fits] == [("streaming", None), ("snapkv", None)]
-    tolerant = ch08.served_options(LLAMA, 4_096, 64 * GIB, decode=EVEN, forgetting=_forgetting_run(EVERY),
+    tolerant = ch09.served_options(LLAMA, 4_096, 64 * GIB, decode=EVEN, forgetting=_forgetting_run(EVERY),
                                    tolerance=0.25)
     assert [o.design for o in tolerant] == ["int8", "int4", "full", "kivi2"]  # 0.9, 0.9, 0.7 one group
 
@@ -107,8 +107,8 @@ def test_eviction_below_every_measured_budget_has_no_evidence_and_follows_the_me
 def test_the_saved_runs_give_a_ranking_for_every_shipped_config():
     for name in ch03.MODEL_CONFIG_NAMES:
         config = ch03.KVConfig.from_hf_config(ch03.load_model_config(name))
-        ranked = ch08.served_options(config, 32_768, 8 * GIB, decode=DECODE, forgetting=FORGETTING, batch=4)
-        assert {o.design for o in ranked} <= set(ch08.SERVED_DESIGNS) and ranked
+        ranked = ch09.served_options(config, 32_768, 8 * GIB, decode=DECODE, forgetting=FORGETTING, batch=4)
+        assert {o.design for o in ranked} <= set(ch09.SERVED_DESIGNS) and ranked
         assert [o.fits for o in ranked] == sorted((o.fits for o in ranked), reverse=True)
 
 
@@ -119,4 +119,4 @@ def test_served_options_refuses_a_bad_request_by_name(argument, value, error):
     request = {"config": LLAMA, "tokens": 1_024, "memory": GIB, "batch": 1, "tolerance": 0.05, "task": "single"}
     request[argument] = value
     with pytest.raises(error, match=argument):
-        ch08.served_options(decode=EVEN, forgetting=_forgetting_run(EVERY), **request)
+        ch09.served_options(decode=EVEN, forgetting=_forgetting_run(EVERY), **request)
