@@ -261,8 +261,9 @@ def results_folders() -> list[pathlib.Path]:
 def load_results(prefix: str, folder: str | pathlib.Path | None = None) -> tuple[dict, pathlib.Path]:
     """Return the newest saved run named ``<prefix>-*.json`` and its path.
 
-    ``prefix`` is ``"copying"``, ``"extension"`` or ``"forgetting"`` for the experiments of
-    Chapters 4, 6 and 7, ``"benchmarks"`` for Chapter 5's measurements. Of the files whose
+    ``prefix`` is ``"copying"``, ``"extension"``, ``"forgetting"`` or ``"speculative"`` for the
+    experiments of Chapters 4, 6, 7 and 8, ``"benchmarks"`` for Chapter 5's measurements and
+    ``"serving"`` for Chapter 8's. Of the files whose
     machine record says ``mode: full`` it takes the newest by the record's date, else the
     newest of any mode.
 
