@@ -13,13 +13,16 @@ import warnings
 # The book's colours, in the order plots use them: blue, rust, green, violet, ochre, slate.
 PALETTE: tuple[str, ...] = ("#1f5f8b", "#c4512d", "#4f8a3c", "#7a4fa0", "#c99a12", "#5c6670")
 
-# One colour per cache design, wherever a figure draws it (Chapters 7 and 8): the full cache slate,
-# the caches that keep every entry in fewer bits in blues, greens and violets, the evicting ones in
-# warm colours and browns.
+# One colour per cache design, wherever a figure draws it (Chapters 5, 7, 8 and 9): the full
+# cache slate, and the caches that store fewer heads in lighter and darker slates beside it (MHA
+# darker, MQA lighter, GQA-8 the full cache itself), the latent cache in rose; the caches that
+# keep every entry in fewer bits in blues, greens and violets; the evicting ones in warm colours
+# and browns.
 DESIGN_COLOURS: dict[str, str] = {
     "full": PALETTE[5], "int8": PALETTE[0], "int4": PALETTE[2], "kivi4": "#a58bc9",
     "kivi2": PALETTE[3], "streaming": PALETTE[1], "snapkv": PALETTE[4], "pyramidkv": "#8a6d0b",
     "window": "#8c564b", "sinks": "#d98b6f", "h2o": "#2a9d8f",
+    "mha": "#2b2f33", "gqa8": PALETTE[5], "mqa": "#9aa5b1", "latent": "#c2456b", "kivi8": "#5d9bd5",
 }
 
 
