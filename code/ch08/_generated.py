@@ -15,7 +15,7 @@ from torch import Tensor
 from longctx import ch02, ch05, support
 
 
-# chapters/ch08-serving.qmd:71
+# chapters/ch08-serving.qmd:85
 class Request(NamedTuple):
     """One request of a trace: when it arrives, and its lengths in tokens."""
 
@@ -59,7 +59,7 @@ def request_trace(count: int, *, seed: int = 0, rate: float = 4.0,
             zip(gaps.cumsum(0), prompts, outputs, strict=True)]
 
 
-# chapters/ch08-serving.qmd:135
+# chapters/ch08-serving.qmd:164
 Reservation = Callable[[Request, int], int]  # (request, tokens held) -> tokens
 
 
@@ -100,7 +100,10 @@ def serve_trace(trace: list[Request], budget: int, reserve: Reservation, *,
     Raises:
         ValueError: if a request alone cannot fit in the budget.
     """
+    if not support.check_type("trace", trace, list):
+        raise ValueError("trace must hold at least one request (got [])")
     budget = support.check_int("budget", budget, minimum=1)
+    reserve = support.check_type("reserve", reserve, Callable)
     step_seconds = support.check_number("step_seconds", step_seconds,
                                         above=0)
     for number, request in enumerate(trace):
@@ -143,7 +146,7 @@ def serve_trace(trace: list[Request], budget: int, reserve: Reservation, *,
             "steps": steps, "preemptions": preemptions}
 
 
-# chapters/ch08-serving.qmd:220
+# chapters/ch08-serving.qmd:346
 class PagePool:
     """Pages of ``page_size`` tokens: a free list, counts, block tables.
 
@@ -232,7 +235,7 @@ class PagePool:
         del self.lengths[sequence]
 
 
-# chapters/ch08-serving.qmd:313
+# chapters/ch08-serving.qmd:504
 def page_states(rows: Tensor, key_pages: Tensor, value_pages: Tensor,
                 table: Sequence[int], tokens: int) -> ch05.OnlineState:
     """Return the state (m, l, a) of every page of one sequence.
@@ -321,7 +324,7 @@ class PagedKVCache:
                             [self.pool.lengths[s] for s in sequences])
 
 
-# chapters/ch08-serving.qmd:410
+# chapters/ch08-serving.qmd:799
 @dataclass(eq=False)
 class RadixNode:
     """A node of a prefix tree: the edge into it, a whole number of pages.
@@ -457,7 +460,7 @@ class RadixCache:
         return freed
 
 
-# chapters/ch08-serving.qmd:547
+# chapters/ch08-serving.qmd:987
 class Turn(NamedTuple):
     """One turn of a conversation: when it comes, what it reads and writes."""
 
@@ -549,6 +552,8 @@ def serve_conversations(turns: list[Turn], pages: int,
     Raises:
         ValueError: if a turn alone needs more than ``pages`` pages.
     """
+    if not support.check_type("turns", turns, list):
+        raise ValueError("turns must hold at least one turn (got [])")
     pool = PagePool(pages, page_size)
     longest = max(len(turn.prompt) + len(turn.reply) for turn in turns)
     if pool.pages_for(longest) > pool.pages:
