@@ -5,11 +5,12 @@ the serving replays and the benchmark's prefill stand-in."""
 from __future__ import annotations
 
 import collections
+import itertools
 import random
 
 import pytest
 import torch
-from longctx import ch02, ch05, ch08
+from longctx import ch05, ch08
 
 
 def balanced(pool: ch08.PagePool) -> bool:
@@ -280,7 +281,7 @@ def test_the_conversation_trace_builds_each_turn_on_the_last():
         by_chat[turn.conversation].append(turn)
     assert any(len(chat) > 1 for chat in by_chat.values())
     for chat in by_chat.values():
-        for before, after in zip(chat, chat[1:]):
+        for before, after in itertools.pairwise(chat):
             history = before.prompt + before.reply
             assert after.prompt[:len(history)] == history and len(after.prompt) > len(history)
 

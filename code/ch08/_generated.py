@@ -15,9 +15,15 @@ from torch import Tensor
 from longctx import ch02, ch05, support
 
 
-# chapters/ch08-serving.qmd:85
+# chapters/ch08-serving.qmd:92
 class Request(NamedTuple):
-    """One request of a trace: when it arrives, and its lengths in tokens."""
+    """One request of a trace: when it arrives, and its lengths in tokens.
+
+    Attributes:
+        arrival: Seconds after the trace starts.
+        prompt: Tokens read before the first output token.
+        output: Tokens generated, the first included.
+    """
 
     arrival: float  # seconds after the trace starts
     prompt: int  # tokens read before the first output token
@@ -59,8 +65,10 @@ def request_trace(count: int, *, seed: int = 0, rate: float = 4.0,
             zip(gaps.cumsum(0), prompts, outputs, strict=True)]
 
 
-# chapters/ch08-serving.qmd:164
-Reservation = Callable[[Request, int], int]  # (request, tokens held) -> tokens
+# chapters/ch08-serving.qmd:177
+#: A layout's rule: the tokens of memory it holds for a request's
+#: sequence while the sequence has cached the given number of tokens.
+Reservation = Callable[[Request, int], int]
 
 
 def reserve_longest(max_tokens: int) -> Reservation:
@@ -146,7 +154,7 @@ def serve_trace(trace: list[Request], budget: int, reserve: Reservation, *,
             "steps": steps, "preemptions": preemptions}
 
 
-# chapters/ch08-serving.qmd:346
+# chapters/ch08-serving.qmd:361
 class PagePool:
     """Pages of ``page_size`` tokens: a free list, counts, block tables.
 
@@ -235,7 +243,7 @@ class PagePool:
         del self.lengths[sequence]
 
 
-# chapters/ch08-serving.qmd:504
+# chapters/ch08-serving.qmd:519
 def page_states(rows: Tensor, key_pages: Tensor, value_pages: Tensor,
                 table: Sequence[int], tokens: int) -> ch05.OnlineState:
     """Return the state (m, l, a) of every page of one sequence.
@@ -324,7 +332,7 @@ class PagedKVCache:
                             [self.pool.lengths[s] for s in sequences])
 
 
-# chapters/ch08-serving.qmd:799
+# chapters/ch08-serving.qmd:870
 @dataclass(eq=False)
 class RadixNode:
     """A node of a prefix tree: the edge into it, a whole number of pages.
@@ -460,14 +468,21 @@ class RadixCache:
         return freed
 
 
-# chapters/ch08-serving.qmd:987
+# chapters/ch08-serving.qmd:1058
 class Turn(NamedTuple):
-    """One turn of a conversation: when it comes, what it reads and writes."""
+    """One turn of a conversation: when it comes, what it reads and writes.
 
-    arrival: float  # seconds after the trace starts
+    Attributes:
+        arrival: Seconds after the trace starts.
+        conversation: Which conversation the turn belongs to.
+        prompt: Token ids read: the history, then the new message.
+        reply: The token ids the model answers with.
+    """
+
+    arrival: float
     conversation: int
-    prompt: tuple[int, ...]  # token ids: the history, then the new message
-    reply: tuple[int, ...]  # the token ids the model answers with
+    prompt: tuple[int, ...]
+    reply: tuple[int, ...]
 
 
 def conversation_trace(conversations: int, *, seed: int = 0,
