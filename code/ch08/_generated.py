@@ -65,7 +65,7 @@ def request_trace(count: int, *, seed: int = 0, rate: float = 4.0,
             zip(gaps.cumsum(0), prompts, outputs, strict=True)]
 
 
-# chapters/ch08-serving.qmd:178
+# chapters/ch08-serving.qmd:179
 #: A layout's rule: the tokens of memory it holds for a request's
 #: sequence while the sequence has cached the given number of tokens.
 Reservation = Callable[[Request, int], int]
@@ -154,7 +154,7 @@ def serve_trace(trace: list[Request], budget: int, reserve: Reservation, *,
             "steps": steps, "preemptions": preemptions}
 
 
-# chapters/ch08-serving.qmd:367
+# chapters/ch08-serving.qmd:370
 class PagePool:
     """Pages of ``page_size`` tokens: a free list, counts, block tables.
 
@@ -243,7 +243,7 @@ class PagePool:
         del self.lengths[sequence]
 
 
-# chapters/ch08-serving.qmd:525
+# chapters/ch08-serving.qmd:528
 def page_states(rows: Tensor, key_pages: Tensor, value_pages: Tensor,
                 table: Sequence[int], tokens: int) -> ch05.OnlineState:
     """Return the state (m, l, a) of every page of one sequence.
@@ -332,7 +332,7 @@ class PagedKVCache:
                             [self.pool.lengths[s] for s in sequences])
 
 
-# chapters/ch08-serving.qmd:909
+# chapters/ch08-serving.qmd:910
 @dataclass(eq=False)
 class RadixNode:
     """A node of a prefix tree: the edge into it, a whole number of pages.
@@ -468,7 +468,7 @@ class RadixCache:
         return freed
 
 
-# chapters/ch08-serving.qmd:1097
+# chapters/ch08-serving.qmd:1098
 class Turn(NamedTuple):
     """One turn of a conversation: when it comes, what it reads and writes.
 
