@@ -332,7 +332,7 @@ class PagedKVCache:
                             [self.pool.lengths[s] for s in sequences])
 
 
-# chapters/ch08-serving.qmd:910
+# chapters/ch08-serving.qmd:912
 @dataclass(eq=False)
 class RadixNode:
     """A node of a prefix tree: the edge into it, a whole number of pages.
@@ -468,7 +468,7 @@ class RadixCache:
         return freed
 
 
-# chapters/ch08-serving.qmd:1098
+# chapters/ch08-serving.qmd:1100
 class Turn(NamedTuple):
     """One turn of a conversation: when it comes, what it reads and writes.
 
