@@ -266,6 +266,27 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         # -- kernel
 
         # -- paged
+        # the layouts' rules, the replay that serves a trace with one, the pool and its paged tensors,
+        # the radix cache, the multi-turn trace and the replay of its turns
+        "ch08.reserve_longest": Valid(lambda: dict(max_tokens=4_096)),
+        "ch08.reserve_pages": Valid(lambda: dict(page_size=16)),
+        "ch08.serve_trace": Valid(lambda: dict(trace=_ch("ch08").request_trace(4, seed=0, max_tokens=4_096),
+                                               budget=8_192, reserve=_ch("ch08").reserve_pages(16),
+                                               step_seconds=0.05)),
+        "ch08.PagePool": Valid(lambda: dict(pages=8, page_size=4)),
+        "ch08.PagedKVCache": Valid(lambda: dict(pool=_ch("ch08").PagePool(8, 4), kv_heads=2, head_dim=4,
+                                                dtype=torch.float32)),
+        "ch08.RadixCache": Valid(lambda: dict(pool=_ch("ch08").PagePool(8, 4))),
+        "ch08.conversation_trace": Valid(
+            lambda: dict(conversations=3, seed=0, rate=1.0, system_tokens=20, turns=2.0, message_median=8,
+                         message_sigma=0.5, reply_median=8, reply_sigma=0.5, think_seconds=5.0, vocab=100,
+                         max_tokens=200),
+            accepts={"seed": {"zero"}, "system_tokens": {"zero"}, "message_sigma": {"zero"},
+                     "reply_sigma": {"zero"}}),  # no system prompt; lengths that do not vary
+        "ch08.serve_conversations": Valid(
+            lambda: dict(turns=_ch("ch08").conversation_trace(3, system_tokens=20, message_median=8,
+                                                              reply_median=8, max_tokens=200),
+                         pages=64, page_size=4)),
 
         # -- speculative
 
@@ -417,6 +438,19 @@ SILENT: list[Silent] = [
     # -- kernel
 
     # -- paged
+    Silent("ch08", "pages of no tokens (every sequence would fit in none)",
+           lambda: _ch("ch08").PagePool(8, 0), "page_size"),
+    Silent("ch08", "a budget that cannot hold a request (the replay would wait for ever)",
+           lambda: _ch("ch08").serve_trace(_ch("ch08").request_trace(4, seed=0, max_tokens=4_096), 64,
+                                           _ch("ch08").reserve_longest(4_096)), "budget"),
+    Silent("ch08", "an empty trace (no memory to count)",
+           lambda: _ch("ch08").serve_trace([], 64, _ch("ch08").reserve_exact), "trace"),
+    Silent("ch08", "a pool smaller than a turn (it could never be served)",
+           lambda: _ch("ch08").serve_conversations(
+               _ch("ch08").conversation_trace(3, system_tokens=20, message_median=8, reply_median=8,
+                                              max_tokens=200), 2, 4), "pages"),
+    Silent("ch08", "a history cap below the system prompt (every chat would end before it began)",
+           lambda: _ch("ch08").conversation_trace(3, system_tokens=300, max_tokens=200), "max_tokens"),
 
     # -- speculative
 

@@ -2,7 +2,11 @@
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
 """Code saved from chapters/ch08-serving.qmd ("Serving a long context")."""
 
+import heapq
 import math
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -11,9 +15,15 @@ from torch import Tensor
 from longctx import ch02, ch05, support
 
 
-# chapters/ch08-serving.qmd:69
+# chapters/ch08-serving.qmd:92
 class Request(NamedTuple):
-    """One request of a trace: when it arrives, and its lengths in tokens."""
+    """One request of a trace: when it arrives, and its lengths in tokens.
+
+    Attributes:
+        arrival: Seconds after the trace starts.
+        prompt: Tokens read before the first output token.
+        output: Tokens generated, the first included.
+    """
 
     arrival: float  # seconds after the trace starts
     prompt: int  # tokens read before the first output token
@@ -53,3 +63,527 @@ def request_trace(count: int, *, seed: int = 0, rate: float = 4.0,
                             max_tokens - outputs)
     return [Request(float(t), int(p), int(o)) for t, p, o in
             zip(gaps.cumsum(0), prompts, outputs, strict=True)]
+
+
+# chapters/ch08-serving.qmd:179
+#: A layout's rule: the tokens of memory it holds for a request's
+#: sequence while the sequence has cached the given number of tokens.
+Reservation = Callable[[Request, int], int]
+
+
+def reserve_longest(max_tokens: int) -> Reservation:
+    """Return a contiguous cache's rule: max_tokens for every sequence."""
+    max_tokens = support.check_int("max_tokens", max_tokens, minimum=1)
+    return lambda request, tokens: max_tokens
+
+
+def reserve_exact(request: Request, tokens: int) -> int:
+    """Return an oracle's contiguous reservation: the final length."""
+    return request.prompt + request.output
+
+
+def reserve_pages(page_size: int) -> Reservation:
+    """Return a paged cache's rule: whole pages for the tokens held."""
+    page_size = support.check_int("page_size", page_size, minimum=1)
+    return lambda request, tokens: -(-tokens // page_size) * page_size
+
+
+def serve_trace(trace: list[Request], budget: int, reserve: Reservation, *,
+                step_seconds: float = 0.05) -> dict[str, float]:
+    """Replay ``trace`` first come, first served, and count its memory.
+
+    Time moves in decode steps of ``step_seconds``. At each step the
+    requests that have arrived join the queue; the queue's head is
+    admitted while every reservation fits in ``budget`` tokens; each
+    running sequence caches one more token; a sequence with all its
+    output leaves and frees its memory. ``reserve(request, tokens)`` is
+    the layout. Where a reservation grows past the budget, the newest
+    sequences go back to the head of the queue, keeping their tokens.
+
+    Returns:
+        empty_share, the share of the reserved memory (summed over the
+        steps) that held no token; mean_running and peak_running, the
+        sequences decoding per step; steps; preemptions.
+
+    Raises:
+        ValueError: if a request alone cannot fit in the budget.
+    """
+    if not support.check_type("trace", trace, list):
+        raise ValueError("trace must hold at least one request (got [])")
+    budget = support.check_int("budget", budget, minimum=1)
+    reserve = support.check_type("reserve", reserve, Callable)
+    step_seconds = support.check_number("step_seconds", step_seconds,
+                                        above=0)
+    for number, request in enumerate(trace):
+        if reserve(request, request.prompt + request.output) > budget:
+            raise ValueError(f"budget of {budget} tokens cannot hold "
+                             f"request {number} ({request})")
+    order = sorted(range(len(trace)), key=lambda i: trace[i].arrival)
+    held = {i: trace[i].prompt for i in order}  # tokens cached, or to be
+    waiting, running = deque(), []  # running in the order admitted
+    arrived = finished = steps = preemptions = peak = 0
+    held_sum = reserved_sum = running_sum = 0
+
+    def used(extra: int = 0) -> int:
+        return sum(reserve(trace[i], held[i] + extra) for i in running)
+
+    while finished < len(trace):
+        while (arrived < len(order)
+               and trace[order[arrived]].arrival <= steps * step_seconds):
+            waiting.append(order[arrived])
+            arrived += 1
+        while waiting and (used(1) + reserve(trace[waiting[0]],
+                                             held[waiting[0]] + 1) <= budget):
+            running.append(waiting.popleft())
+        while used(1) > budget:  # the newest waits again
+            waiting.appendleft(running.pop())
+            preemptions += 1
+        for i in running:  # one token each
+            held[i] += 1
+        held_sum += sum(held[i] for i in running)
+        reserved_sum += used()
+        running_sum += len(running)
+        peak = max(peak, len(running))
+        done = [i for i in running
+                if held[i] == trace[i].prompt + trace[i].output]
+        running = [i for i in running if i not in done]
+        finished += len(done)
+        steps += 1
+    return {"empty_share": 1 - held_sum / reserved_sum,
+            "mean_running": running_sum / steps, "peak_running": peak,
+            "steps": steps, "preemptions": preemptions}
+
+
+# chapters/ch08-serving.qmd:370
+class PagePool:
+    """Pages of ``page_size`` tokens: a free list, counts, block tables.
+
+    A sequence's block table lists its pages in order, so its token t
+    lies in slot t mod P of page table[t // P]. A page counts one
+    reference for every table (or cache) that holds it, and goes back to
+    the free list when the last of them lets go.
+
+    Args:
+        pages: Pages in the pool.
+        page_size: Tokens a page holds, P.
+    """
+
+    def __init__(self, pages: int, page_size: int) -> None:
+        """Start with every page free; the Args are the class's."""
+        self.pages = support.check_int("pages", pages, minimum=1)
+        self.page_size = support.check_int("page_size", page_size, minimum=1)
+        self.free = list(range(self.pages - 1, -1, -1))  # pop(): page 0 first
+        self.references = [0] * self.pages
+        self.tables: dict[int, list[int]] = {}  # sequence -> its pages
+        self.lengths: dict[int, int] = {}  # sequence -> its tokens
+
+    def pages_for(self, tokens: int) -> int:
+        """Return how many pages hold ``tokens`` tokens: ceil(T / P)."""
+        return -(-tokens // self.page_size)
+
+    def allocate(self) -> int:
+        """Take a free page, with one reference."""
+        page = self.free.pop()
+        self.references[page] = 1
+        return page
+
+    def share(self, page: int) -> int:
+        """Add a reference to ``page``, and return it."""
+        self.references[page] += 1
+        return page
+
+    def release(self, page: int) -> None:
+        """Drop a reference to ``page``; with none left it is free."""
+        self.references[page] -= 1
+        if self.references[page] == 0:
+            self.free.append(page)
+
+    def add(self, sequence: int, prefix: list[int] = (),
+            tokens: int = 0) -> None:
+        """Start ``sequence`` on the pages ``prefix``, which hold ``tokens``."""
+        self.tables[sequence] = [self.share(page) for page in prefix]
+        self.lengths[sequence] = tokens
+
+    def fork(self, sequence: int, child: int) -> None:
+        """Start ``child`` on every page of ``sequence``, shared."""
+        self.add(child, self.tables[sequence], self.lengths[sequence])
+
+    def grow(self, sequence: int, tokens: int) -> list[tuple[int, int]]:
+        """Make room for ``tokens`` more tokens; return the pages to copy.
+
+        A last page that is shared and not full is copied before the
+        sequence writes into it (copy-on-write): the table takes a fresh
+        page, and the pair (shared page, fresh page) is returned for the
+        caller to copy the slots already written.
+
+        Raises:
+            RuntimeError: if too few pages are free (nothing changes).
+        """
+        tokens = support.check_int("tokens", tokens, minimum=0)
+        table, length = self.tables[sequence], self.lengths[sequence]
+        copy = int(tokens > 0 and length % self.page_size > 0
+                   and self.references[table[-1]] > 1)
+        needed = self.pages_for(length + tokens) - len(table) + copy
+        if needed > len(self.free):
+            raise RuntimeError(f"sequence {sequence} needs {needed} pages; "
+                               f"{len(self.free)} are free")
+        copies = []
+        if copy:
+            shared, table[-1] = table[-1], self.allocate()
+            self.release(shared)
+            copies.append((shared, table[-1]))
+        table += [self.allocate() for _ in range(needed - copy)]
+        self.lengths[sequence] = length + tokens
+        return copies
+
+    def remove(self, sequence: int) -> None:
+        """End ``sequence``: release each of its pages."""
+        for page in self.tables.pop(sequence):
+            self.release(page)
+        del self.lengths[sequence]
+
+
+# chapters/ch08-serving.qmd:528
+def page_states(rows: Tensor, key_pages: Tensor, value_pages: Tensor,
+                table: Sequence[int], tokens: int) -> ch05.OnlineState:
+    """Return the state (m, l, a) of every page of one sequence.
+
+    rows (1, H_kv, G, d) are its stacked query rows; key_pages
+    (pages, H_kv, P, d) and value_pages (pages, H_kv, P, d_v) the pool;
+    table its pages in order and tokens its length T. Each page is one
+    chunk of ch05.chunk_states, read where it lies (a view of the pool,
+    nothing copied), and the last page only as far as it is written.
+    The states are stacked on the first axis, one row per page.
+    """
+    size = key_pages.shape[2]  # P
+    states = []
+    for number, page in enumerate(table[:-(-tokens // size)]):
+        filled = min(size, tokens - number * size)  # the last may be partial
+        keys = key_pages[page:page + 1, :, :filled]  # (1, H_kv, filled, d)
+        values = value_pages[page:page + 1, :, :filled]
+        states.append(ch05.chunk_states(rows, keys, values, filled))
+    return ch05.OnlineState(*(torch.cat(piece)
+                              for piece in zip(*states, strict=True)))
+
+
+def paged_decode(query: Tensor, key_pages: Tensor, value_pages: Tensor,
+                 tables: list[Sequence[int]], lengths: list[int], *,
+                 scale: float | None = None) -> Tensor:
+    """Return one decode step of B sequences whose caches lie in pages.
+
+    query (B, H_q, 1, d); key_pages (pages, H_kv, P, d) and value_pages
+    (pages, H_kv, P, d_v); tables[b] and lengths[b] are sequence b's
+    block table (its page numbers in order) and length. The page states
+    of each sequence are merged by log-sum-exp (Equation 5.3). Returns
+    (B, H_q, 1, d_v), the output of ch05.split_kv_decode with chunk P on
+    the same cache laid out contiguously.
+    """
+    outputs = []
+    for b, (table, tokens) in enumerate(zip(tables, lengths, strict=True)):
+        rows = ch05.stacked_rows(query[b:b + 1], key_pages.shape[1], scale)
+        state = ch05.merge_states(
+            page_states(rows, key_pages, value_pages, table, tokens), dim=0)
+        outputs.append(ch05.finish_online_softmax(state))  # (H_kv, 1, G, d_v)
+    out = torch.stack(outputs)  # (B, H_kv, 1, G, d_v) -> (B, H_q, 1, d_v)
+    return out.reshape(query.shape[:-1] + (value_pages.shape[-1],))
+
+
+class PagedKVCache:
+    """One layer's keys and values, kept in the pages of a PagePool.
+
+    keys and values are (pages, H_kv, P, d) tensors; a sequence's tokens
+    are written into the slots its block table names, and read back
+    through the same table by paged_decode.
+
+    Args:
+        pool: The pages and block tables.
+        kv_heads: Key-value heads H_kv.
+        head_dim: Width d of a key or value.
+        dtype: The tensors' dtype.
+    """
+
+    def __init__(self, pool: PagePool, kv_heads: int, head_dim: int, *,
+                 dtype: torch.dtype = torch.float32) -> None:
+        """Build the zeroed pages; the Args are the class's."""
+        self.pool = support.check_type("pool", pool, PagePool)
+        kv_heads = support.check_int("kv_heads", kv_heads, minimum=1)
+        head_dim = support.check_int("head_dim", head_dim, minimum=1)
+        dtype = support.check_dtype("dtype", dtype)
+        shape = (pool.pages, kv_heads, pool.page_size, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype)
+        self.values = torch.zeros(shape, dtype=dtype)
+
+    def append(self, sequence: int, key: Tensor, value: Tensor) -> None:
+        """Write key and value (H_kv, n, d) after the sequence's tokens."""
+        start, size = self.pool.lengths[sequence], self.pool.page_size
+        for shared, fresh in self.pool.grow(sequence, key.shape[1]):
+            self.keys[fresh] = self.keys[shared]  # copy-on-write
+            self.values[fresh] = self.values[shared]
+        positions = torch.arange(start, start + key.shape[1])
+        pages = torch.tensor(self.pool.tables[sequence])[positions // size]
+        slots = positions % size  # token t: slot t mod P of page table[t // P]
+        self.keys[pages, :, slots] = key.transpose(0, 1)  # (n, H_kv, d)
+        self.values[pages, :, slots] = value.transpose(0, 1)
+
+    def decode(self, query: Tensor, sequences: list[int]) -> Tensor:
+        """Return paged_decode for ``sequences``, query (B, H_q, 1, d)."""
+        return paged_decode(query, self.keys, self.values,
+                            [self.pool.tables[s] for s in sequences],
+                            [self.pool.lengths[s] for s in sequences])
+
+
+# chapters/ch08-serving.qmd:912
+@dataclass(eq=False)
+class RadixNode:
+    """A node of a prefix tree: the edge into it, a whole number of pages.
+
+    Attributes:
+        tokens: The token ids on the edge from the parent.
+        pages: The pages that cache them, one per P tokens.
+        parent: The node above (None for the root).
+        children: The nodes below, by the tokens of their first page.
+        last_used: The lookup that last passed through this node.
+    """
+
+    tokens: tuple[int, ...]
+    pages: list[int]
+    parent: "RadixNode | None"
+    children: dict[tuple[int, ...], "RadixNode"] = field(default_factory=dict)
+    last_used: int = 0
+
+
+class RadixCache:
+    """Cached prefixes in a radix tree over token ids, a page at a time.
+
+    SGLang's RadixAttention keeps finished requests' caches in such a
+    tree. Every edge holds whole pages; the tree holds one reference on
+    each of them, so a sequence started on a cached prefix shares its
+    pages, and a leaf no running sequence shares can be evicted, the
+    least recently used first.
+
+    Args:
+        pool: The pages; the tree works in its page size P.
+    """
+
+    def __init__(self, pool: PagePool) -> None:
+        """Start with an empty tree; the Args are the class's."""
+        self.pool = support.check_type("pool", pool, PagePool)
+        self.root = RadixNode((), [], None)
+        self.clock = 0  # lookups so far: the time of last use
+        self.cached_pages = 0
+
+    def walk(self, tokens: Sequence[int]) -> tuple[RadixNode, list[int]]:
+        """Return the deepest node on the path of ``tokens``, and its pages.
+
+        The path follows whole pages; an edge that matches only its
+        first pages is split there, so that the match ends at a node.
+        """
+        tokens, size = tuple(tokens), self.pool.page_size
+        node, pages = self.root, []
+        self.clock += 1
+        while True:
+            start = len(pages) * size  # tokens matched so far
+            child = node.children.get(tokens[start:start + size])
+            if child is None:
+                return node, pages
+            same = 1  # pages of the edge that match
+            while (same < len(child.pages) and
+                   child.tokens[same * size:(same + 1) * size]
+                   == tokens[start + same * size:start + (same + 1) * size]):
+                same += 1
+            if same < len(child.pages):
+                child = self.split(child, same)
+            child.last_used = self.clock
+            node, pages = child, pages + child.pages
+
+    def split(self, node: RadixNode, pages: int) -> RadixNode:
+        """Cut the edge into ``node`` after ``pages`` pages; return the top."""
+        size, cut = self.pool.page_size, pages * self.pool.page_size
+        top = RadixNode(node.tokens[:cut], node.pages[:pages], node.parent,
+                        last_used=node.last_used)
+        node.parent.children[node.tokens[:size]] = top
+        node.tokens, node.pages = node.tokens[cut:], node.pages[pages:]
+        node.parent = top
+        top.children[node.tokens[:size]] = node
+        return top
+
+    def match(self, tokens: Sequence[int]) -> tuple[list[int], int]:
+        """Return the pages of the longest cached prefix, and its tokens."""
+        _, pages = self.walk(tokens)
+        return pages, len(pages) * self.pool.page_size
+
+    def insert(self, tokens: Sequence[int], table: list[int]) -> None:
+        """Cache the whole pages of a sequence, its tokens and block table.
+
+        A prefix already in the tree keeps its pages; the sequence's own
+        pages past it are shared by one new leaf.
+        """
+        tokens, size = tuple(tokens), self.pool.page_size
+        node, cached = self.walk(tokens)
+        whole = len(tokens) // size
+        if whole > len(cached):
+            leaf = RadixNode(tokens[len(cached) * size:whole * size],
+                             [self.pool.share(page)
+                              for page in table[len(cached):whole]],
+                             node, last_used=self.clock)
+            node.children[leaf.tokens[:size]] = leaf
+            self.cached_pages += len(leaf.pages)
+
+    def nodes(self) -> Iterator[RadixNode]:
+        """Yield every node below the root."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            yield node
+
+    def unused(self, node: RadixNode) -> bool:
+        """Return whether ``node`` is a leaf that only the tree holds."""
+        return (node is not self.root and not node.children
+                and all(self.pool.references[page] == 1
+                        for page in node.pages))
+
+    def evict(self, pages: int) -> int:
+        """Free at least ``pages`` pages, least recently used leaves first.
+
+        A leaf whose pages a running sequence shares stays, so fewer may
+        be freed; a parent left childless joins the candidates. Returns
+        the pages freed.
+        """
+        size, freed = self.pool.page_size, 0
+        leaves = [(n.last_used, n.pages[0], n) for n in self.nodes()
+                  if self.unused(n)]
+        heapq.heapify(leaves)
+        while leaves and freed < pages:
+            _, _, node = heapq.heappop(leaves)
+            for page in node.pages:
+                self.pool.release(page)
+            freed += len(node.pages)
+            del node.parent.children[node.tokens[:size]]
+            if self.unused(node.parent):
+                parent = node.parent
+                heapq.heappush(leaves,
+                               (parent.last_used, parent.pages[0], parent))
+        self.cached_pages -= freed
+        return freed
+
+
+# chapters/ch08-serving.qmd:1100
+class Turn(NamedTuple):
+    """One turn of a conversation: when it comes, what it reads and writes.
+
+    Attributes:
+        arrival: Seconds after the trace starts.
+        conversation: Which conversation the turn belongs to.
+        prompt: Token ids read: the history, then the new message.
+        reply: The token ids the model answers with.
+    """
+
+    arrival: float
+    conversation: int
+    prompt: tuple[int, ...]
+    reply: tuple[int, ...]
+
+
+def conversation_trace(conversations: int, *, seed: int = 0,
+                       rate: float = 1.0, system_tokens: int = 1_000,
+                       turns: float = 4.0, message_median: int = 96,
+                       message_sigma: float = 1.0, reply_median: int = 192,
+                       reply_sigma: float = 0.8, think_seconds: float = 20.0,
+                       vocab: int = 32_000,
+                       max_tokens: int = 8_192) -> list[Turn]:
+    """Return the turns of ``conversations`` chats, in order of arrival.
+
+    Every chat opens with one shared system prompt of ``system_tokens``
+    ids. Chats start as a Poisson stream of ``rate``; a chat has 1 +
+    Poisson(turns - 1) turns, each a user message and a reply of
+    log-normal lengths (medians and log-space sigmas), the next message
+    an exponential think time (mean ``think_seconds``) after the last.
+    A turn reads the whole history; a chat ends early where a turn would
+    pass ``max_tokens``. Ids are uniform over ``vocab``: only whether
+    two are equal matters here.
+    """
+    conversations = support.check_int("conversations", conversations,
+                                      minimum=1)
+    seed = support.check_int("seed", seed, minimum=0)
+    rate = support.check_number("rate", rate, above=0)
+    system_tokens = support.check_int("system_tokens", system_tokens,
+                                      minimum=0)
+    turns = support.check_number("turns", turns, minimum=1)
+    message_median = support.check_int("message_median", message_median,
+                                       minimum=1)
+    message_sigma = support.check_number("message_sigma", message_sigma,
+                                         minimum=0)
+    reply_median = support.check_int("reply_median", reply_median,
+                                     minimum=1)
+    reply_sigma = support.check_number("reply_sigma", reply_sigma, minimum=0)
+    think_seconds = support.check_number("think_seconds", think_seconds,
+                                         above=0)
+    vocab = support.check_int("vocab", vocab, minimum=2)
+    max_tokens = support.check_int("max_tokens", max_tokens,
+                                   minimum=system_tokens + 2)
+    generator = torch.Generator().manual_seed(seed)
+
+    def ids(median: int, sigma: float) -> tuple[int, ...]:
+        normal = torch.randn((), dtype=torch.float64, generator=generator)
+        count = max(1, round(math.exp(math.log(median) + sigma * normal)))
+        return tuple(torch.randint(vocab, (count,),
+                                   generator=generator).tolist())
+
+    def draw_exponential(mean: float) -> float:
+        return torch.empty((), dtype=torch.float64).exponential_(
+            1 / mean, generator=generator).item()
+
+    system = tuple(torch.randint(vocab, (system_tokens,),
+                                 generator=generator).tolist())
+    found, start = [], 0.0
+    for chat in range(conversations):
+        start += draw_exponential(1 / rate)
+        count = 1 + int(torch.poisson(torch.tensor(turns - 1.0),
+                                      generator=generator))
+        history, clock = system, start
+        for _ in range(count):
+            message = ids(message_median, message_sigma)
+            reply = ids(reply_median, reply_sigma)
+            if len(history) + len(message) + len(reply) > max_tokens:
+                break
+            found.append(Turn(clock, chat, history + message, reply))
+            history += message + reply
+            clock += draw_exponential(think_seconds)
+    return sorted(found, key=lambda turn: turn.arrival)
+
+
+def serve_conversations(turns: list[Turn], pages: int,
+                        page_size: int) -> list[tuple[int, int]]:
+    """Serve ``turns`` in order over a RadixCache; return what each found.
+
+    A turn starts on the longest cached prefix of its prompt (the last
+    prompt token is always computed: its output is the first reply
+    token), grows by the rest of its prompt and its reply, evicting
+    least recently used prefixes when the pool is short, and leaves its
+    whole pages in the tree when it ends. Returns, per turn, (prompt
+    tokens, prompt tokens found cached).
+
+    Raises:
+        ValueError: if a turn alone needs more than ``pages`` pages.
+    """
+    if not support.check_type("turns", turns, list):
+        raise ValueError("turns must hold at least one turn (got [])")
+    pool = PagePool(pages, page_size)
+    longest = max(len(turn.prompt) + len(turn.reply) for turn in turns)
+    if pool.pages_for(longest) > pool.pages:
+        raise ValueError(f"pages={pages} of {page_size} tokens cannot hold "
+                         f"the longest turn ({longest} tokens)")
+    cache, found = RadixCache(pool), []
+    for number, turn in enumerate(turns):
+        shared, hit = cache.match(turn.prompt[:-1])
+        pool.add(number, shared, hit)
+        new = len(turn.prompt) + len(turn.reply) - hit
+        short = pool.pages_for(hit + new) - len(shared) - len(pool.free)
+        if short > 0:
+            cache.evict(short)
+        pool.grow(number, new)
+        cache.insert(turn.prompt + turn.reply, pool.tables[number])
+        pool.remove(number)
+        found.append((len(turn.prompt), hit))
+    return found
