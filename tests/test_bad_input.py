@@ -259,8 +259,11 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
     },
     # ---------------------------------------------------------------- ch08: serving (the layer step, the kernel, pages, drafts)
     "ch08": {
-        "ch08.request_trace": Valid(lambda: dict(count=4, seed=0, rate=2.0, max_tokens=4_096),
-                                    accepts={"seed": {"zero"}}),
+        "ch08.request_trace": Valid(lambda: dict(count=4, seed=0, rate=2.0, prompt_median=2_048,
+                                                 prompt_sigma=1.0, output_median=256, output_sigma=0.8,
+                                                 max_tokens=4_096),
+                                    accepts={"seed": {"zero"}, "prompt_sigma": {"zero"},
+                                             "output_sigma": {"zero"}}),
         # -- step
 
         # -- kernel
