@@ -180,7 +180,7 @@ def decode_step(x: Tensor, weights: LayerWeights, keys: Tensor,
     return finish_layer(x, mixed, weights, shape)
 
 
-# chapters/ch08-serving.qmd:613
+# chapters/ch08-serving.qmd:624
 class Request(NamedTuple):
     """One request of a trace: when it arrives, and its lengths in tokens."""
 
@@ -224,7 +224,7 @@ def request_trace(count: int, *, seed: int = 0, rate: float = 4.0,
             zip(gaps.cumsum(0), prompts, outputs, strict=True)]
 
 
-# chapters/ch08-serving.qmd:696
+# chapters/ch08-serving.qmd:707
 def chunk_attention(query: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     """Return causal attention of a chunk's n queries over its prefix.
 
@@ -280,7 +280,7 @@ def mixed_step(chunk: Tensor, chunk_keys: Tensor, chunk_values: Tensor,
     return out[:, :length], out[0, length:].unsqueeze(1)
 
 
-# chapters/ch08-serving.qmd:809
+# chapters/ch08-serving.qmd:820
 def chunk_pairs(start: int, length: int) -> int:
     """Return the (query, key) pairs a causal chunk scores.
 
@@ -347,7 +347,7 @@ def fit_step_cost(points: Sequence[Mapping[str, float]]) -> StepCost:
     return StepCost(*(solution[:, 0] / scale).tolist())
 
 
-# chapters/ch08-serving.qmd:947
+# chapters/ch08-serving.qmd:959
 class Served(NamedTuple):
     """What serving a trace gave: each request's waits, and the machine's.
 
