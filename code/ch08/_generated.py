@@ -46,9 +46,9 @@ def layer_shape(mapping: Mapping[str, Any]) -> LayerShape:
         ValueError: If a field is missing or out of range, or the config
             describes a latent cache (this layer caches keys and values).
     """
-    heads = ch03.KVConfig.from_hf_config(mapping)
+    attention = ch03.KVConfig.from_hf_config(mapping)
     fields = ch03.merge_text_config(mapping)
-    if heads.kv_heads is None:
+    if attention.kv_heads is None:
         raise ValueError("mapping describes a latent cache; layer_shape "
                          "needs key-value heads (num_key_value_heads)")
     d_model = support.check_int("hidden_size", support.config_value(
@@ -57,8 +57,8 @@ def layer_shape(mapping: Mapping[str, Any]) -> LayerShape:
         fields, "intermediate_size"), minimum=1)
     eps = support.check_number("rms_norm_eps", support.config_value(
         fields, "rms_norm_eps", 1e-5), above=0)
-    return LayerShape(d_model, heads.query_heads, heads.kv_heads,
-                      heads.head_dim, hidden, eps)
+    return LayerShape(d_model, attention.query_heads, attention.kv_heads,
+                      attention.head_dim, hidden, eps)
 
 
 # chapters/ch08-serving.qmd:165
