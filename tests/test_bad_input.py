@@ -265,6 +265,13 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
                                     accepts={"seed": {"zero"}, "prompt_sigma": {"zero"},
                                              "output_sigma": {"zero"}}),
         # -- step
+        "ch08.layer_shape": Valid(lambda: dict(mapping=_ch("ch03").load_model_config("llama-3.1-8b"))),
+        "ch08.layer_weights": Valid(lambda: dict(shape=_small_layer(), dtype="bfloat16", seed=1),
+                                    accepts={"seed": {"zero"}}),
+        "ch08.fit_step_cost": Valid(lambda: dict(points=_step_points())),
+        "ch08.serve_trace": Valid(lambda: dict(trace=_ch("ch08").request_trace(3, rate=0.1, max_tokens=512),
+                                               cost=_ch("ch08").StepCost(0.01, 1e-3, 1e-7, 1e-7), chunk=64,
+                                               plan=_ch("ch08").plan_chunked, layers=2, max_batch=4)),
 
         # -- kernel
 
@@ -306,6 +313,17 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
                                                menu=_ch("ch09").EVIDENCE)),
     },
 }
+
+
+def _small_layer():
+    """A Llama-style layer small enough to build in a test (Chapter 8's step)."""
+    return _ch("ch08").LayerShape(d_model=16, query_heads=4, kv_heads=2, head_dim=4, hidden=24, eps=1e-5)
+
+
+def _step_points() -> list[dict]:
+    """Five measured-looking steps for Chapter 8's cost model: rows, cached tokens, pairs, seconds."""
+    return [{"rows": r, "cached": c, "pairs": p, "seconds": 0.01 + 1e-3 * r + 1e-8 * c + 1e-8 * p}
+            for r, c, p in ((1, 1024, 0), (64, 65536, 0), (256, 0, 32896), (300, 4096, 10**6), (16, 0, 0))]
 
 
 def _saved(prefix: str) -> dict:
@@ -437,6 +455,18 @@ SILENT: list[Silent] = [
     Silent("ch08", "a trace whose prompts cannot fit the longest context",
            lambda: _ch("ch08").request_trace(4, max_tokens=1), "max_tokens"),
     # -- step
+    Silent("ch08", "a zero chunk (no step would read a prompt token: the queue never empties)",
+           lambda: _ch("ch08").serve_trace(_ch("ch08").request_trace(2, max_tokens=512),
+                                           _ch("ch08").StepCost(0.01, 1e-3, 1e-7, 1e-7), chunk=0), "chunk"),
+    Silent("ch08", "a trace out of arrival order (the scheduler would admit requests before they arrive)",
+           lambda: _ch("ch08").serve_trace(_ch("ch08").request_trace(3, max_tokens=512)[::-1],
+                                           _ch("ch08").StepCost(0.01, 1e-3, 1e-7, 1e-7), chunk=64), "trace"),
+    Silent("ch08", "a step timed at zero seconds (the relative fit would divide by it)",
+           lambda: _ch("ch08").fit_step_cost([*_step_points()[:4], {"rows": 1, "cached": 0, "pairs": 0,
+                                                                       "seconds": 0.0}]), "points"),
+    Silent("ch08", "a negative count of cached tokens in a step",
+           lambda: _ch("ch08").fit_step_cost([*_step_points()[:4], {"rows": 1, "cached": -5, "pairs": 0,
+                                                                       "seconds": 0.1}]), "points"),
 
     # -- kernel
 
