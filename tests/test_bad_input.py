@@ -280,7 +280,7 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         # the radix cache, the multi-turn trace and the replay of its turns
         "ch08.reserve_longest": Valid(lambda: dict(max_tokens=4_096)),
         "ch08.reserve_pages": Valid(lambda: dict(page_size=16)),
-        "ch08.serve_trace": Valid(lambda: dict(trace=_ch("ch08").request_trace(4, seed=0, max_tokens=4_096),
+        "ch08.replay_memory": Valid(lambda: dict(trace=_ch("ch08").request_trace(4, seed=0, max_tokens=4_096),
                                                budget=8_192, reserve=_ch("ch08").reserve_pages(16),
                                                step_seconds=0.05)),
         "ch08.PagePool": Valid(lambda: dict(pages=8, page_size=4)),
@@ -474,10 +474,10 @@ SILENT: list[Silent] = [
     Silent("ch08", "pages of no tokens (every sequence would fit in none)",
            lambda: _ch("ch08").PagePool(8, 0), "page_size"),
     Silent("ch08", "a budget that cannot hold a request (the replay would wait for ever)",
-           lambda: _ch("ch08").serve_trace(_ch("ch08").request_trace(4, seed=0, max_tokens=4_096), 64,
+           lambda: _ch("ch08").replay_memory(_ch("ch08").request_trace(4, seed=0, max_tokens=4_096), 64,
                                            _ch("ch08").reserve_longest(4_096)), "budget"),
     Silent("ch08", "an empty trace (no memory to count)",
-           lambda: _ch("ch08").serve_trace([], 64, _ch("ch08").reserve_exact), "trace"),
+           lambda: _ch("ch08").replay_memory([], 64, _ch("ch08").reserve_exact), "trace"),
     Silent("ch08", "a pool smaller than a turn (it could never be served)",
            lambda: _ch("ch08").serve_conversations(
                _ch("ch08").conversation_trace(3, system_tokens=20, message_median=8, reply_median=8,

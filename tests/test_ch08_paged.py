@@ -246,11 +246,11 @@ def test_eviction_climbs_to_a_parent_left_childless():
 def test_pages_of_one_token_waste_nothing_and_the_longest_reservation_wastes_the_rest():
     trace = ch08.request_trace(30, seed=3, max_tokens=8_192)
     unlimited = 10**9
-    paged = ch08.serve_trace(trace, unlimited, ch08.reserve_pages(1))
+    paged = ch08.replay_memory(trace, unlimited, ch08.reserve_pages(1))
     assert paged["empty_share"] == 0 and paged["preemptions"] == 0
-    exact = ch08.serve_trace(trace, unlimited, ch08.reserve_exact)
+    exact = ch08.replay_memory(trace, unlimited, ch08.reserve_exact)
     assert exact["steps"] == paged["steps"] and 0 < exact["empty_share"] < 1
-    longest = ch08.serve_trace(trace, unlimited, ch08.reserve_longest(8_192))
+    longest = ch08.replay_memory(trace, unlimited, ch08.reserve_longest(8_192))
     held = paged["mean_running"] * paged["steps"]  # sequence-steps, the same for every layout here
     assert longest["mean_running"] * longest["steps"] == pytest.approx(held)
 
@@ -258,16 +258,16 @@ def test_pages_of_one_token_waste_nothing_and_the_longest_reservation_wastes_the
 def test_a_tight_budget_queues_and_preempts_but_serves_every_request():
     trace = ch08.request_trace(40, seed=1, max_tokens=4_096, rate=50.0)
     budget = 4_096
-    longest = ch08.serve_trace(trace, budget, ch08.reserve_longest(4_096))
+    longest = ch08.replay_memory(trace, budget, ch08.reserve_longest(4_096))
     assert longest["peak_running"] == 1
-    paged = ch08.serve_trace(trace, budget, ch08.reserve_pages(64))
+    paged = ch08.replay_memory(trace, budget, ch08.reserve_pages(64))
     assert paged["peak_running"] > 1 and paged["preemptions"] > 0 and paged["steps"] < longest["steps"]
 
 
 def test_a_budget_smaller_than_a_request_is_refused():
     trace = ch08.request_trace(4, seed=0, max_tokens=4_096)
     with pytest.raises(ValueError, match="budget"):
-        ch08.serve_trace(trace, 100, ch08.reserve_longest(4_096))
+        ch08.replay_memory(trace, 100, ch08.reserve_longest(4_096))
 
 
 def test_the_conversation_trace_builds_each_turn_on_the_last():

@@ -256,7 +256,7 @@ def reserve_pages(page_size: int) -> Reservation:
     return lambda request, tokens: -(-tokens // page_size) * page_size
 
 
-def serve_trace(trace: list[Request], budget: int, reserve: Reservation, *,
+def replay_memory(trace: list[Request], budget: int, reserve: Reservation, *,
                 step_seconds: float = 0.05) -> dict[str, float]:
     """Replay ``trace`` first come, first served, and count its memory.
 

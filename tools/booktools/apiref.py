@@ -69,7 +69,8 @@ def _describe(name: str, obj) -> tuple[str, str, str]:
     if not callable(obj):
         return "constant", f"{name}: {type(obj).__name__}", ""
     try:  # `x: 'Tensor'` -> `x: Tensor`: annotations are strings under `from __future__ import annotations`
-        signature = re.sub(r"(:\s|->\s)'([^']*)'", r"\1\2", str(inspect.signature(obj)))
+        signature = re.sub(r"(:\s|->\s|\[)'([^']*)'", r"\1\2", str(inspect.signature(obj)))
+        signature = signature.replace("= <factory>", "= ...")  # a dataclass field's default_factory
     except (TypeError, ValueError):
         signature = "(...)"
     doc = inspect.getdoc(obj) or ""
