@@ -3,11 +3,25 @@
 """Serving a long context: the code saved from chapters/ch08-serving.qmd."""
 
 from ._generated import (
+    DECODE_KERNEL_SOURCE,
+    KERNEL_FLAGS,
+    DecodeKernel,
     Request,
+    fused_decode,
+    kernel_chunk_states,
+    load_kernel,
+    missing_build_tools,
     request_trace,
 )
 
 __all__ = [
+    "DECODE_KERNEL_SOURCE",
+    "KERNEL_FLAGS",
+    "DecodeKernel",
     "Request",
+    "fused_decode",
+    "kernel_chunk_states",
+    "load_kernel",
+    "missing_build_tools",
     "request_trace",
 ]
