@@ -15,7 +15,9 @@ from torch import Tensor
 
 from longctx import ch02, ch05, support
 
-# chapters/ch08-serving.qmd:58
+# chapters/ch08-serving.qmd:60
+#: The decode kernel in C++: the state of every chunk of a float32, int8
+#: or int4 cache in one pass per chunk (load_kernel compiles it).
 DECODE_KERNEL_SOURCE = r"""
 #include <algorithm>
 #include <cmath>
@@ -144,7 +146,7 @@ std::vector<torch::Tensor> fused_chunk_states(
 """
 
 
-# chapters/ch08-serving.qmd:200
+# chapters/ch08-serving.qmd:204
 #: Optimise for this CPU, with OpenMP's threads and simd loops; -ffast-math
 #: lets the exponentials' loop call glibc's vector exp. It is a compile flag
 #: only: the linker never sees it, so the process's float mode is unchanged.
@@ -152,10 +154,15 @@ KERNEL_FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math")
 
 
 class DecodeKernel(NamedTuple):
-    """The compiled decode kernel, or None and the reason it is missing."""
+    """The compiled decode kernel, or None and the reason it is missing.
+
+    Attributes:
+        module: the extension, whose fused_chunk_states is the C++ entry.
+        reason: "" when the kernel was built; else what was missing.
+    """
 
     module: ModuleType | None
-    reason: str  # "" when the kernel was built
+    reason: str
 
 
 def missing_build_tools() -> list[str]:
@@ -264,7 +271,7 @@ def fused_decode(query: Tensor, key: Tensor | ch05.QuantizedKV,
     return ch05.finish_online_softmax(state).reshape(query.shape)
 
 
-# chapters/ch08-serving.qmd:334
+# chapters/ch08-serving.qmd:343
 class Request(NamedTuple):
     """One request of a trace: when it arrives, and its lengths in tokens."""
 
