@@ -28,7 +28,7 @@ from . import decode
 from .serving import interleaved, ratio
 
 FULL = {"tokens": [4096, 16384, 32768, 65536], "rounds": 7, "min_run_time": 0.05, "chunk": 512,
-        "breakdown_tokens": [32768, 65536], "warm_tokens": 512, "seed": 0}
+        "breakdown_tokens": [32768, 65536], "warm_tokens": 1024, "seed": 0}
 QUICK = {"tokens": [1024, 4096], "rounds": 3, "min_run_time": 0.01, "chunk": 512,
          "breakdown_tokens": [4096], "warm_tokens": 512, "seed": 0}
 
@@ -138,19 +138,20 @@ def breakdown(query: torch.Tensor, copies: dict[str, list], settings: dict, thre
     """Return, per cache kind, where the kernel's step spends its time.
 
     ``states_seconds``: the C++ chunk states alone, cold; ``merge_seconds``: ch05.merge_states and
-    finish_online_softmax on those states; ``warm_seconds``: the whole step re-reading a single
-    cache of ``warm_tokens``, which stays in the CPU's caches, and ``arithmetic_seconds`` that time
-    scaled to T: what the step costs with no memory to wait for.
+    finish_online_softmax on those states. ``warm_seconds``: the chunk states re-reading a single
+    cache of ``warm_tokens`` (8 MiB in float32 at 1024 tokens, a quarter of a 32 MiB LLC), which
+    the CPU's caches hold, and ``arithmetic_seconds`` that time scaled to T: what the C++ costs when
+    it has no memory to wait for.
     """
     chunk, tokens, warm_tokens = settings["chunk"], copies["float32"][0][0].shape[2], settings["warm_tokens"]
     warm_query, warm = caches(warm_tokens, settings["seed"], cold=False)
-    rows = ch05.stacked_rows(query, KV_HEADS, None)
+    rows, warm_rows = (ch05.stacked_rows(q, KV_HEADS, None) for q in (query, warm_query))
     lines = []
     for kind in ("float32", "int8", "int4"):
         done = ch08.kernel_chunk_states(rows, *copies[kind][0], chunk)
         calls = {"states": decode._rotating(lambda pair: ch08.kernel_chunk_states(rows, *pair, chunk), copies[kind]),
                  "merge": lambda done=done: ch05.finish_online_softmax(ch05.merge_states(done, dim=2)),
-                 "warm": lambda cache=warm[kind][0]: ch08.fused_decode(warm_query, *cache, chunk=chunk)}
+                 "warm": lambda cache=warm[kind][0]: ch08.kernel_chunk_states(warm_rows, *cache, chunk)}
         timed = {name: time_call(call, threads=threads, min_run_time=settings["min_run_time"])["seconds"]
                  for name, call in calls.items()}
         lines.append({"cache": kind, "tokens": tokens, "states_seconds": timed["states"],
@@ -158,6 +159,26 @@ def breakdown(query: torch.Tensor, copies: dict[str, list], settings: dict, thre
                       "arithmetic_seconds": timed["warm"] * tokens / warm_tokens,
                       "warm_bytes": cache_bytes(warm[kind][0]), **work(kind, tokens)})
     return lines
+
+
+def agreement(tokens: int = 1000, chunk: int = 96, seed: int = 1) -> dict[str, float]:
+    """Return the kernel's largest difference from Chapter 5's steps at the GQA-8 shape, per cache kind.
+
+    float32 against ch05.split_kv_decode; int8 and int4 against ch05.decode_reference on the codes
+    (dequantise, then attend), and, for scale, ch05.int8_decode's own difference from that reference.
+    T = 1000 is no multiple of the chunk, so the last chunk is a short one.
+    """
+    query, copies = caches(tokens, seed, cold=False)
+    (floats,) = copies["float32"]
+    gaps = {"float32": float((ch08.fused_decode(query, *floats, chunk=chunk)
+                              - ch05.split_kv_decode(query, *floats, chunk=chunk)).abs().max())}
+    for kind in ("int8", "int4"):
+        (cache,) = copies[kind]
+        exact = ch05.decode_reference(query, *cache)
+        gaps[kind] = float((ch08.fused_decode(query, *cache, chunk=chunk) - exact).abs().max())
+        gaps[f"chapter5-{kind}"] = float((ch05.int8_decode(query, *cache) - exact).abs().max())
+    gaps["largest_output"] = float(ch05.split_kv_decode(query, *floats).abs().max())
+    return gaps
 
 
 def target_lines(records: list[dict]) -> list[dict]:
@@ -183,6 +204,8 @@ def run(settings: dict, *, threads: int, progress) -> dict:
     load_seconds = time.perf_counter() - started
     if kernel.module is None:
         raise RuntimeError(f"the kernel part needs the C++ kernel: {kernel.reason}")
+    gaps = agreement()
+    progress("kernel against Chapter 5: " + ", ".join(f"{name} {gap:.1e}" for name, gap in gaps.items()))
     records = []
     for tokens in settings["tokens"]:
         records.append(measure_length(tokens, settings, threads))
@@ -195,5 +218,5 @@ def run(settings: dict, *, threads: int, progress) -> dict:
     return {"shape": {"query_heads": QUERY_HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "batch": 1},
             "flags": list(ch08.KERNEL_FLAGS), "chunk": settings["chunk"], "reference": REFERENCE,
             "ratio_aims": RATIO_AIMS, "roofline_target": ROOFLINE_TARGET, "target_tokens": list(TARGET_TOKENS),
-            "cold_factor": decode.COLD_FACTOR, "lengths": records, "targets": targets, "threads": threads,
+            "cold_factor": decode.COLD_FACTOR, "lengths": records, "targets": targets, "threads": threads, "agreement": gaps,
             "load_seconds": load_seconds}

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from longctx import ch02, ch05, support
 
-# chapters/ch08-serving.qmd:60
+# chapters/ch08-serving.qmd:109
 #: The decode kernel in C++: the state of every chunk of a float32, int8
 #: or int4 cache in one pass per chunk (load_kernel compiles it).
 DECODE_KERNEL_SOURCE = r"""
@@ -146,7 +146,7 @@ std::vector<torch::Tensor> fused_chunk_states(
 """
 
 
-# chapters/ch08-serving.qmd:204
+# chapters/ch08-serving.qmd:280
 #: Optimise for this CPU, with OpenMP's threads and simd loops; -ffast-math
 #: lets the exponentials' loop call glibc's vector exp. It is a compile flag
 #: only: the linker never sees it, so the process's float mode is unchanged.
@@ -271,7 +271,7 @@ def fused_decode(query: Tensor, key: Tensor | ch05.QuantizedKV,
     return ch05.finish_online_softmax(state).reshape(query.shape)
 
 
-# chapters/ch08-serving.qmd:343
+# chapters/ch08-serving.qmd:720
 class Request(NamedTuple):
     """One request of a trace: when it arrives, and its lengths in tokens."""
 
