@@ -274,6 +274,9 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
                                                plan=_ch("ch08").plan_chunked, layers=2, max_batch=4)),
 
         # -- kernel
+        # the decode kernel's checked entry: float32 caches here, QuantizedKV ones in tests/test_ch08_kernel.py
+        "ch08.fused_decode": Valid(lambda: dict(query=_randn(1, 4, 1, 8), key=_randn(1, 2, 5, 8, seed=1),
+                                                value=_randn(1, 2, 5, 8, seed=2), chunk=2)),
 
         # -- paged
         # the layouts' rules, the replay that serves a trace with one, the pool and its paged tensors,
@@ -469,6 +472,13 @@ SILENT: list[Silent] = [
                                                                        "seconds": 0.1}]), "points"),
 
     # -- kernel
+    Silent("ch08", "a zero chunk for the C++ decode kernel (a division by zero in C++)",
+           lambda: _ch("ch08").fused_decode(*_decode_step(), chunk=0), "chunk"),
+    Silent("ch08", "int8 keys beside int4 values: the kernel would read one cache's bytes as the other's",
+           lambda: _ch("ch08").fused_decode(_decode_step()[0], _ch("ch05").quantize_cache(_decode_step()[1], 8),
+                                            _ch("ch05").quantize_cache(_decode_step()[2], 4)), "value"),
+    Silent("ch08", "KV heads that do not divide the query heads, which the kernel would read past",
+           lambda: _ch("ch08").fused_decode(_randn(1, 4, 1, 8), _randn(1, 3, 5, 8), _randn(1, 3, 5, 8)), "key heads"),
 
     # -- paged
     Silent("ch08", "pages of no tokens (every sequence would fit in none)",
