@@ -22,7 +22,7 @@ from longctx import support
 
 from experiments.common import RESULTS_DIR
 
-STUDIES = ("copying", "extension", "forgetting")
+STUDIES = ("copying", "extension", "forgetting", "speculative")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

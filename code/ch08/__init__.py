@@ -4,10 +4,26 @@
 
 from ._generated import (
     Request,
+    SpeculativeRun,
+    acceptance_rate,
+    expected_speedup,
+    expected_tokens,
     request_trace,
+    speculative_generate,
+    speculative_verify,
+    token_probabilities,
+    truncate_cache,
 )
 
 __all__ = [
     "Request",
+    "SpeculativeRun",
+    "acceptance_rate",
+    "expected_speedup",
+    "expected_tokens",
     "request_trace",
+    "speculative_generate",
+    "speculative_verify",
+    "token_probabilities",
+    "truncate_cache",
 ]
