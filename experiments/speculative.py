@@ -21,7 +21,9 @@ on the held-out tenth:
 * at temperature 0, whether speculative decoding writes the target's greedy text, for every k;
 * end-to-end time: plain cached decoding of the target (``ch02.generate``) against speculative
   decoding for every k, the same prompts and seeds, in interleaved rounds; each speedup is the
-  median per-round ratio with its distribution-free interval.
+  median per-round ratio with its distribution-free interval (and, over the rounds of every
+  gated seed together, ``pooled_speedup``); then each decode again with the time inside the
+  two models' forwards added up by hooks (``decode_parts``): what the rest of the loop costs.
 
 One more job (``run_intensity``) times the verification step itself at a served model's shape
 (GQA with ``query_heads`` query heads and ``kv_heads`` KV heads of width ``head_dim``, float32, one
@@ -41,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import multiprocessing
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -67,7 +70,8 @@ class SpeculativeSettings:
     at the draft's rate a pilot's target stalled above the draft's loss).
     Decoding samples at ``temperature``: ``new_tokens`` bytes after each of ``prompts`` held-out
     prompts of ``prompt`` bytes, for each k of ``ks``; the first ``timing_prompts`` of them are
-    timed, ``rounds`` interleaved rounds, and the steps ``step_rounds`` rounds. alpha is read on
+    timed, ``rounds`` interleaved rounds, the steps ``step_rounds`` rounds, and the decodes again
+    ``part_repeats`` times with the models' forwards timed inside them. alpha is read on
     ``alpha_windows`` held-out windows. The verification step is timed at each cache length of
     ``intensity_tokens`` and each k of ``intensity_ks``, ``intensity_rounds`` rounds; ``floors``
     is ``"full"`` or ``"quick"`` (the floors' own sizes).
@@ -96,8 +100,9 @@ class SpeculativeSettings:
     prompts: int = 8
     alpha_windows: int = 16
     timing_prompts: int = 2
-    rounds: int = 7
+    rounds: int = 9
     step_rounds: int = 7
+    part_repeats: int = 3
     intensity_tokens: tuple[int, ...] = (16_384,)
     intensity_ks: tuple[int, ...] = (1, 2, 4, 8)
     intensity_rounds: int = 7
@@ -115,7 +120,8 @@ class SpeculativeSettings:
             object.__setattr__(self, name, tuple(value))
         for name in ("heads", "draft_layers", "draft_d_model", "target_layers", "target_d_model",
                      "draft_steps", "target_steps", "batch_size", "prompts", "alpha_windows",
-                     "rounds", "step_rounds", "intensity_rounds", "query_heads", "kv_heads",
+                     "rounds", "step_rounds", "part_repeats", "intensity_rounds", "query_heads",
+                     "kv_heads",
                      "head_dim"):
             support.check_int(name, getattr(self, name), minimum=1)
         support.check_int("context_length", self.context_length, minimum=4)
@@ -148,7 +154,7 @@ class SpeculativeSettings:
 TINY = SpeculativeSettings(context_length=24, heads=2, draft_d_model=8, target_layers=2,
                            target_d_model=16, draft_steps=2, target_steps=2, batch_size=2,
                            gate_margin=0.0, gate_baseline=0.0, ks=(1, 3), prompt=8, new_tokens=12,
-                           prompts=2, alpha_windows=2, timing_prompts=1, rounds=2, step_rounds=2,
+                           prompts=2, alpha_windows=2, timing_prompts=1, rounds=2, step_rounds=2, part_repeats=1,
                            intensity_tokens=(256,), intensity_ks=(1, 2), intensity_rounds=2,
                            query_heads=4, kv_heads=2, head_dim=8, floors="quick", seeds=(0,))
 SIZES = {"full": SpeculativeSettings(), "tiny": TINY}
@@ -242,6 +248,43 @@ def step_costs(settings: SpeculativeSettings, target, draft, prompt: list[int]) 
             "verify": {str(k): ratio(seconds, f"target_{k + 1}", "target") for k in settings.ks}}
 
 
+def decode_parts(functions: dict, target, draft, tokens: int, *, repeats: int) -> dict:
+    """Seconds per token of each decode of ``functions``, whole and inside each model's forwards.
+
+    Forward hooks on both models add up the time spent in their forwards; whatever else a decode
+    takes is the loop's own work. Each decode runs ``repeats`` times, in a rotating order; the
+    medians are kept.
+    """
+    spent, started = {"target": 0.0, "draft": 0.0}, {}
+
+    def before(name: str):
+        def hook(module, args):
+            started[name] = time.perf_counter()
+        return hook
+
+    def after(name: str):
+        def hook(module, args, output):
+            spent[name] += time.perf_counter() - started[name]
+        return hook
+
+    models = (("target", target), ("draft", draft))
+    handles = [model.register_forward_pre_hook(before(name)) for name, model in models]
+    handles += [model.register_forward_hook(after(name)) for name, model in models]
+    names, records = list(functions), {name: [] for name in functions}
+    try:
+        for turn in range(repeats):
+            for name in names[turn % len(names):] + names[:turn % len(names)]:
+                spent.update(target=0.0, draft=0.0)
+                clock = time.perf_counter()
+                functions[name]()
+                records[name].append({"total": time.perf_counter() - clock, **spent})
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: {part: statistics.median(r[part] for r in rows) / tokens
+                   for part in ("total", "target", "draft")} for name, rows in records.items()}
+
+
 def run_job(settings: SpeculativeSettings, seed: int) -> dict:
     """Train the draft and the target with ``seed``; measure alpha, the costs and the speeds."""
     s = settings
@@ -306,7 +349,9 @@ def run_job(settings: SpeculativeSettings, seed: int) -> dict:
         middle, low, high, covered = median_interval([tokens / v for v in values])
         rates[name] = {"median": middle, "low": low, "high": high, "coverage": covered}
     run["decode"] = {"seconds": seconds, "tokens": tokens, "tokens_per_second": rates,
-                     "speedup": {str(k): ratio(seconds, "plain", f"k{k}") for k in s.ks}}
+                     "speedup": {str(k): ratio(seconds, "plain", f"k{k}") for k in s.ks},
+                     "parts": decode_parts(functions, target, draft, tokens,
+                                           repeats=s.part_repeats)}
     run["passed"] = passes_gate(run, s)
     run["seconds"] = time.perf_counter() - clock
     run["cpu_seconds"] = time.process_time() - cpu
@@ -366,6 +411,16 @@ def run_intensity(settings: SpeculativeSettings) -> dict:
             "seconds": time.perf_counter() - clock}
 
 
+def pooled_speedup(runs: list[dict], ks: tuple[int, ...]) -> dict:
+    """The speedup at each k over the interleaved rounds of every gated seed together: the median
+    of all their per-round ratios, with its distribution-free interval (none if no seed passed)."""
+    gated = [run for run in runs if run["passed"]]
+    speedup = {str(k): ratio({name: [v for run in gated for v in run["decode"]["seconds"][name]]
+                              for name in ("plain", f"k{k}")}, "plain", f"k{k}")
+               for k in ks} if gated else {}
+    return {"seeds": [run["seed"] for run in gated], "speedup": speedup}
+
+
 def job_count(settings: SpeculativeSettings) -> int:
     """The processes a run starts: one per seed, and the verification timing."""
     return len(settings.seeds) + 1
@@ -394,4 +449,5 @@ def run_experiment(settings: SpeculativeSettings, *, jobs: int = 2, progress: bo
         print(f"  verification timing: {intensity['seconds']:.0f} s", file=sys.stderr, flush=True)
     return {"settings": dataclasses.asdict(settings), "evaluation_seed": EVALUATION_SEED,
             "gate": {"margin": settings.gate_margin, "baseline": settings.gate_baseline},
-            "runs": runs, "intensity": intensity}
+            "runs": runs, "pooled_speedup": pooled_speedup(runs, settings.ks),
+            "intensity": intensity}

@@ -272,6 +272,30 @@ def test_the_tiny_experiment_measures_every_k_on_the_same_prompts():
     assert job["costs"]["cost"]["of"] == "draft" and job["costs"]["cost"]["ratio"] > 0
     assert job["passed"] == speculative.passes_gate(job, s)
     assert job["parameters"]["target"] > job["parameters"]["draft"]
+    parts = job["decode"]["parts"]  # the time inside each model's forwards, per token
+    assert set(parts) == set(job["decode"]["seconds"]) and parts["plain"]["draft"] == 0
+    for part in parts.values():
+        assert 0 < part["target"] and part["target"] + part["draft"] <= part["total"]
+    assert all(parts[f"k{k}"]["draft"] > 0 for k in s.ks)
+    assert set(job["greedy_equal"]) == {str(k) for k in s.ks}
+    checks = {f"check_{k}" for k in s.ks} | {"sample", "plain_sample", "draft", "target"}
+    assert checks <= set(job["costs"]["seconds"])
+
+
+def test_the_pooled_speedup_takes_the_rounds_of_the_gated_seeds_only():
+    from experiments import speculative
+
+    def run(seed: int, passed: bool, plain: list[float], fast: list[float]) -> dict:
+        return {"seed": seed, "passed": passed, "decode": {"seconds": {"plain": plain, "k2": fast}}}
+
+    runs = [run(0, True, [2.0, 2.0, 2.0], [1.0, 1.0, 2.0]), run(1, False, [1.0] * 3, [9.0] * 3),
+            run(2, True, [3.0, 3.0, 3.0], [1.0, 1.5, 1.0])]
+    pooled = speculative.pooled_speedup(runs, (2,))
+    assert pooled["seeds"] == [0, 2]
+    share = pooled["speedup"]["2"]
+    assert share["rounds"] == 6 and share["ratio"] == 2.0  # ratios 2, 2, 1, 3, 2, 3: seed 1 left out
+    assert share["low"] == 1.0 and share["high"] == 3.0
+    assert speculative.pooled_speedup(runs[1:2], (2,)) == {"seeds": [], "speedup": {}}
 
 
 @pytest.mark.slow

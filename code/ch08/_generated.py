@@ -55,7 +55,7 @@ def request_trace(count: int, *, seed: int = 0, rate: float = 4.0,
             zip(gaps.cumsum(0), prompts, outputs, strict=True)]
 
 
-# chapters/ch08-serving.qmd:325
+# chapters/ch08-serving.qmd:321
 def token_probabilities(logits: Tensor, temperature: float) -> Tensor:
     """Return the distribution (..., n_vocab) a sampler draws from.
 
@@ -101,7 +101,7 @@ def expected_speedup(alpha: float, k: int, cost: float) -> float:
     return expected_tokens(alpha, k) / (k * cost + 1)
 
 
-# chapters/ch08-serving.qmd:377
+# chapters/ch08-serving.qmd:373
 def speculative_verify(target: Tensor, draft: Tensor, drafted: Tensor,
                        generator: torch.Generator) -> tuple[int, int]:
     """Return (kept, next token) for k drafted tokens.
@@ -126,7 +126,7 @@ def speculative_verify(target: Tensor, draft: Tensor, drafted: Tensor,
     return first, int(torch.multinomial(leftover, 1, generator=generator))
 
 
-# chapters/ch08-serving.qmd:459
+# chapters/ch08-serving.qmd:455
 def truncate_cache(cache: ch02.KVCache, length: int) -> ch02.KVCache:
     """Cut every layer of ``cache`` back to its first ``length`` tokens.
 
@@ -143,7 +143,7 @@ def truncate_cache(cache: ch02.KVCache, length: int) -> ch02.KVCache:
     return cache
 
 
-# chapters/ch08-serving.qmd:484
+# chapters/ch08-serving.qmd:480
 class SpeculativeRun(NamedTuple):
     """What speculative_generate wrote, and how each target step went.
 
