@@ -115,6 +115,7 @@ experiment: $(ENV_STAMP)
 	nice -n 5 $(PY) -m experiments copying
 	nice -n 5 $(PY) -m experiments extension
 	nice -n 5 $(PY) -m experiments forgetting --jobs 2
+	nice -n 5 $(PY) -m experiments speculative
 
 clean:
 	rm -rf _book _build _freeze notebooks .quarto .pytest_cache .ruff_cache .hypothesis tests/artifacts

@@ -302,7 +302,16 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
                          pages=64, page_size=4)),
 
         # -- speculative
-
+        "ch08.truncate_cache": Valid(lambda: dict(cache=_tiny_model().new_cache(), length=0),
+                                     accepts={"length": {"zero"}}),  # an empty cache cut to nothing
+        "ch08.expected_tokens": Valid(lambda: dict(alpha=0.5, k=3), accepts={"alpha": {"zero"}, "k": {"zero"}}),
+        "ch08.expected_speedup": Valid(lambda: dict(alpha=0.5, k=3, cost=0.25),
+                                       accepts={"alpha": {"zero"}, "k": {"zero"}, "cost": {"zero"}}),
+        "ch08.speculative_generate": Valid(
+            lambda: dict(target=_tiny_model(), draft=_tiny_model(), prompt_ids=[1, 2], max_new_tokens=3, k=2,
+                         temperature=1.0, seed=0),
+            accepts={"temperature": {"zero"}, "seed": {"zero"}},  # greedy; a seed of 0
+        ),
     },
     # ---------------------------------------------------------------- ch09: the ranking of served caches, and its reader
     "ch09": {
@@ -496,7 +505,16 @@ SILENT: list[Silent] = [
            lambda: _ch("ch08").conversation_trace(3, system_tokens=300, max_tokens=200), "max_tokens"),
 
     # -- speculative
-
+    Silent("ch08", "a negative temperature (the softmax of the negated logits)",
+           lambda: _ch("ch08").token_probabilities(torch.zeros(4), -1.0), "temperature"),
+    Silent("ch08", "a cache cut to more tokens than it holds (a silent no-op)",
+           lambda: _ch("ch08").truncate_cache(_tiny_model().new_cache(), 1), "length"),
+    Silent("ch08", "an acceptance rate above 1", lambda: _ch("ch08").expected_tokens(1.5, 3), "alpha"),
+    Silent("ch08", "a draft of another vocabulary (its ids mean other tokens)",
+           lambda: _ch("ch08").speculative_generate(
+               _tiny_model(), _ch("ch02").TinyGPT(_ch("ch02").GPTConfig(vocab_size=8, context_length=8, d_model=8,
+                                                                         layers=1, heads=2)),
+               [1], 2, k=1, temperature=0), "draft"),
     # Chapter 9
     Silent("ch09", "a negative memory (nothing would fit, without a word)",
            lambda: _ch("ch09").served_options(_ch("ch03").KVConfig("toy", layers=2, query_heads=4, head_dim=8,

@@ -35,7 +35,8 @@ PYRIGHT = ROOT / "web" / "node_modules" / ".bin" / "pyright"
 WHEEL_SOURCES = ("pyproject.toml", "README.md", "code", "data", "experiments/results", "benchmarks/results")
 # The saved runs the chapters read, shipped as package data: support.load_results's prefixes.
 SAVED_RUNS = {"copying": "experiments/results", "extension": "experiments/results",
-              "forgetting": "experiments/results", "benchmarks": "benchmarks/results"}
+              "forgetting": "experiments/results", "speculative": "experiments/results",
+              "benchmarks": "benchmarks/results", "serving": "benchmarks/results"}
 
 
 def _run(command: list[str], **kwargs) -> subprocess.CompletedProcess:

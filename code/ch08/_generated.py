@@ -21,7 +21,7 @@ from torch import Tensor
 from longctx import ch02, ch03, ch05, support
 
 
-# chapters/ch08-serving.qmd:86
+# chapters/ch08-serving.qmd:91
 class LayerShape(NamedTuple):
     """The sizes of one Llama-style decoder layer.
 
@@ -69,7 +69,7 @@ def layer_shape(mapping: Mapping[str, Any]) -> LayerShape:
                       attention.head_dim, hidden, eps)
 
 
-# chapters/ch08-serving.qmd:174
+# chapters/ch08-serving.qmd:179
 class LayerWeights(NamedTuple):
     """One layer's weights; a matrix is (outputs, inputs), as nn.Linear's.
 
@@ -132,7 +132,7 @@ def layer_weights(shape: LayerShape, *, dtype: str = "float32",
         matrix(d_model, shape.hidden))
 
 
-# chapters/ch08-serving.qmd:248
+# chapters/ch08-serving.qmd:253
 def rms_norm(x: Tensor, gain: Tensor, eps: float) -> Tensor:
     """Return x / sqrt(mean(x^2) + eps) * gain over the last dimension."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
@@ -172,7 +172,7 @@ def finish_layer(x: Tensor, mixed: Tensor, weights: LayerWeights,
     return x + swiglu(rms_norm(x, weights.mlp_norm, shape.eps), weights)
 
 
-# chapters/ch08-serving.qmd:289
+# chapters/ch08-serving.qmd:294
 def decode_step(x: Tensor, weights: LayerWeights, keys: Tensor,
                 values: Tensor, shape: LayerShape) -> Tensor:
     """Return one layer's decode step (B, 1, D) for one token a sequence.
@@ -188,7 +188,7 @@ def decode_step(x: Tensor, weights: LayerWeights, keys: Tensor,
     return finish_layer(x, mixed, weights, shape)
 
 
-# chapters/ch08-serving.qmd:668
+# chapters/ch08-serving.qmd:673
 #: The decode kernel in C++: the state of every chunk of a float32, int8
 #: or int4 cache in one pass per chunk (load_kernel compiles it).
 DECODE_KERNEL_SOURCE = r"""
@@ -319,7 +319,7 @@ std::vector<torch::Tensor> fused_chunk_states(
 """
 
 
-# chapters/ch08-serving.qmd:839
+# chapters/ch08-serving.qmd:844
 #: Optimise for this CPU, with OpenMP's threads and simd loops; -ffast-math
 #: lets the exponentials' loop call glibc's vector exp. It is a compile flag
 #: only: the linker never sees it, so the process's float mode is unchanged.
@@ -444,7 +444,7 @@ def fused_decode(query: Tensor, key: Tensor | ch05.QuantizedKV,
     return ch05.finish_online_softmax(state).reshape(query.shape)
 
 
-# chapters/ch08-serving.qmd:1299
+# chapters/ch08-serving.qmd:1304
 class Request(NamedTuple):
     """One request of a trace: when it arrives, and its lengths in tokens.
 
@@ -494,7 +494,7 @@ def request_trace(count: int, *, seed: int = 0, rate: float = 4.0,
             zip(gaps.cumsum(0), prompts, outputs, strict=True)]
 
 
-# chapters/ch08-serving.qmd:1386
+# chapters/ch08-serving.qmd:1391
 #: A layout's rule: the tokens of memory it holds for a request's
 #: sequence while the sequence has cached the given number of tokens.
 Reservation = Callable[[Request, int], int]
@@ -583,7 +583,7 @@ def replay_memory(trace: list[Request], budget: int, reserve: Reservation, *,
             "steps": steps, "preemptions": preemptions}
 
 
-# chapters/ch08-serving.qmd:1577
+# chapters/ch08-serving.qmd:1582
 class PagePool:
     """Pages of ``page_size`` tokens: a free list, counts, block tables.
 
@@ -672,7 +672,7 @@ class PagePool:
         del self.lengths[sequence]
 
 
-# chapters/ch08-serving.qmd:1735
+# chapters/ch08-serving.qmd:1740
 def page_states(rows: Tensor, key_pages: Tensor, value_pages: Tensor,
                 table: Sequence[int], tokens: int) -> ch05.OnlineState:
     """Return the state (m, l, a) of every page of one sequence.
@@ -761,7 +761,7 @@ class PagedKVCache:
                             [self.pool.lengths[s] for s in sequences])
 
 
-# chapters/ch08-serving.qmd:2119
+# chapters/ch08-serving.qmd:2124
 @dataclass(eq=False)
 class RadixNode:
     """A node of a prefix tree: the edge into it, a whole number of pages.
@@ -897,7 +897,7 @@ class RadixCache:
         return freed
 
 
-# chapters/ch08-serving.qmd:2307
+# chapters/ch08-serving.qmd:2312
 class Turn(NamedTuple):
     """One turn of a conversation: when it comes, what it reads and writes.
 
@@ -1018,7 +1018,7 @@ def serve_conversations(turns: list[Turn], pages: int,
     return found
 
 
-# chapters/ch08-serving.qmd:2649
+# chapters/ch08-serving.qmd:2654
 def chunk_attention(query: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     """Return causal attention of a chunk's n queries over its prefix.
 
@@ -1074,7 +1074,7 @@ def mixed_step(chunk: Tensor, chunk_keys: Tensor, chunk_values: Tensor,
     return out[:, :length], out[0, length:].unsqueeze(1)
 
 
-# chapters/ch08-serving.qmd:2762
+# chapters/ch08-serving.qmd:2767
 def chunk_pairs(start: int, length: int) -> int:
     """Return the (query, key) pairs a causal chunk scores.
 
@@ -1141,7 +1141,7 @@ def fit_step_cost(points: Sequence[Mapping[str, float]]) -> StepCost:
     return StepCost(*(solution[:, 0] / scale).tolist())
 
 
-# chapters/ch08-serving.qmd:2901
+# chapters/ch08-serving.qmd:2906
 class Served(NamedTuple):
     """What serving a trace gave: each request's waits, and the machine's.
 
@@ -1279,3 +1279,166 @@ def serve_trace(trace: Sequence, cost: StepCost, *, chunk: int | None,
                  / (trace[r].output - 1) for r in range(len(trace))
                  if trace[r].output > 1]
     return Served(first_token, per_token, gaps, busy / clock, steps)
+
+
+# chapters/ch08-serving.qmd:3377
+def token_probabilities(logits: Tensor, temperature: float) -> Tensor:
+    """Return the distribution (..., n_vocab) a sampler draws from.
+
+    The softmax of ``logits / temperature``; at temperature 0, the one-hot
+    row of the argmax, so that greedy decoding is sampling from it.
+    """
+    support.check_number("temperature", temperature, minimum=0)
+    if temperature == 0:
+        best = logits.argmax(-1, keepdim=True)  # (..., 1)
+        return torch.zeros_like(logits).scatter_(-1, best, 1.0)
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def acceptance_rate(target: Tensor, draft: Tensor) -> Tensor:
+    """Return alpha = sum_x min(P(x), P_hat(x)) for each row (...).
+
+    target P and draft P_hat are distributions (..., n_vocab); alpha is
+    the chance that a drafted token is kept, one minus the total variation
+    distance between the two.
+    """
+    return torch.minimum(target, draft).sum(-1)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Return the mean tokens one target step writes, as the papers give it.
+
+    With k drafted tokens each kept with chance ``alpha``: 1 + alpha + ...
+    + alpha^k = (1 - alpha^(k+1)) / (1 - alpha), which is k + 1 at 1.
+    """
+    alpha = support.check_number("alpha", alpha, minimum=0, maximum=1)
+    k = support.check_int("k", k, minimum=0)
+    return k + 1.0 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def expected_speedup(alpha: float, k: int, cost: float) -> float:
+    """Return the papers' expected speedup over plain decoding.
+
+    ``cost`` is c, a draft step's time over a target step's; a round costs
+    k c + 1 target steps if the target's k + 1 positions cost one step,
+    and writes expected_tokens(alpha, k) tokens.
+    """
+    cost = support.check_number("cost", cost, minimum=0)
+    return expected_tokens(alpha, k) / (k * cost + 1)
+
+
+# chapters/ch08-serving.qmd:3429
+def speculative_verify(target: Tensor, draft: Tensor, drafted: Tensor,
+                       generator: torch.Generator) -> tuple[int, int]:
+    """Return (kept, next token) for k drafted tokens.
+
+    target (k + 1, n_vocab): P at each drafted position and one past the
+    last; draft (k, n_vocab): the P_hat each drafted token was drawn from;
+    drafted (k,). Token i is kept with chance min(1, P / P_hat); the first
+    one refused is replaced from max(0, P - P_hat), normalised; if all k
+    are kept, the next token is drawn from the last row of P.
+    """
+    k = drafted.shape[0]
+    rows = torch.arange(k)
+    ratio = target[rows, drafted] / draft[rows, drafted]  # P / P_hat
+    uniform = torch.rand(k, generator=generator, dtype=ratio.dtype)
+    refused = (uniform >= ratio).nonzero()  # u < ratio keeps token i
+    if refused.numel() == 0:
+        return k, int(torch.multinomial(target[k], 1, generator=generator))
+    first = int(refused[0, 0])
+    leftover = (target[first] - draft[first]).clamp(min=0)
+    if leftover.sum() == 0:  # P = P_hat up to rounding: nothing left over
+        leftover = target[first]
+    return first, int(torch.multinomial(leftover, 1, generator=generator))
+
+
+# chapters/ch08-serving.qmd:3511
+def truncate_cache(cache: ch02.KVCache, length: int) -> ch02.KVCache:
+    """Cut every layer of ``cache`` back to its first ``length`` tokens.
+
+    The rollback after a refused draft: the tokens past ``length`` are
+    dropped in place, and the next forward continues at ``length``.
+    Returns the same cache.
+    """
+    support.check_type("cache", cache, ch02.KVCache)
+    length = support.check_int("length", length, minimum=0,
+                               maximum=cache.length)  # no silent no-op
+    for layer in range(cache.layers):  # (B, H, T, d_h) -> (B, H, length, d_h)
+        cache.keys[layer] = cache.keys[layer][:, :, :length]
+        cache.values[layer] = cache.values[layer][:, :, :length]
+    return cache
+
+
+# chapters/ch08-serving.qmd:3536
+class SpeculativeRun(NamedTuple):
+    """What speculative_generate wrote, and how each target step went.
+
+    Attributes:
+        tokens: The new token ids.
+        drafted: The tokens drafted before each target step.
+        accepted: Of those, how many the target kept, step by step.
+    """
+
+    tokens: list[int]
+    drafted: list[int]
+    accepted: list[int]
+
+
+@torch.no_grad()
+def speculative_generate(target: ch02.TinyGPT, draft: ch02.TinyGPT,
+                         prompt_ids: list[int] | Tensor, max_new_tokens: int,
+                         *, k: int = 4, temperature: float = 1.0,
+                         seed: int | None = None) -> SpeculativeRun:
+    """Return ``max_new_tokens`` ids of ``target``, drafted by ``draft``.
+
+    Each round the draft writes k tokens, one cached step each; the target
+    reads the last token and the k drafted ones in one cached forward,
+    speculative_verify keeps a prefix and adds one token, and both caches
+    are cut back to the text kept. The output is distributed as the
+    target's own samples at ``temperature`` (0: its greedy text). Both
+    models are left in eval mode.
+    """
+    support.check_type("target", target, ch02.TinyGPT)
+    support.check_type("draft", draft, ch02.TinyGPT)
+    vocab = target.config.vocab_size
+    if draft.config.vocab_size != vocab:
+        raise ValueError(f"draft must share the target's vocabulary "
+                         f"(got {draft.config.vocab_size} and {vocab})")
+    longest = min(target.config.context_length, draft.config.context_length)
+    prompt = support.check_int_sequence("prompt_ids", prompt_ids, minimum=0,
+                                        maximum=vocab - 1, nonempty=True,
+                                        max_length=longest).tolist()
+    max_new_tokens = support.check_int("max_new_tokens", max_new_tokens,
+                                       minimum=1, maximum=longest - len(prompt))
+    k = support.check_int("k", k, minimum=1)
+    temperature = support.check_number("temperature", temperature, minimum=0)
+    seed = support.check_int("seed", seed, minimum=0, optional=True)
+    if temperature > 0 and seed is None:
+        raise ValueError("sampling (temperature > 0) needs a seed")
+    generator = torch.Generator().manual_seed(seed or 0)
+    for model in (target, draft):
+        model.eval()  # no dropout while decoding
+    sequence, caches = list(prompt), (target.new_cache(), draft.new_cache())
+    drafted_counts, accepted_counts = [], []
+    while (left := max_new_tokens - (len(sequence) - len(prompt))) > 0:
+        drafted, rows = [], []
+        for _ in range(min(k, left - 1)):  # no token drafted past the end
+            unread = (sequence + drafted)[caches[1].length :]
+            logits = draft(torch.tensor([unread]), caches[1])[0, -1]
+            rows.append(token_probabilities(logits, temperature))
+            drafted.append(int(torch.multinomial(rows[-1], 1,
+                                                 generator=generator)))
+        unread = (sequence + drafted)[caches[0].length :]  # 1 + k tokens
+        logits = target(torch.tensor([unread]), caches[0])[0]
+        checked = token_probabilities(logits[-len(drafted) - 1 :],
+                                      temperature)  # (k + 1, n_vocab)
+        kept, token = speculative_verify(
+            checked, torch.stack(rows) if rows else checked[:0],
+            torch.tensor(drafted, dtype=torch.long), generator)
+        sequence += drafted[:kept] + [token]
+        for cache in caches:  # keep only keys of the text both agree on
+            truncate_cache(cache, min(cache.length, len(sequence) - 1))
+        drafted_counts.append(len(drafted))
+        accepted_counts.append(kept)
+    return SpeculativeRun(sequence[len(prompt) :], drafted_counts,
+                          accepted_counts)
