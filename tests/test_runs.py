@@ -192,7 +192,7 @@ def test_every_saved_run_loads_outside_the_repository(tmp_path):
 
 
 def test_every_study_gives_the_shared_command_line_its_sizes_and_job_count():
-    """python -m experiments {copying,extension,forgetting}: one main() reads each study's SIZES and
+    """python -m experiments {copying,extension,forgetting,speculative}: one main() reads each study's SIZES and
     job_count (how many processes a run can keep busy) and runs its run_experiment."""
     import importlib
 
@@ -203,7 +203,8 @@ def test_every_study_gives_the_shared_command_line_its_sizes_and_job_count():
         study = importlib.import_module(f"experiments.{name}")
         assert sorted(study.SIZES) == ["full", "tiny"] and callable(study.run_experiment), name
         counts[name] = (study.job_count(study.SIZES["tiny"]), study.job_count(study.SIZES["full"]))
-    # copying: seeds x 3 mixers; extension: a seed each on the matched base, and the other base's; forgetting: seeds
-    assert counts == {"copying": (6, 15), "extension": (3, 7), "forgetting": (2, 5)}
+    # copying: seeds x 3 mixers; extension: a seed each on the matched base, and the other base's; forgetting: seeds;
+    # speculative: a seed each, and the verification timing
+    assert counts == {"copying": (6, 15), "extension": (3, 7), "forgetting": (2, 5), "speculative": (2, 3)}
     args = parse_args(["forgetting", "--jobs", "3", "--seeds", "4", "5"])
     assert (args.study, args.size, args.jobs, args.seeds, args.out) == ("forgetting", "full", 3, [4, 5], None)
