@@ -26,17 +26,14 @@ fresh process of one torch thread.
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import statistics
-import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import torch
 from longctx import ch02, ch06, ch07, support
 
-from experiments.common import bits, texts
+from experiments.common import bits, run_seeds, texts
 
 #: The held-out windows of seed s are drawn with EVALUATION_SEED + s: the same trials for every
 #: policy and budget of one model, different trials for each seed.
@@ -268,14 +265,7 @@ def run_experiment(settings: ForgettingSettings, *, jobs: int = 2, progress: boo
     support.check_type("settings", settings, ForgettingSettings)
     jobs = support.check_int("jobs", jobs, minimum=1)
     support.check_bool("progress", progress)
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(settings.seeds)), mp_context=context) as pool:
-        futures = [pool.submit(run_job, settings, seed) for seed in settings.seeds]
-        runs = []
-        for seed, future in zip(settings.seeds, futures, strict=True):
-            runs.append(future.result())
-            if progress:
-                print(f"  seed {seed}: {runs[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
+    runs = run_seeds(run_job, settings, jobs=jobs, progress=progress)
     return {"settings": dataclasses.asdict(settings), "budgets": list(ch07.BUDGETS),
             "policies": {name: settings for name, (_, settings) in ch07.POLICIES.items()},
             "pyramid_beta": ch07.PYRAMID_BETA, "evaluation_seed": EVALUATION_SEED,

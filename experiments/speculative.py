@@ -54,6 +54,7 @@ from longctx import ch02, ch03, ch08, support
 
 from benchmarks import decode, floors
 from benchmarks.serving import interleaved, median_interval, ratio
+from experiments.common import run_seeds
 
 #: The held-out windows and prompts of seed s are drawn with EVALUATION_SEED + s.
 EVALUATION_SEED = 3_000
@@ -435,14 +436,8 @@ def run_experiment(settings: SpeculativeSettings, *, jobs: int = 2, progress: bo
     support.check_type("settings", settings, SpeculativeSettings)
     jobs = support.check_int("jobs", jobs, minimum=1)
     support.check_bool("progress", progress)
+    runs = run_seeds(run_job, settings, jobs=jobs, progress=progress)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(settings.seeds)), mp_context=context) as pool:
-        futures = [pool.submit(run_job, settings, seed) for seed in settings.seeds]
-        runs = []
-        for seed, future in zip(settings.seeds, futures, strict=True):
-            runs.append(future.result())
-            if progress:
-                print(f"  seed {seed}: {runs[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:  # alone on the machine
         intensity = pool.submit(run_intensity, settings).result()
     if progress:
