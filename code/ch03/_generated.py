@@ -152,9 +152,11 @@ def inverse_frequencies(dim: int,                      # d_R, even
     divided by ``factor``. ``ntk``: the bands of ``ntk_base`` (Equation
     3.5). ``yarn``: the ramp of Equation 3.4, with magnitude
     0.1 ln(factor) + 1. ``llama3``: the wavelength bands of Equation 3.3.
-    Every method but YaRN returns magnitude 1. An odd ``dim``, an unknown
-    ``method`` or a ``factor`` below 1 is refused: each would give bands
-    without an error.
+    Checked against Hugging Face transformers 5.23.0
+    (``modeling_rope_utils``): the same bands for the same width, base,
+    factor and trained length. Every method but YaRN returns magnitude 1.
+    An odd ``dim``, an unknown ``method`` or a ``factor`` below 1 is
+    refused: each would give bands without an error.
     """
     dim = check_int("dim", dim)                # each would give bands silently
     if dim % 2:                                # odd: a coordinate left unturned
@@ -192,6 +194,8 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
                                          original_context))
     high = math.ceil(yarn_correction_dim(beta_slow, dim, base,
                                          original_context))
+    # capped at d_R - 1 as the reference caps it, not at the last band
+    # d_R/2 - 1: the clip hides it unless j(beta_slow) lies past that band
     low, high = max(low, 0), min(high, dim - 1)        # j_low, j_high
     if low == high:
         high += 0.001                    # as the reference does, to avoid 0/0
@@ -199,7 +203,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:857
+# chapters/ch03-long-context.qmd:862
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 
@@ -258,6 +262,8 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     longest = check_int("max_position_embeddings",
                         get("max_position_embeddings"), minimum=1,
                         optional=True)
+    # T_0 is the trained length: an extended config's max_position_embeddings
+    # already states the extended one
     key = "original_max_position_embeddings"         # top level, else scaling
     original = (check_int(key, get(key), minimum=1, optional=True)
                 or check_int(key, scaling.get(key), minimum=1, optional=True)
@@ -310,7 +316,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:1142
+# chapters/ch03-long-context.qmd:1149
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_813,            # one generator, all draws
                     trials: int = 192,            # per depth
@@ -435,7 +441,7 @@ def _probe_trials(draws: Tensor, needle_at: Tensor, frequencies: Tensor,
     return hit, weights.gather(2, at)[..., 0].double()
 
 
-# chapters/ch03-long-context.qmd:1577
+# chapters/ch03-long-context.qmd:1584
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 3.6).
@@ -577,7 +583,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1786
+# chapters/ch03-long-context.qmd:1793
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
@@ -625,7 +631,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1923
+# chapters/ch03-long-context.qmd:1930
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -664,7 +670,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:1994
+# chapters/ch03-long-context.qmd:2001
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -754,7 +760,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:2302
+# chapters/ch03-long-context.qmd:2309
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -777,7 +783,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope_key_dim}
 
 
-# chapters/ch03-long-context.qmd:2427
+# chapters/ch03-long-context.qmd:2434
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -896,7 +902,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2553
+# chapters/ch03-long-context.qmd:2560
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -967,7 +973,7 @@ class AbsorbedLatentAttention(ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch03-long-context.qmd:2882
+# chapters/ch03-long-context.qmd:2889
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -995,7 +1001,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:2995
+# chapters/ch03-long-context.qmd:3002
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -1036,7 +1042,7 @@ def read_window_fields(mapping: Mapping[str, Any],
     return {"window": window, "windowed_layers": windowed}
 
 
-# chapters/ch03-long-context.qmd:3155
+# chapters/ch03-long-context.qmd:3162
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -1075,7 +1081,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch03-long-context.qmd:3309
+# chapters/ch03-long-context.qmd:3316
 def window_reach(window: int, layers: int) -> int:
     """Return L (W - 1), how far L windowed layers carry (Equation 3.10)."""
     window = check_int("window", window, minimum=1)
@@ -1088,7 +1094,7 @@ def hops_needed(distance: int, window: int) -> int:
     return -(-distance // (window - 1))  # ceil(D / (W - 1)), exactly
 
 
-# chapters/ch03-long-context.qmd:3470
+# chapters/ch03-long-context.qmd:3481
 def tokens_that_fit(config: KVConfig, budget: int,
                     batch: int = 1) -> int | None:
     """Return the most tokens T with kv_bytes(config, T, batch) <= budget.
