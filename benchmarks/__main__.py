@@ -8,15 +8,15 @@ import sys
 import time
 
 import torch
+from longctx.support import measure
+from longctx.support.measure import cache_sizes, last_level_cache_bytes
 from longctx.support.runs import load_average, machine_record, write_results
 
-from . import decode, floors, memory, prefill, ring, scan
+from . import decode, memory, prefill, ring, scan
 from .common import (
     DEVICE_CHOICES,
     Progress,
-    cache_sizes,
     default_results_path,
-    last_level_cache_bytes,
     resolve_device,
     set_allocator,
 )
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     results["machine"]["l2_bytes"] = cache_sizes().get(2) if device.type == "cpu" else None
     progress(f"benchmarks on {results['machine']['device_name']} ({device.type}), {threads} threads, "
              f"{results['machine']['mode']} run")
-    results["floors"] = floors.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)
+    results["floors"] = measure.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)
     mrt = sizes["min_run_time"]
     if "decode" not in args.skip:  # the allocator's lesson first; every later step keeps freed memory
         results["allocator"] = decode.run_allocator_control(sizes["allocator_control"], device=device,
@@ -149,8 +149,8 @@ def main(argv=None) -> int:
         results["ring"] = ring.run_ring(sizes["ring_parts"], sizes["ring_tokens"], progress=progress,
                                         overlap_tokens=sizes["ring_overlap_tokens"],
                                         sharded_tokens=sizes["sharded_tokens"])
-    final = floors.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)
-    results["floors"] = floors.best_floors(results["floors"], final)
+    final = measure.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)
+    results["floors"] = measure.best_floors(results["floors"], final)
     if results.get("decode"):
         for record in results["decode"]:  # shares of the floor and the roofline, against the better floors
             decode.add_roofline(record, results["floors"])

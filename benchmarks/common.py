@@ -34,28 +34,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def cache_sizes() -> dict[int, int]:
-    """Return {level: bytes} of CPU 0's data and unified caches (Linux sysfs); {} where unreadable."""
-    sizes = {}
-    try:
-        for index in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-            if (index / "type").read_text().strip() == "Instruction":
-                continue
-            level = int((index / "level").read_text())
-            text = (index / "size").read_text().strip().upper()
-            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-            sizes[level] = int(text.rstrip("KMG")) * scale
-    except (OSError, ValueError):
-        return {}
-    return sizes
-
-
-def last_level_cache_bytes() -> int | None:
-    """Return the size of the CPU's largest cache level in bytes (Linux sysfs), or None where unreadable."""
-    sizes = cache_sizes()
-    return sizes[max(sizes)] if sizes else None
-
-
 def rss_bytes() -> int | None:
     """Return this process's resident set size in bytes from /proc/self/status, or None where unreadable."""
     try:

@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from longctx import ch03, ch05
 from longctx.support import time_call
+from longctx.support.measure import attention_flops, cold_copies, last_level_cache_bytes
 
 from . import fast
-from .common import last_level_cache_bytes, peak_extra_bytes, set_allocator
+from .common import peak_extra_bytes, set_allocator
 
 QUERY_HEADS = 32
 HEAD_DIM = 128
@@ -48,9 +49,6 @@ TARGET_TOKENS = (32768, 65536)
 ROOFLINE_TARGET = 60.0  # percent of the roofline every float design should reach
 RATIO_AIMS = {"int8": 0.5, "int4": 0.35}  # a quantised step's time over the float32 GQA-8 step's
 SDPA_AIM = 1.0  # split-KV GQA-8 no slower than torch SDPA on the same cache
-COLD_FACTOR = 4  # rotated caches fill at least this many times the LLC
-MAX_COPIES = 4096  # the smallest cache (MQA, 1K tokens: 1 MiB) needs 1,920 on a 480 MiB LLC
-DEFAULT_LLC = 32 * 2**20  # where the machine does not say
 
 DESIGN_NOTES = {
     "mha": f"32 KV heads; ch05.split_kv_decode, chunks of {CHUNK}",
@@ -108,19 +106,6 @@ def _randn(*shape, generator, device, dtype=torch.float32):
     block = torch.randn(*shape[:-2], FILL_BLOCK, shape[-1], generator=generator, device=device, dtype=dtype)
     copies = -(-shape[-2] // FILL_BLOCK)
     return block.repeat(*([1] * (len(shape) - 2)), copies, 1)[..., : shape[-2], :].contiguous()
-
-
-def attention_flops(query_heads: int, tokens: int, width: int) -> int:
-    """Return the multiply-adds x 2 of one query row per head against `tokens` keys: QK^T and PV."""
-    return 4 * query_heads * tokens * width
-
-
-def cold_copies(cache_bytes: int, cold: bool) -> int:
-    """Return how many distinct caches to rotate through so that together they fill COLD_FACTOR x the LLC."""
-    if not cold:
-        return 1
-    llc = last_level_cache_bytes() or DEFAULT_LLC
-    return max(2, min(MAX_COPIES, math.ceil(COLD_FACTOR * llc / cache_bytes)))
 
 
 def _clone(thing):

@@ -5,7 +5,7 @@ each length, six steps are timed cold in interleaved rounds: Chapter 5's float32
 (``ch05.split_kv_decode``, chunks of 512, the reference), the kernel (``ch08.fused_decode``) on
 a float32, an int8 and an int4 cache, and Chapter 5's integer route (``ch05.int8_decode``) on the
 same int8 and int4 caches. Each step rotates through distinct copies of its cache that together
-fill ``decode.COLD_FACTOR`` times the last-level cache, as Chapter 5's decode benchmark does.
+fill ``COLD_FACTOR`` times the last-level cache, as Chapter 5's decode benchmark does.
 
 Where a target is missed the part says where the kernel's time goes, cache kind by cache kind
 at the longest lengths: the C++ chunk states alone (cold), Chapter 5's merge of them, and the
@@ -23,9 +23,9 @@ import time
 import torch
 from longctx import ch05, ch08
 from longctx.support import time_call
+from longctx.support.measure import COLD_FACTOR, attention_flops, cold_copies, interleaved, ratio
 
 from . import decode
-from .serving import interleaved, ratio
 
 FULL = {"tokens": [4096, 16384, 32768, 65536], "rounds": 7, "min_run_time": 0.05, "chunk": 512,
         "breakdown_tokens": [32768, 65536], "warm_tokens": 1024, "seed": 0}
@@ -63,7 +63,7 @@ def check_settings(settings: dict) -> dict:
 def caches(tokens: int, seed: int, *, cold: bool = True) -> tuple[torch.Tensor, dict[str, list]]:
     """Return the query and, per cache kind, the copies of a GQA-8 cache of ``tokens`` to rotate through.
 
-    Every kind gets enough distinct copies to fill decode.COLD_FACTOR x the LLC (one copy if not
+    Every kind gets enough distinct copies to fill COLD_FACTOR x the LLC (one copy if not
     ``cold``). The int8 and int4 caches are quantised from the float32 one.
     """
     generator = torch.Generator().manual_seed(seed)
@@ -74,7 +74,7 @@ def caches(tokens: int, seed: int, *, cold: bool = True) -> tuple[torch.Tensor, 
              "int4": tuple(ch05.quantize_cache(t, 4) for t in (key, value))}
     copies = {}
     for kind, cache in first.items():
-        count = decode.cold_copies(cache_bytes(cache), cold)
+        count = cold_copies(cache_bytes(cache), cold)
         copies[kind] = [cache] + [decode._clone(cache) for _ in range(count - 1)]
     return query, copies
 
@@ -107,7 +107,7 @@ def work(kind: str, tokens: int) -> dict:
     floats = 4 * elements
     size = {"float32": floats, "int8": floats // 4, "int4": floats // 8}[kind]
     size += 0 if kind == "float32" else 2 * KV_HEADS * tokens * 4  # one float32 scale a row
-    flops = decode.attention_flops(QUERY_HEADS, tokens, HEAD_DIM)
+    flops = attention_flops(QUERY_HEADS, tokens, HEAD_DIM)
     scaling = 0 if kind == "float32" else 2 * QUERY_HEADS * tokens
     return {"bytes": size, "flops": flops, "operations": flops + CONVERSIONS[kind] * elements + scaling}
 
@@ -218,5 +218,5 @@ def run(settings: dict, *, threads: int, progress) -> dict:
     return {"shape": {"query_heads": QUERY_HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "batch": 1},
             "flags": list(ch08.KERNEL_FLAGS), "chunk": settings["chunk"], "reference": REFERENCE,
             "ratio_aims": RATIO_AIMS, "roofline_target": ROOFLINE_TARGET, "target_tokens": list(TARGET_TOKENS),
-            "cold_factor": decode.COLD_FACTOR, "lengths": records, "targets": targets, "threads": threads, "agreement": gaps,
+            "cold_factor": COLD_FACTOR, "lengths": records, "targets": targets, "threads": threads, "agreement": gaps,
             "load_seconds": load_seconds}

@@ -7,7 +7,7 @@ over a pool of pages through a shuffled block table, each page read where it lie
 the copy of those pages, in table order, into one block (``gather``): what a step that gathered
 before computing would pay on top of the contiguous one. The lengths are timed at one page size, and
 one length at several. Every contender rotates through distinct copies of its cache that together
-fill at least four times the last-level cache (``decode.cold_copies``), so each call reads its cache
+fill at least four times the last-level cache (``cold_copies``), so each call reads its cache
 from memory.
 
 Prefill: a TinyGPT (Chapter 2's model; its attention through torch's fused kernel, so that the
@@ -23,9 +23,9 @@ import itertools
 import torch
 import torch.nn.functional as F
 from longctx import ch02, ch05, ch08
+from longctx.support.measure import attention_flops, cold_copies, interleaved, ratio
 
 from . import decode
-from .serving import interleaved, ratio
 
 QUERY_HEADS, KV_HEADS, HEAD_DIM = decode.QUERY_HEADS, decode.GQA_KV_HEADS, decode.HEAD_DIM
 PREFILL_MODEL = {"vocab_size": 256, "context_length": 4096, "d_model": 256, "layers": 4, "heads": 4}
@@ -75,7 +75,7 @@ def decode_contenders(tokens: int, page_size: int, *, seed: int = 0) -> tuple[di
     pages = tokens // page_size  # the lengths timed are whole pages
     shape = (1, KV_HEADS, tokens, HEAD_DIM)
     cache_bytes = 2 * KV_HEADS * tokens * HEAD_DIM * 4
-    copies = decode.cold_copies(cache_bytes, True)
+    copies = cold_copies(cache_bytes, True)
     contiguous = [tuple(decode._randn(*shape, generator=generator, device=torch.device("cpu")) for _ in "kv")
                   for _ in range(copies)]
     table = torch.randperm(pages, generator=generator)
@@ -102,7 +102,7 @@ def decode_contenders(tokens: int, page_size: int, *, seed: int = 0) -> tuple[di
     gap = (ch08.paged_decode(query, *pools[0], [pages_in_order], [tokens])
            - ch05.split_kv_decode(query, *contiguous[0], chunk=page_size)).abs().max().item()
     facts = {"tokens": tokens, "page_size": page_size, "pages": pages, "copies": copies,
-             "cache_bytes": cache_bytes, "flops": decode.attention_flops(QUERY_HEADS, tokens, HEAD_DIM),
+             "cache_bytes": cache_bytes, "flops": attention_flops(QUERY_HEADS, tokens, HEAD_DIM),
              "paged_minus_contiguous": gap}
     return calls, facts
 
@@ -168,7 +168,7 @@ def time_prefill(settings: dict, threads: int, progress) -> dict:
         prompt = torch.randint(vocab, (1, cached + new), generator=generator)
         prefix = cached_prefix(model, prompt[:, :cached])
         per_copy = prefix.nbytes()
-        copies = decode.cold_copies(per_copy, True)
+        copies = cold_copies(per_copy, True)
         held = [([k.clone() for k in prefix.keys], [v.clone() for v in prefix.values]) for _ in range(copies)]
         turn = itertools.cycle(held)
 

@@ -1,7 +1,7 @@
 """Chapter 8, part ``step``: one Llama-3.1-8B-shaped layer's step, weights against cache.
 
 ``decode`` rows: at each batch B and length T, three contenders timed in interleaved rounds
-(``serving.interleaved``): the weight products alone (``ch08.project_qkv`` and ``ch08.finish_layer``,
+(``measure.interleaved``): the weight products alone (``ch08.project_qkv`` and ``ch08.finish_layer``,
 everything of the step but attention), attention alone (``ch05.split_kv_decode`` over the caches)
 and the whole step (``ch08.decode_step``), in float32 and in bfloat16 (weights, activations and
 cache alike). A (B, T) whose cache would pass ``max_cache_bytes`` is recorded unmeasured, with its
@@ -10,7 +10,7 @@ prefix of P (``ch08.prefill_chunk``) beside B decode rows over caches of T token
 (``ch08.mixed_step``), timed one by one, for the chunked-prefill cost model.
 
 Every timed call reads weights and caches that are cold: each is rotated through distinct copies
-that together fill ``decode.COLD_FACTOR`` times the last-level cache (``decode.cold_copies``).
+that together fill ``COLD_FACTOR`` times the last-level cache (``cold_copies``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import statistics
 import torch
 from longctx import ch03, ch05, ch08
 from longctx.support import time_call
+from longctx.support.measure import attention_flops, cold_copies, interleaved, ratio
 
 from . import decode
-from .serving import interleaved, ratio
 
 FULL = {
     "config": "llama-3.1-8b",
@@ -80,7 +80,7 @@ def rotating(build, copies: int):
 
 def weight_copies(weights: ch08.LayerWeights):
     """Return a function giving the next of enough copies of the weights to be cold."""
-    copies = decode.cold_copies(weights.nbytes, True)
+    copies = cold_copies(weights.nbytes, True)
     return rotating(lambda: ch08.LayerWeights(*(w.clone() for w in weights)), copies), copies
 
 
@@ -89,7 +89,7 @@ def cache_copies(shape, batch, tokens, dtype, seed):
     generator = torch.Generator().manual_seed(seed)
     keys, values = (decode._randn(batch, shape.kv_heads, tokens, shape.head_dim, generator=generator,
                                   device=torch.device("cpu")).to(ch08.LAYER_DTYPES[dtype]) for _ in "kv")
-    copies = decode.cold_copies(keys.nbytes + values.nbytes, True)
+    copies = cold_copies(keys.nbytes + values.nbytes, True)
     made = iter([(keys, values)] + [(keys.clone(), values.clone()) for _ in range(copies - 1)])
     return rotating(lambda: next(made), copies), copies
 
@@ -134,7 +134,7 @@ def counts(shape, weights, batch, tokens, dtype) -> dict:
     """Return what a (B, T) step must read (weights, cache) and the FLOPs of its two parts."""
     return {"cache_bytes": cache_bytes(shape, batch, tokens, dtype), "weights_bytes": weights.nbytes,
             "weights_flops": weight_flops(weights, batch),
-            "attention_flops": decode.attention_flops(shape.query_heads, tokens, shape.head_dim) * batch}
+            "attention_flops": attention_flops(shape.query_heads, tokens, shape.head_dim) * batch}
 
 
 def measure_mixed(shape, weights, next_weights, point, dtype, *, threads, repeats) -> dict:

@@ -10,7 +10,7 @@ on the held-out tenth:
 * alpha from the two models' distributions: the mean over held-out positions of
   ``ch08.acceptance_rate`` at the sampling temperature, on windows read whole;
 * the cost of a step: one cached token of the draft, of the target, and the target reading
-  ``k + 1`` tokens at once, in interleaved rounds (``benchmarks.serving.interleaved``): the cost
+  ``k + 1`` tokens at once, in interleaved rounds (``longctx.support.measure.interleaved``): the cost
   ratio c and the verification cost of each k are the medians of per-round ratios, with intervals;
   in the same rounds, the loop's bookkeeping beside the forwards: a drafted token's softmax and
   draw (``sample``; ``plain_sample`` is ``ch02.generate``'s), and a round's softmax of k + 1 rows,
@@ -51,9 +51,16 @@ from dataclasses import dataclass
 
 import torch
 from longctx import ch02, ch03, ch08, support
+from longctx.support.measure import (
+    attention_flops,
+    best_floors,
+    cold_copies,
+    interleaved,
+    measure_floors,
+    median_interval,
+    ratio,
+)
 
-from benchmarks import decode, floors
-from benchmarks.serving import interleaved, median_interval, ratio
 from experiments.common import run_seeds
 
 #: The held-out windows and prompts of seed s are drawn with EVALUATION_SEED + s.
@@ -391,24 +398,24 @@ def run_intensity(settings: SpeculativeSettings) -> dict:
     clock = time.perf_counter()
     quick = s.floors == "quick"
     device = torch.device("cpu")
-    first = floors.measure_floors(device=device, threads=1, quick=quick, progress=lambda _: None)
+    first = measure_floors(device=device, threads=1, quick=quick, progress=lambda _: None)
     generator = torch.Generator().manual_seed(0)
     cases = []
     for tokens in s.intensity_tokens:
         shape = (1, s.kv_heads, tokens, s.head_dim)
         cache_bytes = 2 * s.kv_heads * tokens * s.head_dim * 4  # keys and values, float32
         copies = [(torch.randn(shape, generator=generator), torch.randn(shape, generator=generator))
-                  for _ in range(decode.cold_copies(cache_bytes, cold=True))]
+                  for _ in range(cold_copies(cache_bytes, cold=True))]
         for k in s.intensity_ks:
             query = torch.randn(1, s.query_heads, k, s.head_dim, generator=generator)
             seconds = time_verification(query, copies, rounds=s.intensity_rounds)
             cases.append({"tokens": tokens, "k": k, "cache_bytes": cache_bytes,
                           "copies": len(copies),
-                          "flops": k * decode.attention_flops(s.query_heads, tokens, s.head_dim),
+                          "flops": k * attention_flops(s.query_heads, tokens, s.head_dim),
                           "seconds": seconds, "ratio": ratio(seconds, "rows", "single")})
         del copies
-    last = floors.measure_floors(device=device, threads=1, quick=quick, progress=lambda _: None)
-    return {"cases": cases, "floors": floors.best_floors(first, last),
+    last = measure_floors(device=device, threads=1, quick=quick, progress=lambda _: None)
+    return {"cases": cases, "floors": best_floors(first, last),
             "seconds": time.perf_counter() - clock}
 
 

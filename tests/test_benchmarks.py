@@ -10,8 +10,9 @@ import sys
 import pytest
 import torch
 from longctx import ch01, ch03, ch04, support
+from longctx.support import measure
 
-from benchmarks import common, decode, fast, floors, memory, prefill, ring, scan
+from benchmarks import common, decode, fast, memory, prefill, ring, scan
 from benchmarks.__main__ import QUICK, summary_table
 
 CPU = torch.device("cpu")
@@ -88,18 +89,18 @@ def test_ssm_decode_step_matches_ch04_sequential_scan():
 
 
 def test_cache_sizes_grow_with_the_level_and_end_at_the_last_level_cache():
-    sizes = common.cache_sizes()
+    sizes = measure.cache_sizes()
     if not sizes:
         pytest.skip("this machine does not describe its caches in sysfs")
     levels = sorted(sizes)
     assert all(sizes[a] < sizes[b] for a, b in zip(levels, levels[1:], strict=False))
-    assert sizes[levels[-1]] == common.last_level_cache_bytes()
+    assert sizes[levels[-1]] == measure.last_level_cache_bytes()
 
 
 def test_the_bandwidth_buffer_outgrows_the_last_level_cache():
-    cache = common.last_level_cache_bytes()
-    full = floors.buffer_megabytes(CPU, quick=False)
-    assert floors.buffer_megabytes(CPU, quick=True) == 64 and 256 <= full <= 2048
+    cache = measure.last_level_cache_bytes()
+    full = measure.buffer_megabytes(CPU, quick=False)
+    assert measure.buffer_megabytes(CPU, quick=True) == 64 and 256 <= full <= 2048
     if cache:
         assert full == min(2048, max(256, 4 * cache // 2**20))
 
@@ -107,7 +108,7 @@ def test_the_bandwidth_buffer_outgrows_the_last_level_cache():
 @pytest.mark.slow  # runs a benchmark
 def test_floors_records_have_every_field():
     progress = common.Progress(enabled=False)
-    record = floors.measure_floors(device=CPU, threads=1, quick=True, progress=progress)
+    record = measure.measure_floors(device=CPU, threads=1, quick=True, progress=progress)
     for key in ("bandwidth", "matmul", "bytes_per_s", "flop_per_s"):
         assert key in record
     bandwidth = record["bandwidth"]
@@ -116,7 +117,7 @@ def test_floors_records_have_every_field():
         max(bandwidth["read_sum_bytes_per_s"], bandwidth["read_matvec_bytes_per_s"]), rel=1e-12)
     assert record["read_by"] in ("matrix-vector product", "sum")
     assert record["flop_per_s"] == max(record["matmul"]["sizes_tried"].values())
-    small = floors.bandwidth_floor(device=CPU, threads=1, megabytes=1, min_run_time=0.01)
+    small = measure.bandwidth_floor(device=CPU, threads=1, megabytes=1, min_run_time=0.01)
     assert set(small) >= {"copy_bytes_per_s", "read_bytes_per_s", "buffer_bytes"}
 
 
@@ -133,9 +134,9 @@ def test_each_decode_design_runs_once_with_every_field(design):
 
 
 def test_cold_steps_rotate_through_caches_filling_four_times_the_last_level_cache():
-    llc = common.last_level_cache_bytes() or decode.DEFAULT_LLC
+    llc = measure.last_level_cache_bytes() or measure.DEFAULT_LLC
     case = decode.decode_case("gqa8", 256, device=CPU)
-    assert case.copies * case.cache_bytes >= min(decode.COLD_FACTOR * llc, decode.MAX_COPIES * case.cache_bytes)
+    assert case.copies * case.cache_bytes >= min(measure.COLD_FACTOR * llc, measure.MAX_COPIES * case.cache_bytes)
     assert case.copies >= 2 and decode.decode_case("gqa8", 256, device=CPU, cold=False).copies == 1
     first, second = case.step(), case.step()  # two different caches with the same values: the same output
     assert torch.equal(first, second)
@@ -382,8 +383,8 @@ def test_results_files_hold_every_figure():
         assert results["ring"]["link_bytes_per_s"] > 0 and results["ring"]["sharded"], path.name
         assert {r["design"] for r in results["decode"]} == set(decode.DESIGNS)
         assert all(r["percent_of_roofline"] > 0 and r["copies"] >= 2 for r in results["decode"]), path.name
-        assert all(r["rotated_bytes"] >= decode.COLD_FACTOR * results["machine"]["llc_bytes"]
-                   or r["copies"] == decode.MAX_COPIES for r in results["decode"]), path.name
+        assert all(r["rotated_bytes"] >= measure.COLD_FACTOR * results["machine"]["llc_bytes"]
+                   or r["copies"] == measure.MAX_COPIES for r in results["decode"]), path.name
         assert all(r["runs"] >= 5 for r in results["decode"]), path.name
         assert results["targets"] and results["warm_cold"], path.name
         for profile in results["profiles"]:
@@ -466,7 +467,7 @@ def test_best_floors_keeps_the_faster_of_each_measurement():
 
     first, second = record(3.0, 17.0, 5.0), record(25.0, 16.0, 8.0)
     first["read_by"], second["read_by"] = "sum", "matrix-vector product"
-    best = floors.best_floors(first, second)
+    best = measure.best_floors(first, second)
     assert best["bandwidth"]["copy_bytes_per_s"] == 25.0 and best["bandwidth"]["read_bytes_per_s"] == 17.0
     assert best["bytes_per_s"] == 17.0 and best["flop_per_s"] == 8.0  # B is the read floor, never the copy
     assert best["read_by"] == "sum" and best["measured"] == [first, second]
@@ -491,8 +492,8 @@ def test_command_line_quick_run_writes_a_complete_results_file(tmp_path, monkeyp
     assert results["machine"]["mode"] == "quick" and results["machine"]["threads"] == 1
     assert {r["design"] for r in results["decode"]} == set(decode.DESIGNS)
     assert len(results["prefill"]) == len(prefill.DESIGNS) and results["ring"]["runs"][0]["parts"] == 2
-    assert results["machine"]["llc_bytes"] == common.last_level_cache_bytes()
-    assert results["machine"]["l2_bytes"] == common.cache_sizes().get(2)
+    assert results["machine"]["llc_bytes"] == measure.last_level_cache_bytes()
+    assert results["machine"]["l2_bytes"] == measure.cache_sizes().get(2)
     printed = capsys.readouterr().out
     assert "decode step at T=64" in printed and f"wrote {out}" in printed
     assert results["targets"] and isinstance(results["profiles"], list)

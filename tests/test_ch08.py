@@ -7,8 +7,7 @@ import statistics
 
 import pytest
 from longctx import ch08
-
-from benchmarks import serving
+from longctx.support import measure
 
 
 def test_the_trace_is_seeded_ordered_and_never_outgrows_the_longest_context():
@@ -44,14 +43,14 @@ def test_zero_spread_gives_every_request_the_median():
 def test_the_median_interval_is_the_widest_pair_of_order_statistics_that_covers_95_percent(count, low, high,
                                                                                        covered):
     values = list(range(count, 0, -1))  # unsorted on purpose: 1 .. count
-    middle, lower, upper, coverage = serving.median_interval(values)
+    middle, lower, upper, coverage = measure.median_interval(values)
     assert middle == statistics.median(values)
     assert (lower, upper) == (low, high)
     assert coverage == pytest.approx(covered)
     if count >= 6:
         assert coverage >= 0.95
     with pytest.raises(ValueError, match="values"):
-        serving.median_interval([])
+        measure.median_interval([])
 
 
 def test_interleaved_rounds_time_every_function_once_a_round_in_a_rotating_order():
@@ -60,10 +59,10 @@ def test_interleaved_rounds_time_every_function_once_a_round_in_a_rotating_order
     def named(name):
         return lambda: order.append(name)
 
-    seconds = serving.interleaved({"a": named("a"), "b": named("b"), "c": named("c")}, rounds=3,
+    seconds = measure.interleaved({"a": named("a"), "b": named("b"), "c": named("c")}, rounds=3,
                                   min_run_time=1e-4)
     assert {len(times) for times in seconds.values()} == {3}
     runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]  # each timing, once
     assert "".join(runs) == "abc" + "abc" + "bca" + "cab"  # the warm-up, then rounds that rotate
-    ratio = serving.ratio({"x": [2.0, 4.0, 6.0], "y": [1.0, 1.0, 2.0]}, "x", "y")
+    ratio = measure.ratio({"x": [2.0, 4.0, 6.0], "y": [1.0, 1.0, 2.0]}, "x", "y")
     assert (ratio["ratio"], ratio["low"], ratio["high"], ratio["rounds"]) == (3.0, 2.0, 4.0, 3)

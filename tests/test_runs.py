@@ -208,3 +208,19 @@ def test_every_study_gives_the_shared_command_line_its_sizes_and_job_count():
     assert counts == {"copying": (6, 15), "extension": (3, 7), "forgetting": (2, 5), "speculative": (2, 3)}
     args = parse_args(["forgetting", "--jobs", "3", "--seeds", "4", "5"])
     assert (args.study, args.size, args.jobs, args.seeds, args.out) == ("forgetting", "full", 3, [4, 5], None)
+
+
+def test_the_experiments_measure_with_the_books_helpers_not_the_benchmarks():
+    """A study times and records its run through longctx.support (runs, measure), so that the experiments
+    run without the benchmarks folder: no study imports from it."""
+    import ast
+
+    imported = {}
+    for path in sorted((ROOT / "experiments").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported[path.name] = {node.module.split(".")[0] for node in ast.walk(tree)
+                               if isinstance(node, ast.ImportFrom) and node.module} | {
+            alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+            for alias in node.names}
+    assert "speculative.py" in imported and "longctx" in imported["speculative.py"]
+    assert {name for name, modules in imported.items() if "benchmarks" in modules} == set()

@@ -26,7 +26,7 @@ from longctx.support import (
 )
 
 
-# chapters/ch05-measured.qmd:277
+# chapters/ch05-measured.qmd:278
 class OnlineState(NamedTuple):
     """The state of an online softmax over the keys read so far, (m, l, a).
 
@@ -97,7 +97,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-measured.qmd:362
+# chapters/ch05-measured.qmd:363
 def visible_ranges(tokens: int, window: int | None = None,
                    sinks: int = 0) -> list[tuple[int, int]]:
     """Return the [start, stop) position runs the newest query may read.
@@ -131,7 +131,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-measured.qmd:436
+# chapters/ch05-measured.qmd:437
 #: The bit widths the per-vector cache holds (the integer route's 4 and 8).
 PACKED_BITS = (4, 8)
 #: The bit widths the packer holds: 8/b codes of b bits share a byte.
@@ -263,7 +263,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out.mul_(cache.scale[..., start:stop, :])  # codes * scale
 
 
-# chapters/ch05-measured.qmd:585
+# chapters/ch05-measured.qmd:586
 def stacked_rows(query: Tensor, kv_heads: int, scale: float | None) -> Tensor:
     """Return the scaled query (B, H_q, 1, d) as rows (B, H_kv, G, d).
 
@@ -326,7 +326,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-measured.qmd:711
+# chapters/ch05-measured.qmd:712
 def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
                  chunk: int) -> OnlineState:
     """Return the state (m, l, a) of every chunk of ``chunk`` keys at once.
@@ -370,7 +370,7 @@ def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
     return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
-# chapters/ch05-measured.qmd:858
+# chapters/ch05-measured.qmd:859
 def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Return int8 codes and float32 scales of each row of x (..., n)."""
     return ch02.quantize(x.float(), 8, dim=-1)
@@ -451,7 +451,7 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1003
+# chapters/ch05-measured.qmd:1004
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -630,7 +630,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-measured.qmd:1232
+# chapters/ch05-measured.qmd:1233
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:
@@ -653,7 +653,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:1792
+# chapters/ch05-measured.qmd:1793
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
@@ -683,7 +683,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:2216
+# chapters/ch05-measured.qmd:2217
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -716,7 +716,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:2270
+# chapters/ch05-measured.qmd:2271
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -768,7 +768,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:2367
+# chapters/ch05-measured.qmd:2368
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -829,7 +829,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:2448
+# chapters/ch05-measured.qmd:2449
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -932,7 +932,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:2667
+# chapters/ch05-measured.qmd:2668
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -973,7 +973,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:2786
+# chapters/ch05-measured.qmd:2787
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:

@@ -7,7 +7,9 @@ value raises ``ValueError``, and the message names the argument, says what is al
 shows what was given, before any work is done. One helper per kind of check.
 ``runs`` holds the one timer (``time_call``), the record of a run (``machine_record``,
 ``timed_run``, ``write_results``) and the one loader of saved runs (``load_results``), which
-finds them in the installed package from any folder.
+finds them in the installed package from any folder. ``measure`` holds the machine's caches
+and floors, the cold copies a timed step reads and the interleaved rounds that compare two
+steps, with their intervals: the benchmarks and the experiments share them.
 """
 
 from .checks import (

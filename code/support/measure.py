@@ -1,11 +1,63 @@
-"""The machine's floors: memory bandwidth (copy and read) and matrix-multiply throughput."""
+"""How the book measures a machine and compares two timings: its caches, its floors, cold copies, rounds.
+
+The floors are the two ceilings of a roofline: the read bandwidth B (bytes/s) and the square
+matrix-multiply rate F (FLOP/s), measured at a run's start and end. A timed step reads a cache
+that is not in the last-level cache (``cold_copies``). A comparison of two steps is timed in
+interleaved rounds (``interleaved``) and given as the median of the per-round ratios with a
+distribution-free interval (``ratio``, ``median_interval``). The benchmarks, the experiments and
+the chapters all use these; the timer itself is ``runs.time_call``.
+"""
 
 from __future__ import annotations
 
-import torch
-from longctx.support import time_call
+import math
+import pathlib
+import statistics
+import time
+from collections.abc import Callable
 
-from .common import last_level_cache_bytes
+import torch
+
+from .runs import time_call
+
+COLD_FACTOR = 4  # rotated caches fill at least this many times the LLC
+MAX_COPIES = 4096  # the smallest cache (MQA, 1K tokens: 1 MiB) needs 1,920 on a 480 MiB LLC
+DEFAULT_LLC = 32 * 2**20  # where the machine does not say
+
+
+def cache_sizes() -> dict[int, int]:
+    """Return {level: bytes} of CPU 0's data and unified caches (Linux sysfs); {} where unreadable."""
+    sizes = {}
+    try:
+        for index in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip().upper()
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            sizes[level] = int(text.rstrip("KMG")) * scale
+    except (OSError, ValueError):
+        return {}
+    return sizes
+
+
+def last_level_cache_bytes() -> int | None:
+    """Return the size of the CPU's largest cache level in bytes (Linux sysfs), or None where unreadable."""
+    sizes = cache_sizes()
+    return sizes[max(sizes)] if sizes else None
+
+
+def attention_flops(query_heads: int, tokens: int, width: int) -> int:
+    """Return the multiply-adds x 2 of one query row per head against `tokens` keys: QK^T and PV."""
+    return 4 * query_heads * tokens * width
+
+
+def cold_copies(cache_bytes: int, cold: bool) -> int:
+    """Return how many distinct caches to rotate through so that together they fill COLD_FACTOR x the LLC."""
+    if not cold:
+        return 1
+    llc = last_level_cache_bytes() or DEFAULT_LLC
+    return max(2, min(MAX_COPIES, math.ceil(COLD_FACTOR * llc / cache_bytes)))
 
 
 def bandwidth_floor(*, device: torch.device, threads: int, megabytes: int = 256, min_run_time: float = 0.3) -> dict:
@@ -53,8 +105,11 @@ def matmul_floor(*, device: torch.device, threads: int, size: int = 2048, dtype=
 
 
 def buffer_megabytes(device: torch.device, quick: bool) -> int:
-    """Return the bandwidth buffer's size: 64 MiB for a quick run; else 256 MiB, or four times the CPU's
-    last-level cache where that is larger (capped at 2 GiB), so that main memory rather than cache is timed."""
+    """Return the bandwidth buffer's size in MiB: 64 for a quick run, else 256 or four times the LLC.
+
+    Four times the CPU's last-level cache where that is larger (capped at 2 GiB), so that main memory
+    rather than cache is timed.
+    """
     if quick:
         return 64
     cache = last_level_cache_bytes() if device.type == "cpu" else None
@@ -98,3 +153,59 @@ def best_floors(first: dict, second: dict) -> dict:
     read_by = max((first, second), key=lambda f: f["bandwidth"]["read_bytes_per_s"])["read_by"]
     return {"bandwidth": bandwidth, "matmul": matmul, "bytes_per_s": bandwidth["read_bytes_per_s"],
             "read_by": read_by, "flop_per_s": matmul["flop_per_s"], "measured": [first, second]}
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float, float]:
+    """Return (median, low, high, coverage): a distribution-free interval for the median of ``values``.
+
+    For n sorted values x_(1) <= ... <= x_(n), [x_(k), x_(n+1-k)] holds the true median with
+    probability 1 - 2 P(Binomial(n, 1/2) <= k - 1). The widest k whose coverage is still at least
+    ``level`` is used; where even k = 1 (the whole range) covers less (n < 6 at 0.95), the whole
+    range is returned with the coverage it has. For n = 7 the whole range covers 0.984.
+    """
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("values must not be empty")
+
+    def coverage(k: int) -> float:
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
+        k += 1
+    return statistics.median(ordered), ordered[k - 1], ordered[n - k], coverage(k)
+
+
+def interleaved(functions: dict[str, Callable[[], object]], *, rounds: int = 7, threads: int = 1,
+                min_run_time: float = 0.05) -> dict[str, list[float]]:
+    """Return each function's seconds per call in each of ``rounds`` rounds, timed in a rotating order.
+
+    Every function is called once first (a warm-up outside the rounds). In a round, each function
+    is called once on the clock; a call that took at least ``min_run_time`` is that round's time,
+    and a faster one is timed again by ``time_call`` (a median over blocks of at least
+    ``min_run_time`` seconds), so that a slow step costs one call a round and a fast one is not
+    lost in the clock's resolution.
+    """
+    names = list(functions)
+    for name in names:
+        functions[name]()
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for turn in range(rounds):
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
+            started = time.perf_counter()
+            functions[name]()
+            took = time.perf_counter() - started
+            if took < min_run_time:
+                took = time_call(functions[name], threads=threads, min_run_time=min_run_time,
+                                 slow_repeats=1, min_blocks=1)["seconds"]
+            seconds[name].append(took)
+    return seconds
+
+
+def ratio(seconds: dict[str, list[float]], top: str, bottom: str, level: float = 0.95) -> dict:
+    """Return the median per-round ratio seconds[top] / seconds[bottom] and its interval."""
+    middle, low, high, covered = median_interval(
+        [a / b for a, b in zip(seconds[top], seconds[bottom], strict=True)], level)
+    return {"of": top, "to": bottom, "ratio": middle, "low": low, "high": high, "coverage": covered,
+            "rounds": len(seconds[top])}
