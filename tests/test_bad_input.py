@@ -323,6 +323,7 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
             accepts={"tolerance": {"zero"}, "memory": {"zero"}}),  # exact ties only; no memory: nothing fits
         "ch09.byte_shares": Valid(lambda: dict(decode=_saved("benchmarks"), bytes_per_scalar=2,
                                                menu=_ch("ch09").EVIDENCE)),
+        "ch09.kernel_step_shares": Valid(lambda: dict(serving=_saved("serving"))),
     },
 }
 
@@ -339,7 +340,7 @@ def _step_points() -> list[dict]:
 
 
 def _saved(prefix: str) -> dict:
-    """A saved run the chapters read (Chapter 9 ranks from two of them)."""
+    """A saved run the chapters read (Chapter 9 reads three of them)."""
     from longctx import support
 
     return support.load_results(prefix)[0]

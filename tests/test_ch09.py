@@ -120,3 +120,31 @@ def test_served_options_refuses_a_bad_request_by_name(argument, value, error):
     request[argument] = value
     with pytest.raises(error, match=argument):
         ch09.served_options(decode=EVEN, forgetting=_forgetting_run(EVERY), **request)
+
+
+def _serving_run(reference: str = "chapter5-float32") -> dict:
+    """A made-up Chapter 8 kernel part: two lengths, the kernel's three steps and one other comparison."""
+    lengths = [{"tokens": tokens, "ratios": [
+        {"of": "kernel-float32", "to": reference, "ratio": 0.6 + tokens / 1e6},
+        {"of": "kernel-int8", "to": reference, "ratio": 0.3},
+        {"of": "kernel-int4", "to": reference, "ratio": 0.35},
+        {"of": "kernel-int8", "to": "chapter5-int8", "ratio": 0.8}]} for tokens in (4_096, 65_536)]
+    return {"kernel": {"reference": reference, "lengths": lengths}}
+
+
+def test_kernel_step_shares_read_each_kernel_step_against_chapter_5s_full_step_by_the_menus_names():
+    shares = ch09.kernel_step_shares(_serving_run())
+    assert shares == {("full", 4_096): pytest.approx(0.604096), ("int8", 4_096): 0.3, ("int4", 4_096): 0.35,
+                      ("full", 65_536): pytest.approx(0.665536), ("int8", 65_536): 0.3, ("int4", 65_536): 0.35}
+    with pytest.raises(ValueError, match="not Chapter 5's float32 step"):
+        ch09.kernel_step_shares(_serving_run("chapter5-int8"))
+    with pytest.raises(TypeError, match="serving"):
+        ch09.kernel_step_shares([])
+
+
+def test_the_saved_kernel_run_gives_every_kernel_design_at_every_timed_length():
+    saved, _ = support.load_results("serving")
+    shares = ch09.kernel_step_shares(saved)
+    lengths = {record["tokens"] for record in saved["kernel"]["lengths"]}
+    assert set(shares) == {(design, tokens) for design in ch09.KERNEL_STEPS for tokens in lengths}
+    assert all(0 < share < 1 for share in shares.values())  # the kernel beats Chapter 5's float step everywhere

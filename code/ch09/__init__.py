@@ -4,24 +4,28 @@
 
 from ._generated import (
     EVIDENCE,
+    KERNEL_STEPS,
     SERVED_DESIGNS,
     TIMED_FLOAT_BYTES,
     Option,
     byte_shares,
     evicts,
     found_shares,
+    kernel_step_shares,
     served_options,
     step_seconds,
 )
 
 __all__ = [
     "EVIDENCE",
+    "KERNEL_STEPS",
     "SERVED_DESIGNS",
     "TIMED_FLOAT_BYTES",
     "Option",
     "byte_shares",
     "evicts",
     "found_shares",
+    "kernel_step_shares",
     "served_options",
     "step_seconds",
 ]

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from longctx import ch03, support
 
-# chapters/ch09-choosing.qmd:83
+# chapters/ch09-choosing.qmd:85
 #: Each served design's name in Chapter 5's decode rows and in Chapter 7's
 #: policies: the menu. An evicting cache reads the float cache's step over
 #: the entries it keeps.
@@ -104,7 +104,30 @@ def found_shares(forgetting: dict, task: str = "single"
     return {key: sum(found) / len(found) for key, found in hits.items()}
 
 
-# chapters/ch09-choosing.qmd:245
+#: The served designs Chapter 8's C++ kernel reads, by their names in its run.
+KERNEL_STEPS = {"full": "kernel-float32", "int8": "kernel-int8",
+                "int4": "kernel-int4"}
+
+
+def kernel_step_shares(serving: dict) -> dict[tuple[str, int], float]:
+    """Return Chapter 8's kernel steps over the full cache's, by (design, tokens).
+
+    The median of the interleaved rounds' ratios in the saved run's kernel
+    part, each kernel step against Chapter 5's float32 GQA-8 split-KV step
+    on the same cache, the step this chapter's ``gqa8`` rows time.
+    """
+    serving = support.check_type("serving", serving, dict)
+    kernel = serving["kernel"]
+    if kernel["reference"] != "chapter5-float32":
+        raise ValueError(f"the kernel run compares with {kernel['reference']!r},"
+                         " not Chapter 5's float32 step")
+    wanted = {name: design for design, name in KERNEL_STEPS.items()}
+    return {(wanted[line["of"]], record["tokens"]): line["ratio"]
+            for record in kernel["lengths"] for line in record["ratios"]
+            if line["of"] in wanted and line["to"] == kernel["reference"]}
+
+
+# chapters/ch09-choosing.qmd:309
 class Option(NamedTuple):
     """One served cache for one request, as ``served_options`` ranks them.
 
