@@ -110,7 +110,7 @@ KERNEL_STEPS = {"full": "kernel-float32", "int8": "kernel-int8",
 
 
 def kernel_step_shares(serving: dict) -> dict[tuple[str, int], float]:
-    """Return Chapter 8's kernel steps over the full cache's, by (design, tokens).
+    """Return Chapter 8's kernel steps over the full cache's, by design, length.
 
     The median of the interleaved rounds' ratios in the saved run's kernel
     part, each kernel step against Chapter 5's float32 GQA-8 split-KV step
@@ -119,15 +119,16 @@ def kernel_step_shares(serving: dict) -> dict[tuple[str, int], float]:
     serving = support.check_type("serving", serving, dict)
     kernel = serving["kernel"]
     if kernel["reference"] != "chapter5-float32":
-        raise ValueError(f"the kernel run compares with {kernel['reference']!r},"
-                         " not Chapter 5's float32 step")
+        raise ValueError(f"the kernel run compares with "
+                         f"{kernel['reference']!r}, not Chapter 5's float32 "
+                         "step")
     wanted = {name: design for design, name in KERNEL_STEPS.items()}
     return {(wanted[line["of"]], record["tokens"]): line["ratio"]
             for record in kernel["lengths"] for line in record["ratios"]
             if line["of"] in wanted and line["to"] == kernel["reference"]}
 
 
-# chapters/ch09-choosing.qmd:309
+# chapters/ch09-choosing.qmd:312
 class Option(NamedTuple):
     """One served cache for one request, as ``served_options`` ranks them.
 
