@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from longctx import ch03, support
 
-# chapters/ch09-choosing.qmd:85
+# chapters/ch09-choosing.qmd:88
 #: Each served design's name in Chapter 5's decode rows and in Chapter 7's
 #: policies: the menu. An evicting cache reads the float cache's step over
 #: the entries it keeps.
@@ -128,7 +128,7 @@ def kernel_step_shares(serving: dict) -> dict[tuple[str, int], float]:
             if line["of"] in wanted and line["to"] == kernel["reference"]}
 
 
-# chapters/ch09-choosing.qmd:312
+# chapters/ch09-choosing.qmd:315
 class Option(NamedTuple):
     """One served cache for one request, as ``served_options`` ranks them.
 
