@@ -90,7 +90,6 @@ def test_python_cell_options_are_parsed_as_yaml_and_save_marker_found():
     assert cell.code_line == 15
     assert cell.saved and cell.saved_code_line == 16
     assert cell.saved_code_lines == ["def f():", "    return 1"]
-    assert cell.end_line == 18
 
 
 def test_other_fences_are_cells_that_are_not_python():

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .book import find_root, load_book
-from .numbering import Numbering, compute_numbering
-from .qmd import CROSS_REFERENCE
+from .numbering import ChapterInfo, Numbering, compute_numbering
+from .qmd import CROSS_REFERENCE, Line
 from .tangle import public_names
 
 REFERENCE = re.compile(r"\[?" + CROSS_REFERENCE.pattern + r"\]?")  # `[@eq-x]` or `@eq-x`, brackets and all
@@ -82,26 +82,14 @@ def _describe(name: str, obj) -> tuple[str, str, str]:
     return "function", f"{name}{signature}", summary
 
 
-def _section_for(numbering: Numbering, file: str, line: int) -> tuple[str | None, str | None]:
-    """The section heading above `line` of `file` as "Section 3.2 Grouped heads" (or "Chapter 3"), and
-    its label (None where the heading has none: the entry then names the section without a link)."""
-    info = numbering.chapter(file)
-    if info is None or info.document is None:
-        return None, None
-    above = [heading for heading in info.document.headings()
-             if heading.line < line and (file, heading.line) in numbering.heading_numbers]  # none in maths
+def _section_for(numbering: Numbering, info: ChapterInfo, line: int) -> tuple[str, str | None]:
+    """The section heading above `line` as "Section 3.2 Grouped heads" (or "Chapter 3"), and its label
+    (None where the heading has none: the entry then names the section without a link)."""
+    above = [item.heading for item in info.items if isinstance(item, Line) and item.kind == "heading" and item.line < line]
     if not above or above[-1].level == 1:
-        kind = "Appendix" if info.entry.appendix else "Chapter"
-        return (f"{kind} {info.number}" if info.number else info.title), _chapter_label(info)
-    number = numbering.heading_numbers[(file, above[-1].line)]
+        return info.name, info.label
+    number = numbering.heading_numbers[(info.display, above[-1].line)]
     return (f"Section {number} {above[-1].text}" if number else above[-1].text), above[-1].label
-
-
-def _chapter_label(info) -> str | None:
-    """The label of a chapter's title heading."""
-    if info is None or info.document is None:
-        return None
-    return next((heading.label for heading in info.document.headings() if heading.level == 1), None)
 
 
 def api_entries(root: Path | str | None = None, numbering: Numbering | None = None) -> list[ApiEntry]:
@@ -115,18 +103,17 @@ def api_entries(root: Path | str | None = None, numbering: Numbering | None = No
         if not (root / "code" / chapter.module / "_generated.py").is_file() or info is None or info.document is None:
             continue
         module = importlib.import_module(f"longctx.{chapter.module}")
-        lines: dict[str, tuple[str, int]] = {}  # each name the saved cells define -> (chapter file, line)
+        lines: dict[str, int] = {}  # each name the saved cells define -> its line in the chapter
         notes: dict[str, str] = {}
         for cell in (cell for cell in info.document.python_cells if cell.saved):
-            source = "\n".join(text.removeprefix(cell.indent) for text in cell.saved_code_lines)
+            source = "\n".join(cell.saved_code_lines)
             notes |= {match[2]: " ".join(line[2:].strip() for line in match[1].splitlines())
                       for match in COMMENTED.finditer(source)}
             for node in ast.parse(source).body:
-                lines |= {name: (chapter.path, cell.saved_code_line + node.lineno - 1) for name in public_names([node])
-                          if name not in lines}
+                lines |= {name: cell.saved_code_line + node.lineno - 1 for name in public_names([node]) if name not in lines}
         for name in getattr(module, "__all__", []):
             kind, signature, summary = _describe(name, getattr(module, name))
-            section, fragment = _section_for(numbering, *lines[name]) if name in lines else (None, None)
+            section, fragment = _section_for(numbering, info, lines[name]) if name in lines else (None, None)
             summary = notes.get(name, "") if kind == "constant" else summary
             entries.append(ApiEntry(module.__name__, name, kind, signature, summary, section, fragment))
     return entries
@@ -153,7 +140,7 @@ def api_reference_markdown(root: Path | str | None = None) -> str:
             current = entry.module
             info = titles.get(current.rsplit(".", 1)[-1])
             chapter = f"Chapter {info.number}, {info.title}" if info is not None and info.number else current
-            anchor = _chapter_label(info)
+            anchor = info.label if info is not None else None
             count = sum(1 for item in entries if item.module == current)
             out.append(f"**`{current}`**: {f'[{chapter}](#{anchor})' if anchor else chapter} ({count} public names)")
         words = [REFERENCE.sub(link, html.escape(entry.summary, quote=False))] if entry.summary else []

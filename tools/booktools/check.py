@@ -20,7 +20,8 @@ from pathlib import Path
 from . import qmd
 from .bib import bibliography_keys
 from .book import MODULE_FILE, Book
-from .numbering import LABEL_KINDS, Numbering, compute_numbering
+from .numbering import ChapterInfo, Numbering, compute_numbering
+from .tangle import branches
 
 CODE_LINE_LIMIT = 80
 """The longest line a chapter's code may have: 80 characters fit the text column of both
@@ -29,6 +30,8 @@ editions at 1280 px without scrolling (tests/test_quarto_edition.py measures it)
 
 #: The chapter part of a label (`ch05-` in `sec-ch05-timing`), which an appendix may keep.
 MOVED_LABEL = re.compile(r"ch\d\d-")
+#: What a labelled figure or table cell must have, by its label's prefix.
+_CAPTIONS = {"fig": ("figure", ("fig-cap", "fig-alt")), "tbl": ("table", ("tbl-cap",))}
 
 
 def _label_scope(path: str) -> str | None:
@@ -46,80 +49,66 @@ def _blank_out(pattern: re.Pattern, text: str) -> str:
 
 def check_book(book: Book) -> list[str]:
     """Every integrity problem of the book, as `FILE:LINE: message` lines (sorted)."""
-    problems: set[tuple[str, int, str]] = set()
-
-    def add(path: str, line: int, message: str) -> None:
-        problems.add((path, line, message))
-
+    problems: list[tuple[str, int, str]] = []
     seen: dict[str, int] = {}
     for entry in book.entries:
         if not (book.root / entry.path).is_file():
-            add("_quarto.yml", entry.line, f"{entry.path} is listed but does not exist")
+            problems.append(("_quarto.yml", entry.line, f"{entry.path} is listed but does not exist"))
         if entry.path in seen:
-            add("_quarto.yml", entry.line, f"{entry.path} is listed twice (first at line {seen[entry.path]})")
+            problems.append(("_quarto.yml", entry.line, f"{entry.path} is listed twice (first at line {seen[entry.path]})"))
         seen.setdefault(entry.path, entry.line)
     for path in sorted((book.root / "chapters").glob("*.qmd")):
-        if path.relative_to(book.root).as_posix() not in seen:
-            add(path.relative_to(book.root).as_posix(), 1,
-                "this chapter file is not listed in _quarto.yml (book.chapters or book.appendices)")
-    bib_problems: list[tuple[str, int, str]] = []
-    bib = bibliography_keys(book.bibliography, bib_problems)
+        if (name := path.relative_to(book.root).as_posix()) not in seen:
+            problems.append((name, 1, "this chapter file is not listed in _quarto.yml (book.chapters or book.appendices)"))
+    bib = bibliography_keys(book.bibliography, problems)
     bib_names = ", ".join(path.name for path in book.bibliography) or "no bibliography in _quarto.yml"
-    problems.update(bib_problems)
     numbering = compute_numbering(book)
-    for error in numbering.problems:
-        add(error.path, error.line, error.message)
-    for repeat, first in numbering.duplicates:
-        add(repeat.file, repeat.line, f"label {repeat.label} is already used at {first.file}:{first.line}")
+    problems += [(error.path, error.line, error.message) for error in numbering.problems]
+    problems += [(repeat.file, repeat.line, f"label {repeat.label} is already used at {first.file}:{first.line}")
+                 for repeat, first in numbering.duplicates]
     for path, line, label, allowed in numbering.labels:
         prefix, scope = label.split("-", 1)[0], _label_scope(path)
         if not allowed:
-            add(path, line, f"label {label} is on an image or a div; the book's figures and tables are labelled "
-                "cells and pipe tables, the ones the tools number as Quarto does")
+            problems.append((path, line, f"label {label} is on an image or a div; the book's figures and tables are "
+                             "labelled cells and pipe tables, the ones the tools number as Quarto does"))
         elif prefix not in allowed:
-            add(path, line, f"label {label} should start with {' or '.join(f'{kind}-' for kind in allowed)}")
+            problems.append((path, line, f"label {label} should start with {' or '.join(f'{kind}-' for kind in allowed)}"))
         elif scope is not None and not label.startswith(f"{prefix}-{scope}-") and not (
             scope == "appendix" and MOVED_LABEL.match(label.split("-", 1)[1])  # a chapter's section moved there
         ):
-            add(path, line, f"label {label} should name its chapter: {prefix}-{scope}-...")
+            problems.append((path, line, f"label {label} should name its chapter: {prefix}-{scope}-..."))
     order = [entry.module for entry in book.module_entries]
     for info in numbering.chapters:
         if info.document is not None:
-            for line, message in _document_problems(info.document, info.entry.module, order, numbering, bib, bib_names):
-                add(info.document.display, line, message)
-            for error in qmd.walk(info.document)[1]:
-                add(error.path, error.line, error.message)
-    return [f"{path}:{line}: {message}" for path, line, message in sorted(problems)]
+            found = _document_problems(info, order, numbering, bib, bib_names)
+            problems += [(info.display, line, message) for line, message in found]
+    return [f"{path}:{line}: {message}" for path, line, message in sorted(set(problems))]
 
 
-def _document_problems(doc, module, order, numbering: Numbering, bib, bib_names) -> list[tuple[int, str]]:
+def _document_problems(info: ChapterInfo, order, numbering: Numbering, bib, bib_names) -> list[tuple[int, str]]:
     """One file's problems: its references, captions, source and saved code (its labels are check_book's)."""
-    found = source_problems(doc)
-    if module is not None:
-        found += saved_code_problems(doc, module, order, numbering)
+    doc, module = info.document, info.entry.module
+    found = source_problems(doc) + (saved_code_problems(doc, module, order, numbering) if module else [])
 
     def references(text: str, line: int) -> None:
         for match in qmd.REFERENCE.finditer(_blank_out(qmd.CODE_SPAN, text)):
             key = match.group("key")
-            if key.split("-", 1)[0] in LABEL_KINDS and "-" in key:
+            if key.startswith(qmd.CROSSREF_PREFIXES):
                 if key not in numbering.targets:
                     found.append((line, f"cross-reference @{key} points at no label"))
             elif key not in bib:
                 found.append((line, f"citation @{key} is not in the bibliography ({bib_names})"))
 
-    for item in qmd.walk(doc)[0]:
+    for item in info.items:
         if isinstance(item, qmd.CellItem):
             cell = item.cell
             if cell.saved and module is None:
                 found.append((cell.code_line, "`# @save` in a file that produces no module (only chapters/chNN-*.qmd do)"))
             if not cell.executable:
                 continue
-            if cell.label:
-                wanted = ("fig-cap", "fig-alt") if cell.label.startswith("fig-") else ("tbl-cap",) if cell.label.startswith("tbl-") else ()
-                kind = "figure" if cell.label.startswith("fig-") else "table"
-                for option in wanted:
-                    if not str(cell.options.get(option, "") or "").strip():
-                        found.append((cell.line, f"{kind} cell {cell.label} has no `#| {option}:`"))
+            kind, wanted = _CAPTIONS.get((cell.label or "").split("-", 1)[0], ("", ()))
+            found += [(cell.line, f"{kind} cell {cell.label} has no `#| {option}:`") for option in wanted
+                      if not cell.option(option).strip()]
             for option in ("fig-cap", "tbl-cap", "fig-alt"):
                 if isinstance(cell.options.get(option), str):
                     references(cell.options[option], cell.line)
@@ -150,11 +139,11 @@ _MARKDOWN_IN_TEXT = (
 
 def source_problems(doc) -> list[tuple[int, str]]:
     """Every source problem of one parsed document that Quarto trips on, as (line, message)."""
-    found = [(1, "empty front matter block (`---` then `---`): Pandoc reads it as a rule and a paragraph holding "
-              "a dash, which Quarto turns into a chapter of its own; delete both lines")]
-    found = found if doc.front_matter_lines and not doc.front_matter else []
-    return sorted(found + maths_with_space_before_closing_dollar(doc) + markdown_in_inline_values(doc)
-                  + unlabelled_mermaid(doc) + long_code_lines(doc))
+    found = maths_with_space_before_closing_dollar(doc) + markdown_in_inline_values(doc) + unlabelled_mermaid(doc)
+    if doc.front_matter_lines and not doc.front_matter:
+        found.append((1, "empty front matter block (`---` then `---`): Pandoc reads it as a rule and a paragraph "
+                      "holding a dash, which Quarto turns into a chapter of its own; delete both lines"))
+    return found + long_code_lines(doc)
 
 
 def maths_with_space_before_closing_dollar(doc) -> list[tuple[int, str]]:
@@ -229,16 +218,16 @@ def unlabelled_mermaid(doc) -> list[tuple[int, str]]:
             for cell in doc.cells if cell.executable and cell.lang == "mermaid" and not (cell.label or "").startswith("fig-")]
 
 
-def long_code_lines(doc, limit: int = CODE_LINE_LIMIT) -> list[tuple[int, str]]:
-    """Lines of code a reader sees (every fenced block but diagrams) longer than `limit`."""
+def long_code_lines(doc) -> list[tuple[int, str]]:
+    """Lines of code a reader sees (every fenced block but diagrams) longer than CODE_LINE_LIMIT."""
     found = []
     for cell in doc.cells:
         if cell.executable and not cell.is_python:
             continue  # {mermaid}: drawn, not shown as code
         first, lines = (cell.code_line, cell.code_lines) if cell.executable else (cell.line + 1, cell.lines)
-        for line, text in enumerate((text.removeprefix(cell.indent) for text in lines), first):
-            if len(text) > limit:
-                found.append((line, f"code line is {len(text)} characters; the book's code lines are at most {limit} "
+        for line, text in enumerate(lines, first):
+            if len(text) > CODE_LINE_LIMIT:
+                found.append((line, f"code line is {len(text)} characters; the book's code lines are at most {CODE_LINE_LIMIT} "
                               "so that they fit the page"))
     return found
 
@@ -247,7 +236,7 @@ def long_code_lines(doc, limit: int = CODE_LINE_LIMIT) -> list[tuple[int, str]]:
 # effects, a chapter imports only earlier chapters, and what `help()` shows (docstrings, comments)
 # holds no Quarto syntax and only numbers the book has.
 
-_CHAPTER_MODULE = re.compile(r"^ch\d{2}$")
+_CHAPTER_MODULE = re.compile(r"^longctx\.ch\d{2}(?:\.|$)")
 _TYPED_REFERENCE = re.compile(
     r"\b(?P<kind>Equation|Figure|Table|Section)\s+(?P<number>\d+(?:\.\d+)+)\b"
     r"|\b(?P<chapter>Chapter|Appendix)\s+(?P<which>\d+|[A-Z])\b"
@@ -292,9 +281,8 @@ def _side_effects(statements: list[ast.stmt]) -> list[tuple[int, str]]:
     """(line, message) for each statement that does something when the module is imported."""
     found = []
     for stmt in statements:
-        if isinstance(stmt, ast.If | ast.Try) or type(stmt).__name__ == "TryStar":
-            handlers = [line for handler in getattr(stmt, "handlers", []) for line in handler.body]
-            found += _side_effects(stmt.body + stmt.orelse + getattr(stmt, "finalbody", []) + handlers)
+        if isinstance(stmt, ast.If | ast.Try | ast.TryStar):
+            found += _side_effects(branches(stmt))
         elif isinstance(stmt, _DEFINITIONS):
             # what runs at import: decorators, defaults and bases of a definition, an assignment's value
             args = getattr(stmt, "args", None)
@@ -320,17 +308,13 @@ def _chapter_imports(tree: ast.AST) -> list[tuple[int, str, str]]:
     """(line, module "chNN", how) for every import of a book chapter module."""
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            parts = node.module.split(".")
-            if parts == ["longctx"]:
-                found += [(node.lineno, alias.name, f"from longctx import {alias.name}")
-                          for alias in node.names if _CHAPTER_MODULE.match(alias.name)]
-            elif parts[0] == "longctx" and _CHAPTER_MODULE.match(parts[1]):
-                found.append((node.lineno, parts[1], f"from {node.module} import ..."))
-        elif isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[1], f"import {alias.name}") for alias in node.names
-                      if alias.name.startswith("longctx.") and _CHAPTER_MODULE.match(alias.name.split(".")[1])]
-    return found
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, f"import {alias.name}") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "longctx":
+            found += [(node.lineno, f"longctx.{alias.name}", f"from longctx import {alias.name}") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module, f"from {node.module} import ..."))
+    return [(line, name.split(".")[1], how) for line, name, how in found if _CHAPTER_MODULE.match(name)]
 
 
 def _reading_problems(text: str, where: str, numbering: Numbering, references: set[str]) -> list[tuple[int, str]]:
@@ -378,13 +362,10 @@ def saved_code_problems(doc, module: str, order: list[str], numbering: Numbering
     earlier = order[: order.index(module)] if module in order else order
     references = {target.text for target in numbering.targets.values() if target.number}
     references |= {f"Section {number}" for number in numbering.heading_numbers.values() if "." in number}
-    references |= {f"{'Appendix' if info.entry.appendix else 'Chapter'} {info.number}"
-                   for info in numbering.chapters if info.number is not None}
+    references |= {info.name for info in numbering.chapters if info.number is not None}
     found = []
     for cell in doc.python_cells:
-        saved = cell.saved
-        first = cell.saved_code_line if saved else cell.code_line
-        source = "\n".join(text.removeprefix(cell.indent) for text in (cell.saved_code_lines if saved else cell.code_lines))
+        first, source = cell.code_line, cell.code
         try:
             tree = ast.parse(source)
         except SyntaxError:
@@ -394,7 +375,7 @@ def saved_code_problems(doc, module: str, order: list[str], numbering: Numbering
                 allowed = ", ".join(earlier) or "none: this is the first chapter"
                 what = "this chapter's own module" if other == module else other
                 found.append((first + line - 1, f"`{how}` imports {what}; a chapter may import only earlier chapters ({allowed})"))
-        if not saved:
+        if not cell.saved:
             continue
         found += [(first + line - 1, message) for line, message in _side_effects(tree.body)]
         for where, node in _documented(tree):

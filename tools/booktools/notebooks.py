@@ -162,8 +162,7 @@ class _Builder:
         self.flush()
         if callout is not None and id(callout) not in self.started:
             self.open_callout(callout, "")
-        lines = [text.removeprefix(cell.indent) for text in cell.lines]
-        code = nbformat.v4.new_code_cell("\n".join(lines))
+        code = nbformat.v4.new_code_cell("\n".join(cell.lines))
         meta: dict = {"source": self.doc.display, "line": cell.line}
         label, caption = cell.label or "", None
         for prefix, kind, option in (("fig-", "figure", "fig-cap"), ("tbl-", "table", "tbl-cap")):
@@ -184,6 +183,7 @@ class _Builder:
         """A non-Python block as fenced code; a diagram with its caption and alt text below, for the
         front ends that do not draw mermaid (JupyterLab draws it from 4.1)."""
         body, info = (cell.code_lines, cell.lang) if cell.executable else (cell.lines, cell.info)
+        body = [f"{cell.indent}{text}" if text else text for text in body]
         parts = ["\n".join([f"{cell.indent}{cell.fence}{info}", *body, f"{cell.indent}{cell.fence}"])]
         caption = str(cell.options.get("fig-cap", "") or "").strip()
         alt = str(cell.options.get("fig-alt", "") or "").strip()

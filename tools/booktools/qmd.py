@@ -84,13 +84,12 @@ class Cell:
     """A fenced block: executable (```` ```{python} ````, ```` ```{mermaid} ````) or shown (```` ```python ````)."""
 
     line: int  # the opening fence's line
-    end_line: int  # the closing fence's line
     fence: str  # e.g. "```"
     indent: str  # whitespace before the opening fence
     info: str  # as written: "{python}", "python", ""
     lang: str
     executable: bool  # the braced form {lang}
-    lines: list[str]  # the body, without the fences
+    lines: list[str]  # the body, without the fences and without the fence's indent
     option_lines: list[str] = field(default_factory=list)  # the leading `#|` lines
     options: dict = field(default_factory=dict)  # those lines read as YAML
 
@@ -129,6 +128,10 @@ class Cell:
         label = self.options.get("label")
         return str(label) if label is not None else None
 
+    def option(self, name: str) -> str:
+        """An option's value as text ("" when the cell has none)."""
+        return str(self.options.get(name) or "")
+
 
 @dataclass
 class Heading:
@@ -136,11 +139,7 @@ class Heading:
     level: int
     text: str  # without the attribute block
     label: str | None  # `#sec-...`
-    classes: list[str]
-
-    @property
-    def unnumbered(self) -> bool:
-        return "unnumbered" in self.classes or "-" in self.classes
+    unnumbered: bool  # `{.unnumbered}` or `{-}`
 
 
 @dataclass
@@ -177,16 +176,13 @@ def parse_heading(text: str, line: int = 0) -> Heading | None:
     if match is None:
         return None
     body = re.sub(r"[ \t]+#+[ \t]*$", "", match.group("text"))  # closing hashes, "## Title ##"
-    label, classes = None, []
+    label, unnumbered = None, False
     attrs = _ATTRS.search(body)
     if attrs is not None:
         body = body[: attrs.start()].rstrip()
-        for token in attrs.group("attrs").split():
-            if token.startswith("#"):
-                label = token[1:]
-            elif token.startswith(".") or token == "-":
-                classes.append(token.removeprefix("."))
-    return Heading(line, len(match.group("hashes")), body, label, classes)
+        label, classes, _ = parse_attributes(attrs.group("attrs"))
+        unnumbered = "unnumbered" in classes
+    return Heading(line, len(match.group("hashes")), body, label, unnumbered)
 
 
 def parse_options(lines: list[str], display: str, first_line: int) -> tuple[list[str], dict]:
@@ -247,8 +243,8 @@ def parse(text: str, display: str = "<string>") -> Document:
         braced = info.startswith("{") and info.endswith("}")
         word = (re.split(r"[\s,]", info[1:-1].strip() if braced else info, maxsplit=1)[0]).lower()
         executable = braced and word[:1].isalpha()  # not {.python} (shown) nor {=html} (raw)
-        cell = Cell(index + 1, close + 1, fence, match.group("indent"), info, word.lstrip(".="), executable,
-                    lines[index + 1 : close])
+        cell = Cell(index + 1, fence, match.group("indent"), info, word.lstrip(".="), executable,
+                    [text.removeprefix(match.group("indent")) for text in lines[index + 1 : close]])
         if executable:
             cell.option_lines, cell.options = parse_options(cell.lines, display, index + 2)
         blocks.append(cell)
@@ -292,12 +288,13 @@ class Div:
 
 
 def parse_attributes(text: str) -> tuple[str | None, list[str], dict[str, str]]:
-    """A Pandoc attribute block's inside, `#id .class key="value"`: (id, classes, attributes)."""
+    """A Pandoc attribute block's inside, `#id .class key="value"`: (id, classes, attributes); `-` is
+    Pandoc's short form of the class `unnumbered`."""
     attributes = {m.group("key"): next(v for v in m.group("dq", "sq", "bare") if v is not None)
                   for m in _ATTR_PAIR.finditer(text)}
-    tokens = [token for token in _ATTR_PAIR.sub(" ", text).split() if len(token) > 1]
-    identifier = next((token[1:] for token in reversed(tokens) if token.startswith("#")), None)
-    return identifier, [token[1:] for token in tokens if token.startswith(".")], attributes
+    tokens = [".unnumbered" if token == "-" else token for token in _ATTR_PAIR.sub(" ", text).split()]
+    identifier = next((token[1:] for token in reversed(tokens) if token.startswith("#") and len(token) > 1), None)
+    return identifier, [token[1:] for token in tokens if token.startswith(".") and len(token) > 1], attributes
 
 
 @dataclass
@@ -333,17 +330,13 @@ def walk(doc: Document) -> tuple[list[Line | CellItem], list[QmdError]]:
             items.append(CellItem(block, tuple(stack)))
             continue
         for number, text in enumerate(block.lines, block.line):
-            if in_math or text.count("$$") % 2 == 1 and not _DIV_OPEN.match(text) and parse_heading(text) is None:
+            opened, heading = _DIV_OPEN.match(text), parse_heading(text, number)
+            if in_math or text.count("$$") % 2 == 1 and opened is None and heading is None:
                 in_math = in_math != (text.count("$$") % 2 == 1)
                 items.append(Line("text", number, text, tuple(stack), in_math=True))
-                continue
-            opened, heading = _DIV_OPEN.match(text), parse_heading(text, number)
-            if opened is not None:
-                if opened.group("attrs") is not None:
-                    identifier, classes, attributes = parse_attributes(opened.group("attrs"))
-                else:
-                    identifier, classes, attributes = None, [opened.group("cls")], {}
-                div = Div(number, identifier, classes, attributes)
+            elif opened is not None:
+                attrs = opened.group("attrs")
+                div = Div(number, *parse_attributes(f".{opened.group('cls')}" if attrs is None else attrs))
                 stack.append(div)
                 items.append(Line("div_open", number, text, tuple(stack), div=div))
             elif _DIV_CLOSE.match(text):

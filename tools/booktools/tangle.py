@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import io
+import itertools
 import subprocess
 import tempfile
 import tokenize
@@ -48,14 +49,14 @@ def _saved_code(doc: Document, problems: list[QmdError], imports: list[str]) -> 
             continue
         if not cell.saved:
             continue
-        lines = [text.removeprefix(cell.indent) for text in cell.saved_code_lines]
+        lines = cell.saved_code_lines
         first = cell.saved_code_line
         try:
             tree = ast.parse("\n".join(lines) + "\n", filename=doc.display)
         except SyntaxError as exc:
             problems.append(doc.error(first + (exc.lineno or 1) - 1, f"saved code does not compile: {exc.msg}"))
             continue
-        removed: set[int] = set()
+        removed: set[int] = set()  # the hoisted imports' lines
         for stmt in tree.body:
             if not isinstance(stmt, ast.Import | ast.ImportFrom):
                 continue
@@ -72,16 +73,17 @@ def _saved_code(doc: Document, problems: list[QmdError], imports: list[str]) -> 
             else:
                 imports += [ast.unparse(stmt)] if ast.unparse(stmt) not in imports else []
                 removed |= span
-        current: list[int] = []
-        for number in [*range(1, len(lines) + 1), None]:
-            if number is not None and number not in removed:
-                current.append(number)
-                continue
-            kept = [n for n in current if lines[n - 1].strip()]
+        for code, numbers in itertools.groupby(range(1, len(lines) + 1), key=lambda number: number not in removed):
+            kept = [number for number in numbers if code and lines[number - 1].strip()]
             if kept:
                 runs.append((first + kept[0] - 1, lines[kept[0] - 1 : kept[-1]]))
-            current = []
     return runs
+
+
+def branches(stmt: ast.If | ast.Try | ast.TryStar) -> list[ast.stmt]:
+    """The statements of an `if` or `try` that stand at its own level: its bodies, handlers and `else`."""
+    handlers = [line for handler in getattr(stmt, "handlers", []) for line in handler.body]
+    return stmt.body + stmt.orelse + getattr(stmt, "finalbody", []) + handlers
 
 
 def public_names(body: list[ast.stmt]) -> list[str]:
@@ -94,8 +96,7 @@ def public_names(body: list[ast.stmt]) -> list[str]:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             names = [node.id for target in targets for node in ast.walk(target) if isinstance(node, ast.Name)]
         elif isinstance(stmt, ast.If | ast.Try):
-            names = public_names(stmt.body + stmt.orelse + getattr(stmt, "finalbody", [])
-                                  + [s for handler in getattr(stmt, "handlers", []) for s in handler.body])
+            names = public_names(branches(stmt))
         else:
             names = []
         found += [name for name in names if not name.startswith("_") and name not in found]
