@@ -71,47 +71,42 @@ class _Builder:
     """One chapter's notebook: markdown lines buffered per callout, flushed into cells."""
 
     def __init__(self, info: ChapterInfo, numbering: Numbering, cite: Cite):
-        self.info, self.doc, self.numbering, self.targets, self.cite = info, info.document, numbering, numbering.targets, cite
+        self.info, self.numbering, self.cite = info, numbering, cite
         self.cells: list[dict] = []
-        self.segments: list[tuple[str, str]] = []  # ("md", line) or ("raw", fenced text)
+        self.lines: list[str] = []  # the markdown not yet in a cell, its references already text
         self.context: qmd.Div | None = None  # the innermost open callout of the buffered lines
         self.started: set[int] = set()  # id() of each callout whose titled first part is out
 
     def inline(self, text: str) -> str:
-        return translate_inline(text, self.targets, self.cite)
-
-    def add_markdown(self, source: str) -> None:
-        self.cells.append(nbformat.v4.new_markdown_cell(source))
+        return translate_inline(text, self.numbering.targets, self.cite)
 
     def name(self, label: str | None, kind: str) -> str:
         """"Figure 3.2" for a numbered label of this kind, else "Figure"."""
-        target = self.targets.get(label or "")
+        target = self.numbering.targets.get(label or "")
         return target.text if target is not None and target.number and target.kind == kind else kind.capitalize()
 
-    def open_callout(self, callout: qmd.Div, body: str) -> None:
-        """The titled first part of a callout (body may be empty)."""
-        classes = f"callout callout-{callout.callout_type}" + (" callout-collapse" if callout.collapse else "")
-        title = html.escape(self.inline(callout.display_title), quote=False)
-        head = f'<div class="{classes}">\n<p class="callout-title">{title}</p>'
-        self.started.add(id(callout))
-        self.add_markdown(f"{head}\n\n{body}\n\n</div>" if body else f"{head}\n</div>")
+    def markdown_cell(self, body: str, callout: qmd.Div | None) -> None:
+        """A markdown cell of `body`; inside a callout, a `<div>` of its classes, titled in its first part."""
+        if callout is None:
+            source = body
+        elif id(callout) in self.started:
+            source = f'<div class="callout callout-{callout.callout_type} callout-continued">\n\n{body}\n\n</div>'
+        else:
+            self.started.add(id(callout))
+            classes = f"callout callout-{callout.callout_type}" + (" callout-collapse" if callout.collapse else "")
+            title = html.escape(self.inline(callout.display_title), quote=False)
+            head = f'<div class="{classes}">\n<p class="callout-title">{title}</p>'
+            source = f"{head}\n\n{body}\n\n</div>" if body else f"{head}\n</div>"
+        self.cells.append(nbformat.v4.new_markdown_cell(source))
 
     def flush(self) -> None:
-        body = "\n".join(text if kind == "raw" else self.inline(text) for kind, text in self.segments)
-        self.segments = []
-        body = qmd.LABELLED_EQUATION.sub(self.equation, body).strip("\n")
-        callout = self.context
-        if not body.strip():
-            return
-        if callout is None:
-            self.add_markdown(body)
-        elif id(callout) not in self.started:
-            self.open_callout(callout, body)
-        else:
-            self.add_markdown(f'<div class="callout callout-{callout.callout_type} callout-continued">\n\n{body}\n\n</div>')
+        body = qmd.LABELLED_EQUATION.sub(self.equation, "\n".join(self.lines)).strip("\n")
+        self.lines = []
+        if body.strip():
+            self.markdown_cell(body, self.context)
 
     def equation(self, match: re.Match) -> str:
-        target, body = self.targets.get(match.group("label")), match.group("body")
+        target, body = self.numbering.targets.get(match.group("label")), match.group("body")
         if target is None or not target.number:
             return f"$${body}$$"
         return f"$${body.rstrip()} \\tag{{{target.number}}}{body[len(body.rstrip()) :]}$$"
@@ -124,93 +119,73 @@ class _Builder:
         return callout
 
     def line(self, item: qmd.Line) -> None:
-        if item.kind == "div_open":
-            self.set_context(item.divs)
-            return
-        if item.kind == "div_close":
-            if item.div is not None and item.div.callout_type:
-                self.flush()
-                if id(item.div) not in self.started:
-                    self.open_callout(item.div, "")
-            self.set_context(item.divs)
-            return
+        if item.kind == "div_close" and item.div.callout_type:
+            self.flush()
+            if id(item.div) not in self.started:  # an empty callout still shows its title
+                self.markdown_cell("", item.div)
         self.set_context(item.divs)
-        if item.kind == "heading" and not item.in_math:
-            heading = item.heading
-            if heading.level <= 3:
+        if item.kind == "heading":
+            if item.heading.level <= 3:
                 self.flush()
-            number = self.numbering.heading_numbers.get((self.doc.display, item.line), "")
-            if heading.level == 1 and number == (self.info.number or "") and self.info.number:
-                prefix = self.info.heading_prefix
+            number = self.numbering.heading_numbers.get((self.info.display, item.line), "")
+            prefix = (self.info.heading_prefix if item.heading.level == 1 else f"{number} ") if number else ""
+            self.lines.append(self.inline(f"{'#' * item.heading.level} {prefix}{item.heading.text}"))
+        elif item.kind == "text":
+            caption = None if item.in_math else qmd.PIPE_CAPTION.match(item.text)
+            if caption is not None:
+                name = self.name(caption.group("label"), "table")
+                self.lines += ["", self.inline(f"**{name}:** {caption.group('caption')}"), ""]
             else:
-                prefix = f"{number} " if number else ""
-            self.segments.append(("md", f"{'#' * heading.level} {prefix}{heading.text}"))
-            return
-        caption = qmd.PIPE_CAPTION.match(item.text) if item.kind == "text" and not item.in_math else None
-        if caption is not None:
-            name = self.name(caption.group("label"), "table")
-            self.segments += [("md", ""), ("md", f"**{name}:** {caption.group('caption')}"), ("md", "")]
-        else:
-            self.segments.append(("md", item.text))
+                self.lines.append(self.inline(item.text))
 
     def cell(self, item: qmd.CellItem) -> None:
-        callout = self.set_context(item.divs)
-        cell = item.cell
+        callout, cell = self.set_context(item.divs), item.cell
         if not cell.is_python:
-            self.segments.append(("raw", self.fenced_text(cell)))
+            self.lines.append(self.fenced_text(cell))
             return
         self.flush()
         if callout is not None and id(callout) not in self.started:
-            self.open_callout(callout, "")
+            self.markdown_cell("", callout)
         code = nbformat.v4.new_code_cell("\n".join(cell.lines))
-        meta: dict = {"source": self.doc.display, "line": cell.line}
-        label, caption = cell.label or "", None
+        meta: dict = {"source": self.info.display, "line": cell.line}
+        label, captions = cell.label or "", []
         for prefix, kind, option in (("fig-", "figure", "fig-cap"), ("tbl-", "table", "tbl-cap")):
             if label.startswith(prefix) or (not label and option in cell.options):
                 meta.update(kind=kind, **({"label": label} if label else {}))
-                caption = f"**{self.name(label, kind)}:** {self.inline(str(cell.options.get(option, '') or ''))}"
+                caption = f"**{self.name(label, kind)}:** {self.inline(cell.option(option))}"
+                captions.append(nbformat.v4.new_markdown_cell(caption))
                 break
         if callout is not None and callout.collapse:
             meta["collapsed"] = True  # an exercise's solution: the reader's notebook folds its code
         code.metadata["longctx"] = meta
-        if caption is not None and meta["kind"] == "table":
-            self.add_markdown(caption)
-        self.cells.append(code)
-        if caption is not None and meta["kind"] == "figure":
-            self.add_markdown(caption)
+        # as in the book, a table's caption stands above it and a figure's below
+        self.cells += [*captions, code] if meta.get("kind") == "table" else [code, *captions]
 
     def fenced_text(self, cell: qmd.Cell) -> str:
         """A non-Python block as fenced code; a diagram with its caption and alt text below, for the
         front ends that do not draw mermaid (JupyterLab draws it from 4.1)."""
         body, info = (cell.code_lines, cell.lang) if cell.executable else (cell.lines, cell.info)
-        body = [f"{cell.indent}{text}" if text else text for text in body]
-        parts = ["\n".join([f"{cell.indent}{cell.fence}{info}", *body, f"{cell.indent}{cell.fence}"])]
-        caption = str(cell.options.get("fig-cap", "") or "").strip()
-        alt = str(cell.options.get("fig-alt", "") or "").strip()
+        lines = [f"{cell.fence}{info}", *body, cell.fence]
+        caption, alt = cell.option("fig-cap").strip(), cell.option("fig-alt").strip()
         if caption:
-            parts += ["", f"{cell.indent}**{self.name(cell.label, 'figure')}:** {self.inline(caption)}"]
+            lines += ["", f"**{self.name(cell.label, 'figure')}:** {self.inline(caption)}"]
         if caption and alt:
-            parts += ["", f"{cell.indent}*The diagram in words:* {self.inline(alt)}"]
-        return "\n".join(parts)
+            lines += ["", f"*The diagram in words:* {self.inline(alt)}"]
+        return "\n".join(f"{cell.indent}{line}" if line else line for line in lines)
 
     def build(self):
-        items, _ = qmd.walk(self.doc)
-        first_heading = next((i for i in items if isinstance(i, qmd.Line) and i.kind == "heading"), None)
+        first_heading = next((item for item in self.info.items if isinstance(item, qmd.Line) and item.kind == "heading"), None)
         if (first_heading is None or first_heading.heading.level != 1) and self.info.title:
-            self.segments.append(("md", f"# {self.info.heading_prefix}{self.info.title}"))
+            self.lines.append(self.inline(f"# {self.info.heading_prefix}{self.info.title}"))
             self.flush()
-        for item in items:
+        for item in self.info.items:
             self.cell(item) if isinstance(item, qmd.CellItem) else self.line(item)
-        self.set_context(())
         self.flush()
-        notebook = nbformat.v4.new_notebook()
-        notebook.nbformat, notebook.nbformat_minor = 4, 5
         for index, cell in enumerate(self.cells):
             cell["id"] = f"cell-{index}"
-        notebook.cells = self.cells
-        notebook.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                             "language_info": {"name": "python"}, "longctx": {"source": self.doc.display}}
-        return notebook
+        kernel = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        metadata = {"kernelspec": kernel, "language_info": {"name": "python"}, "longctx": {"source": self.info.display}}
+        return nbformat.v4.new_notebook(cells=self.cells, metadata=metadata, nbformat_minor=5)
 
 
 def export_notebooks(book: Book) -> tuple[list, list[str]]:
@@ -321,34 +296,27 @@ def finish_notebook(notebook, executed, url: str, display: str):
     return notebook
 
 
-def needs_kernel(notebook) -> bool:
-    """Whether a notebook has code to run or inline values to compute."""
-    return any(cell.cell_type == "code" or (cell.cell_type == "markdown" and qmd.INLINE_EXPRESSION.search(cell.source))
-               for cell in notebook.cells)
-
-
 def finish_book(book: Book, executed: Path, out: Path) -> tuple[list[Path], list[str]]:
     """Write the reader's notebooks into `out` from the notebooks Quarto executed (`executed/<stem>.ipynb`):
     (paths written or current, problems: a chapter not executed, or executed before its last change).
     BookError, before anything is written, when `_quarto.yml` has no usable `book.repo-url`."""
     url = repo_url(book)
     exported, problems = export_notebooks(book)
-    finished = []
+    paths = []
     for info, notebook in exported:
         stem, ran = Path(info.display).stem, None
-        if needs_kernel(notebook):
-            path = executed / f"{stem}.ipynb"
+        if any(cell.cell_type == "code" or qmd.INLINE_EXPRESSION.search(cell.source) for cell in notebook.cells):
+            path = executed / f"{stem}.ipynb"  # the chapter has code to run or inline values to compute
             if not path.is_file():
                 problems.append(f"{info.display}:0: not executed yet ({book.display(path)} is missing); "
                                 "run `make book` (or `python -m booktools quarto`)")
                 continue
             ran = nbformat.read(str(path), as_version=4)
         try:
-            finished.append((stem, finish_notebook(notebook, ran, url, info.display)))
+            notebook = finish_notebook(notebook, ran, url, info.display)
         except StaleNotebook as exc:
             problems.append(str(exc))
-    paths = []
-    for stem, notebook in finished:
+            continue
         nbformat.validate(notebook)
         write_if_changed(out / f"{stem}.ipynb", nbformat.writes(notebook) + "\n")
         paths.append(out / f"{stem}.ipynb")
