@@ -17,9 +17,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .book import find_root, load_book
-from .numbering import ChapterInfo, Numbering, compute_numbering
-from .qmd import CROSS_REFERENCE, Line
+from .book import load_book
+from .numbering import Numbering, compute_numbering
+from .qmd import CROSS_REFERENCE, CellItem, Line
 from .tangle import public_names
 
 REFERENCE = re.compile(r"\[?" + CROSS_REFERENCE.pattern + r"\]?")  # `[@eq-x]` or `@eq-x`, brackets and all
@@ -73,47 +73,41 @@ def _describe(name: str, obj) -> tuple[str, str, str]:
         signature = signature.replace("= <factory>", "= ...")  # a dataclass field's default_factory
     except (TypeError, ValueError):
         signature = "(...)"
-    doc = inspect.getdoc(obj) or ""
-    if inspect.isclass(obj) and obj.__doc__ is None:
-        doc = ""  # not the inherited docstring
-    summary = " ".join(line.strip() for line in re.split(r"\n\s*\n", doc.strip(), maxsplit=1)[0].split("\n")) if doc.strip() else ""
+    doc = (inspect.getdoc(obj) or "") if obj.__doc__ is not None else ""  # never the docstring a class inherits
+    summary = " ".join(line.strip() for line in re.split(r"\n\s*\n", doc.strip(), maxsplit=1)[0].split("\n"))
     if inspect.isclass(obj):
         return "class", f"{name}{signature.removesuffix(' -> None')}", summary
     return "function", f"{name}{signature}", summary
 
 
-def _section_for(numbering: Numbering, info: ChapterInfo, line: int) -> tuple[str, str | None]:
-    """The section heading above `line` as "Section 3.2 Grouped heads" (or "Chapter 3"), and its label
-    (None where the heading has none: the entry then names the section without a link)."""
-    above = [item.heading for item in info.items if isinstance(item, Line) and item.kind == "heading" and item.line < line]
-    if not above or above[-1].level == 1:
-        return info.name, info.label
-    number = numbering.heading_numbers[(info.display, above[-1].line)]
-    return (f"Section {number} {above[-1].text}" if number else above[-1].text), above[-1].label
-
-
 def api_entries(root: Path | str | None = None, numbering: Numbering | None = None) -> list[ApiEntry]:
     """Every public name of every chapter module that exists, in book order (the book is read once)."""
-    root = Path(root) if root is not None else find_root()
     book = load_book(root)
     numbering = numbering or compute_numbering(book)
     entries: list[ApiEntry] = []
     for chapter in book.module_entries:
         info = numbering.chapter(chapter.path)
-        if not (root / "code" / chapter.module / "_generated.py").is_file() or info is None or info.document is None:
+        if not (book.root / "code" / chapter.module / "_generated.py").is_file() or info is None or info.document is None:
             continue
         module = importlib.import_module(f"longctx.{chapter.module}")
-        lines: dict[str, int] = {}  # each name the saved cells define -> its line in the chapter
+        sections: dict[str, tuple[str, str | None]] = {}  # each name the saved cells define -> (section, its label)
         notes: dict[str, str] = {}
-        for cell in (cell for cell in info.document.python_cells if cell.saved):
-            source = "\n".join(cell.saved_code_lines)
-            notes |= {match[2]: " ".join(line[2:].strip() for line in match[1].splitlines())
-                      for match in COMMENTED.finditer(source)}
-            for node in ast.parse(source).body:
-                lines |= {name: cell.saved_code_line + node.lineno - 1 for name in public_names([node]) if name not in lines}
+        section = info.name, info.label  # above the chapter's first section: the chapter
+        for item in info.items:
+            if isinstance(item, Line) and item.kind == "heading" and item.heading.level == 1:
+                section = info.name, info.label
+            elif isinstance(item, Line) and item.kind == "heading":
+                heading, number = item.heading, numbering.heading_numbers[(info.display, item.line)]
+                section = f"Section {number} {heading.text}" if number else heading.text, heading.label
+            elif isinstance(item, CellItem) and item.cell.is_python and item.cell.saved:
+                source = "\n".join(item.cell.saved_code_lines)
+                notes |= {match[2]: " ".join(line[2:].strip() for line in match[1].splitlines())
+                          for match in COMMENTED.finditer(source)}
+                for name in public_names(ast.parse(source).body):
+                    sections.setdefault(name, section)
         for name in getattr(module, "__all__", []):
             kind, signature, summary = _describe(name, getattr(module, name))
-            section, fragment = _section_for(numbering, info, lines[name]) if name in lines else (None, None)
+            section, fragment = sections.get(name, (None, None))
             summary = notes.get(name, "") if kind == "constant" else summary
             entries.append(ApiEntry(module.__name__, name, kind, signature, summary, section, fragment))
     return entries
@@ -122,9 +116,9 @@ def api_entries(root: Path | str | None = None, numbering: Numbering | None = No
 def api_reference_markdown(root: Path | str | None = None) -> str:
     """The API reference as Markdown: per chapter module, each public name's signature (a Python
     code block), the first paragraph of its docstring and a link to the section that defines it."""
-    root = Path(root) if root is not None else find_root()
-    numbering = compute_numbering(load_book(root))  # parses and walks every listed file once
-    entries = api_entries(root, numbering)
+    book = load_book(root)
+    numbering = compute_numbering(book)  # parses and walks every listed file once
+    entries = api_entries(book.root, numbering)
     if not entries:
         return "No chapter module exists yet: run `make tangle`."
     titles = {info.entry.module: info for info in numbering.chapters if info.entry.module}

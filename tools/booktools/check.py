@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import qmd
 from .bib import bibliography_keys
-from .book import MODULE_FILE, Book
+from .book import Book, ChapterEntry
 from .numbering import ChapterInfo, Numbering, compute_numbering
 from .tangle import branches
 
@@ -34,12 +34,10 @@ MOVED_LABEL = re.compile(r"ch\d\d-")
 _CAPTIONS = {"fig": ("figure", ("fig-cap", "fig-alt")), "tbl": ("table", ("tbl-cap",))}
 
 
-def _label_scope(path: str) -> str | None:
+def _label_scope(entry: ChapterEntry) -> str | None:
     """What a label must name after its prefix in this file: "ch03", "index", "appendix"."""
-    match = MODULE_FILE.match(Path(path).name)
-    if match:
-        return f"ch{match.group('number')}"
-    return "index" if Path(path).stem == "index" else "appendix" if Path(path).name.startswith("appendix") else None
+    name = Path(entry.path).name
+    return entry.module or ("index" if name == "index.qmd" else "appendix" if name.startswith("appendix") else None)
 
 
 def _blank_out(pattern: re.Pattern, text: str) -> str:
@@ -67,7 +65,7 @@ def check_book(book: Book) -> list[str]:
     problems += [(repeat.file, repeat.line, f"label {repeat.label} is already used at {first.file}:{first.line}")
                  for repeat, first in numbering.duplicates]
     for path, line, label, allowed in numbering.labels:
-        prefix, scope = label.split("-", 1)[0], _label_scope(path)
+        prefix, scope = label.split("-", 1)[0], _label_scope(numbering.chapter(path).entry)
         if not allowed:
             problems.append((path, line, f"label {label} is on an image or a div; the book's figures and tables are "
                              "labelled cells and pipe tables, the ones the tools number as Quarto does"))
@@ -284,12 +282,9 @@ def _side_effects(statements: list[ast.stmt]) -> list[tuple[int, str]]:
         if isinstance(stmt, ast.If | ast.Try | ast.TryStar):
             found += _side_effects(branches(stmt))
         elif isinstance(stmt, _DEFINITIONS):
-            # what runs at import: decorators, defaults and bases of a definition, an assignment's value
-            args = getattr(stmt, "args", None)
-            parts = [*getattr(stmt, "decorator_list", []), *getattr(stmt, "bases", [])]
-            parts += [keyword.value for keyword in getattr(stmt, "keywords", [])] + [getattr(stmt, "value", None)]
-            parts += [*args.defaults, *args.kw_defaults] if args is not None else []
-            call = next((hit for part in parts if part is not None and (hit := _side_effect_call(part))), None)
+            # what runs at import: all of a definition but its body (decorators, defaults, bases, annotations)
+            parts = [node for node in ast.iter_child_nodes(stmt) if not isinstance(node, ast.stmt)]
+            call = next((hit for part in parts if (hit := _side_effect_call(part))), None)
             if call is not None:
                 found.append((stmt.lineno, f"`{_describe(call)}` runs when the module is imported; saved cells "
                               "must not have side effects"))

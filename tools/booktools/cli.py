@@ -47,7 +47,7 @@ def cmd_notebooks(book, args: argparse.Namespace) -> int:
     from .notebooks import finish_book
 
     paths, problems = finish_book(book, book.root / "_build" / "executed", book.root / "notebooks")
-    for path in [] if args.quiet else paths:
+    for path in paths:
         print(f"wrote {book.display(path)}")
     return _report(problems, "notebooks")
 
@@ -90,7 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     notebooks = verbs.add_parser("notebooks", help="the reader's notebooks/chNN-*.ipynb: the chapters Quarto executed "
                                  "(run `quarto` first) with their outputs and inline values, no Quarto syntax, and a "
                                  "first cell that installs longctx outside the repository")
-    notebooks.add_argument("-q", "--quiet", action="store_true")
     notebooks.set_defaults(run=cmd_notebooks)
     check = verbs.add_parser("check", help="check cross-references, citations, labels, captions and saved code")
     check.set_defaults(run=cmd_check)

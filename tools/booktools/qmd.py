@@ -5,6 +5,7 @@ fenced divs (callouts) and display maths around each line."""
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,8 +126,7 @@ class Cell:
 
     @property
     def label(self) -> str | None:
-        label = self.options.get("label")
-        return str(label) if label is not None else None
+        return self.option("label") or None
 
     def option(self, name: str) -> str:
         """An option's value as text ("" when the cell has none)."""
@@ -187,11 +187,7 @@ def parse_heading(text: str, line: int = 0) -> Heading | None:
 
 def parse_options(lines: list[str], display: str, first_line: int) -> tuple[list[str], dict]:
     """The leading `#|` lines of a cell body, and the mapping they hold (QmdError if not YAML)."""
-    option_lines = []
-    for text in lines:
-        if not _OPTION_LINE.match(text):
-            break
-        option_lines.append(text)
+    option_lines = list(itertools.takewhile(_OPTION_LINE.match, lines))
     yaml_lines = [_OPTION_LINE.sub("", text, count=1) for text in option_lines]
     return option_lines, _load_yaml(yaml_lines, display, first_line, "cell options (#| lines)", "`key: value` lines")
 
@@ -222,19 +218,14 @@ def parse(text: str, display: str = "<string>") -> Document:
         front_matter = _load_yaml(lines[1:end], display, 2, "front matter", "a YAML mapping")
         start = front_matter_lines = end + 1
     blocks: list[Markdown | Cell] = []
-    pending = start  # the first markdown line not yet in a block
-    for index in range(start, len(lines) + 1):
-        if index < pending:
-            continue
-        match = _OPEN_FENCE.match(lines[index]) if index < len(lines) else None
-        if match is not None and match.group("fence")[0] == "`" and "`" in match.group("info"):
-            match = None  # ```a``` is inline code, not a fence
-        if index < len(lines) and match is None:
+    index = pending = start  # pending: the first markdown line not yet in a block
+    while index < len(lines):
+        match = _OPEN_FENCE.match(lines[index])
+        if match is None or match.group("fence")[0] == "`" and "`" in match.group("info"):  # ```a``` is inline code
+            index += 1
             continue
         if index > pending:
             blocks.append(Markdown(pending + 1, lines[pending:index]))
-        if match is None:
-            break
         fence, info = match.group("fence"), match.group("info").strip()
         close = next((probe for probe in range(index + 1, len(lines)) if lines[probe].strip()
                       and set(lines[probe].strip()) == {fence[0]} and len(lines[probe].strip()) >= len(fence)), None)
@@ -248,7 +239,9 @@ def parse(text: str, display: str = "<string>") -> Document:
         if executable:
             cell.option_lines, cell.options = parse_options(cell.lines, display, index + 2)
         blocks.append(cell)
-        pending = close + 1
+        index = pending = close + 1
+    if pending < len(lines):
+        blocks.append(Markdown(pending + 1, lines[pending:]))
     return Document(display, front_matter, front_matter_lines, blocks)
 
 

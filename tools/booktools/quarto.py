@@ -190,36 +190,35 @@ def build_quarto_book(root: Path, out: Path, *, executed: Path | None = None, st
 
     def render(*arguments: str, limit: float | None = None, tries: int = 1) -> None:
         # quiet: Quarto's log is kept for the error message (its own --quiet drops a cell's traceback)
-        for attempt in range(1, tries + 1):
+        for _ in range(tries):
             command = subprocess.Popen([quarto, "render", *arguments], cwd=stage, env=env, text=True,
                                        start_new_session=True,  # its Chromium goes with it on a kill
                                        stdout=subprocess.PIPE if quiet else None,
-                                       stderr=subprocess.PIPE if quiet else None)
+                                       stderr=subprocess.STDOUT if quiet else None)
             try:
-                stdout, stderr = command.communicate(timeout=limit)
-                break
+                log = command.communicate(timeout=limit)[0] or ""
             except subprocess.TimeoutExpired:
                 os.killpg(command.pid, 9)
                 command.communicate()
-                if attempt == tries:
-                    raise QuartoError(f"`quarto render {' '.join(arguments)}` in {stage} ran past {limit:.0f} s "
-                                      f"{tries} times; {out} was left as it was") from None
-        done = subprocess.CompletedProcess(command.args, command.returncode, stdout, stderr)
-        if done.returncode != 0:
-            tail = ((done.stdout or "") + (done.stderr or ""))[-3000:] if quiet else ""
-            raise QuartoError(f"`quarto render` failed in {stage} (exit {done.returncode}); {out} was left as it was\n{tail}")
+                continue
+            if command.returncode != 0:
+                raise QuartoError(f"`quarto render` failed in {stage} (exit {command.returncode}); {out} was left "
+                                  f"as it was\n{log[-3000:]}")
+            return
+        raise QuartoError(f"`quarto render {' '.join(arguments)}` in {stage} ran past {limit:.0f} s {tries} times; "
+                          f"{out} was left as it was")
 
     # The first format's run executes every chapter and keeps its notebook; its frozen results serve the rest.
     render("--to", formats[0], "--metadata", "keep-ipynb:true")
     shutil.rmtree(executed, ignore_errors=True)
     executed.mkdir(parents=True)
     for kept in stage.rglob("*.quarto_ipynb"):
-        shutil.move(str(kept), str(executed / f"{kept.stem}.ipynb"))
+        shutil.move(kept, executed / f"{kept.stem}.ipynb")
     for frozen in (stage / "_freeze").rglob(f"execute-results/{formats[0]}.json"):
         for name in formats[1:]:
             shutil.copyfile(frozen, frozen.with_name(f"{name}.json"))
     first = stage / "_first"  # each later render empties _book/ (site_libs/ too): the first's pages wait here
-    shutil.move(str(rendered), str(first))
+    shutil.move(rendered, first)
     for name in formats[1:]:
         # These passes execute nothing (the freeze serves them), so they take a minute or two. Quarto
         # 1.7's EPUB draws diagrams through a Chromium it drives over a debugging port, and that
@@ -228,15 +227,13 @@ def build_quarto_book(root: Path, out: Path, *, executed: Path | None = None, st
         render("--to", name, limit=LATER_FORMAT_SECONDS, tries=3)
         for item in rendered.iterdir():
             if not (first / item.name).exists():
-                shutil.move(str(item), str(first / item.name))
-    shutil.rmtree(rendered, ignore_errors=True)
-    first.rename(rendered)
+                shutil.move(item, first / item.name)
     outputs = {"html": "index.html", "epub": "*.epub", "pdf": "*.pdf"}
-    missing = [name for name in formats if name in outputs and not list(rendered.glob(outputs[name]))]
+    missing = [name for name in formats if name in outputs and not list(first.glob(outputs[name]))]
     if missing:
         raise QuartoError(f"`quarto render` in {stage} wrote no {', '.join(missing)}; {out} was left as it was")
-    finish_html(rendered, node_modules)
+    finish_html(first, node_modules)
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(rendered), str(out))
+    shutil.move(first, out)
     return {"formats": formats, "seconds": time.perf_counter() - started}
