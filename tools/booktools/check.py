@@ -257,22 +257,16 @@ def _describe(node: ast.AST) -> str:
 
 
 def _side_effect_call(node: ast.AST) -> ast.Call | None:
-    """A call with an effect, evaluated at import time (lambda bodies excluded)."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, ast.Lambda):
-            stack.extend(current.args.defaults + [d for d in current.args.kw_defaults if d is not None])
-            continue
-        if isinstance(current, ast.Call):
-            func, root = current.func, current.func
-            while isinstance(root, ast.Attribute | ast.Call):
-                root = root.value if isinstance(root, ast.Attribute) else root.func
-            if (isinstance(func, ast.Name) and func.id in _SIDE_EFFECT_CALLS) or (isinstance(func, ast.Attribute) and (
-                    func.attr in _SIDE_EFFECT_METHODS or getattr(root, "id", None) in _SIDE_EFFECT_ROOTS)):
-                return current
-        stack.extend(ast.iter_child_nodes(current))
-    return None
+    """The first call with an effect that evaluating `node` at import time makes (lambda bodies excluded)."""
+    if isinstance(node, ast.Call):
+        func, root = node.func, node.func
+        while isinstance(root, ast.Attribute | ast.Call):
+            root = root.value if isinstance(root, ast.Attribute) else root.func
+        if (isinstance(func, ast.Name) and func.id in _SIDE_EFFECT_CALLS) or (isinstance(func, ast.Attribute) and (
+                func.attr in _SIDE_EFFECT_METHODS or getattr(root, "id", None) in _SIDE_EFFECT_ROOTS)):
+            return node
+    children = node.args.defaults + node.args.kw_defaults if isinstance(node, ast.Lambda) else ast.iter_child_nodes(node)
+    return next((call for child in children if child is not None and (call := _side_effect_call(child))), None)
 
 
 def _side_effects(statements: list[ast.stmt]) -> list[tuple[int, str]]:

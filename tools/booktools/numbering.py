@@ -100,8 +100,7 @@ def compute_numbering(book: Book) -> Numbering:
                 numbering.problems += problems
             except QmdError as exc:
                 numbering.problems.append(exc)
-        h1 = next((item.heading for item in items if isinstance(item, qmd.Line) and item.kind == "heading"
-                   and item.heading.level == 1), None)
+        h1 = qmd.title_heading(items)
         if (Path(entry.path).stem == "index" and not entry.appendix) or (h1 is not None and h1.unnumbered):
             number = None
         elif entry.appendix:

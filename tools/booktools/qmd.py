@@ -161,11 +161,6 @@ class Document:
     def markdown(self) -> list[Markdown]:
         return [block for block in self.blocks if isinstance(block, Markdown)]
 
-    def headings(self) -> list[Heading]:
-        """Every ATX heading outside fences, in order."""
-        found = (parse_heading(text, block.line + offset) for block in self.markdown for offset, text in enumerate(block.lines))
-        return [heading for heading in found if heading is not None]
-
     def error(self, line: int, message: str) -> QmdError:
         return QmdError(self.display, line, message)
 
@@ -345,3 +340,9 @@ def walk(doc: Document) -> tuple[list[Line | CellItem], list[QmdError]]:
                 items.append(Line("text", number, text, tuple(stack), in_math="$$" in text))
     problems += [doc.error(div.line, "fenced div opened here (`:::`) is never closed") for div in stack]
     return items, problems
+
+
+def title_heading(items: list[Line | CellItem]) -> Heading | None:
+    """The first level-1 heading of a walk (none in maths): the file's title."""
+    return next((item.heading for item in items if isinstance(item, Line) and item.kind == "heading"
+                 and item.heading.level == 1), None)

@@ -136,10 +136,7 @@ def finish_html(out: Path, node_modules: Path) -> list[Path]:
     shutil.copyfile(node_modules / "mathjax" / "LICENSE", mathjax / "LICENSE")
     fonts_css = _copy_fonts(node_modules / FONT_PACKAGE, out / "site_libs" / "fonts")
     ids = {page: set(_ID.findall(page.read_text(encoding="utf-8"))) for page in sorted(out.rglob("*.html"))}
-    owners: dict[str, list[Path]] = {}
-    for page, found in ids.items():
-        for ident in found:
-            owners.setdefault(ident, []).append(page)
+    owners = {ident: [page for page, found in ids.items() if ident in found] for ident in set().union(*ids.values())}
     changed = []
     for page in ids:
 

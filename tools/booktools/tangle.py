@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .book import Book, write_if_changed
-from .qmd import Document, QmdError, parse_file
+from .qmd import Document, QmdError, parse_file, title_heading, walk
 
 IMPORT_WIDTH = 80  # imports longer than this are wrapped one name a line, to fit the page as the chapters' code does
 ISOLATED = ["--isolated", "--config", 'lint.isort.known-first-party = ["longctx"]']
@@ -119,7 +119,8 @@ def tangle_document(doc: Document, module: str, root: Path) -> tuple[ModuleOutpu
     runs = _saved_code(doc, problems, imports)
     if problems:
         return None, sorted(problems, key=lambda item: (item.path, item.line))
-    title = next((heading.text for heading in doc.headings() if heading.level == 1), "")
+    heading = title_heading(walk(doc)[0])
+    title = heading.text if heading is not None else ""
     described = f'{doc.display} ("{title}")' if title else doc.display
     header = [f"# Generated from {doc.display} by `python -m booktools tangle`.",
               "# Do not edit: change the chapter's `# @save` cells, then tangle again."]
