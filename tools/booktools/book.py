@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -34,7 +33,7 @@ class ChapterEntry:
 class Book:
     root: Path
     entries: list[ChapterEntry]
-    config: dict = field(default_factory=dict)
+    config: dict
 
     @property
     def bibliography(self) -> list[Path]:
@@ -57,9 +56,9 @@ class Book:
             return str(path)
 
 
-def find_root(start: Path | str | None = None) -> Path:
-    """The nearest directory at or above `start` (default: cwd) holding `_quarto.yml`."""
-    here = Path(start or os.getcwd()).resolve()
+def find_root() -> Path:
+    """The nearest directory at or above the working directory holding `_quarto.yml`."""
+    here = Path.cwd().resolve()
     for candidate in (here, *here.parents):
         if (candidate / "_quarto.yml").is_file():
             return candidate
@@ -68,7 +67,7 @@ def find_root(start: Path | str | None = None) -> Path:
 
 def load_book(root: Path | str | None = None) -> Book:
     """Read `_quarto.yml`: every file of book.chapters then book.appendices, in order, with its line."""
-    root = find_root(root) if root is None else Path(root)
+    root = find_root() if root is None else Path(root)
     try:
         text = (root / "_quarto.yml").read_text(encoding="utf-8")
         config = yaml.safe_load(text) or {}

@@ -75,18 +75,17 @@ def check_book(book: Book) -> list[str]:
             scope == "appendix" and MOVED_LABEL.match(label.split("-", 1)[1])  # a chapter's section moved there
         ):
             problems.append((path, line, f"label {label} should name its chapter: {prefix}-{scope}-..."))
-    order = [entry.module for entry in book.module_entries]
     for info in numbering.chapters:
         if info.document is not None:
-            found = _document_problems(info, order, numbering, bib, bib_names)
+            found = _document_problems(info, numbering, bib, bib_names)
             problems += [(info.display, line, message) for line, message in found]
     return [f"{path}:{line}: {message}" for path, line, message in sorted(set(problems))]
 
 
-def _document_problems(info: ChapterInfo, order, numbering: Numbering, bib, bib_names) -> list[tuple[int, str]]:
+def _document_problems(info: ChapterInfo, numbering: Numbering, bib, bib_names) -> list[tuple[int, str]]:
     """One file's problems: its references, captions, source and saved code (its labels are check_book's)."""
     doc, module = info.document, info.entry.module
-    found = source_problems(doc) + (saved_code_problems(doc, module, order, numbering) if module else [])
+    found = source_problems(doc) + (saved_code_problems(doc, module, numbering) if module else [])
 
     def references(text: str, line: int) -> None:
         for match in qmd.REFERENCE.finditer(_blank_out(qmd.CODE_SPAN, text)):
@@ -195,13 +194,10 @@ def markdown_in_inline_values(doc) -> list[tuple[int, str]]:
                     value = ast.parse(match.group("expr"), mode="eval").body
                 except SyntaxError:
                     continue
-                if isinstance(value, ast.Name):
+                if isinstance(value, ast.Name):  # its last assignment before the prose, else the chapter's last
                     values = assigned.get(value.id, [])
-                    values = [node for at, node in values if at < line] or [node for _, node in values]
-                    if not values:
-                        continue
-                    value = values[-1]
-                kinds = _markdown_kinds(value)
+                    value = next((node for at, node in reversed(values) if at < line), values[-1][1] if values else None)
+                kinds = _markdown_kinds(value) if value is not None else []
                 if kinds:
                     found.append((line, f"inline value `{{python}} {match.group('expr')}` is a str carrying Markdown "
                                   f"({', '.join(kinds)}); Quarto prints a str as plain text, so the reader sees the "
@@ -344,11 +340,12 @@ def _documented(tree: ast.Module):
                     yield "an attribute's docstring", stmt
 
 
-def saved_code_problems(doc, module: str, order: list[str], numbering: Numbering) -> list[tuple[int, str]]:
+def saved_code_problems(doc, module: str, numbering: Numbering) -> list[tuple[int, str]]:
     """One chapter's code against the book's rules, as (line, message): every Python cell imports only
     earlier chapters; each `# @save` cell has no side effects at import, and its docstrings and comments
     hold no Quarto syntax and name only numbers the book has ("Equation 3.1")."""
-    earlier = order[: order.index(module)] if module in order else order
+    order = [info.entry.module for info in numbering.chapters if info.entry.module]
+    earlier = order[: order.index(module)]
     references = {target.text for target in numbering.targets.values() if target.number}
     references |= {f"Section {number}" for number in numbering.heading_numbers.values() if "." in number}
     references |= {info.name for info in numbering.chapters if info.number is not None}

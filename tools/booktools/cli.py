@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .book import BookError, find_root, load_book
+from .book import BookError, load_book
 from .qmd import QmdError
 
 
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(load_book(Path(args.root).resolve() if args.root else find_root()), args)
+        return args.run(load_book(Path(args.root).resolve() if args.root else None), args)
     except BookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
