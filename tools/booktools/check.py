@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import qmd
 from .bib import bibliography_keys
-from .book import Book, ChapterEntry
+from .book import Book
 from .numbering import ChapterInfo, Numbering, compute_numbering
 from .tangle import branches
 
@@ -32,12 +32,6 @@ editions at 1280 px without scrolling (tests/test_quarto_edition.py measures it)
 MOVED_LABEL = re.compile(r"ch\d\d-")
 #: What a labelled figure or table cell must have, by its label's prefix.
 _CAPTIONS = {"fig": ("figure", ("fig-cap", "fig-alt")), "tbl": ("table", ("tbl-cap",))}
-
-
-def _label_scope(entry: ChapterEntry) -> str | None:
-    """What a label must name after its prefix in this file: "ch03", "index", "appendix"."""
-    name = Path(entry.path).name
-    return entry.module or ("index" if name == "index.qmd" else "appendix" if name.startswith("appendix") else None)
 
 
 def _blank_out(pattern: re.Pattern, text: str) -> str:
@@ -65,7 +59,9 @@ def check_book(book: Book) -> list[str]:
     problems += [(repeat.file, repeat.line, f"label {repeat.label} is already used at {first.file}:{first.line}")
                  for repeat, first in numbering.duplicates]
     for path, line, label, allowed in numbering.labels:
-        prefix, scope = label.split("-", 1)[0], _label_scope(numbering.chapter(path).entry)
+        prefix, name, module = label.split("-", 1)[0], Path(path).name, numbering.chapter(path).entry.module
+        # what the label must name after its prefix: "ch03", "index", "appendix"
+        scope = module or ("index" if name == "index.qmd" else "appendix" if name.startswith("appendix") else None)
         if not allowed:
             problems.append((path, line, f"label {label} is on an image or a div; the book's figures and tables are "
                              "labelled cells and pipe tables, the ones the tools number as Quarto does"))

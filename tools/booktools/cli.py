@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .book import BookError, load_book
+from .book import BookError, load_book, write_if_changed
 from .qmd import QmdError
 
 
@@ -20,7 +20,7 @@ def _report(problems: list, verb: str) -> int:
 
 
 def cmd_tangle(book, args: argparse.Namespace) -> int:
-    from .tangle import stale_outputs, tangle_book, write_outputs
+    from .tangle import tangle_book
 
     result = tangle_book(book)
     if result.problems:
@@ -28,14 +28,15 @@ def cmd_tangle(book, args: argparse.Namespace) -> int:
         print("tangle: no files were written", file=sys.stderr)
         return 1
     if args.check:
-        stale = stale_outputs(result)
+        stale = [path for path, text in result.files.items()
+                 if not path.is_file() or path.read_text(encoding="utf-8") != text]
         for path in stale:
             print(f"{book.display(path)}: stale: it differs from what its chapter's `# @save` cells give "
                   "(run `python -m booktools tangle`)", file=sys.stderr)
         if not stale and not args.quiet:
             print(f"tangle --check: {len(result.outputs)} module(s) current")
         return 1 if stale else 0
-    written = write_outputs(result)
+    written = [path for path, text in result.files.items() if write_if_changed(path, text)]
     if not args.quiet:
         for path in written:
             print(f"wrote {book.display(path)}")

@@ -261,14 +261,12 @@ def finish_notebook(notebook, executed, url: str, display: str):
     the setup cell first where there is code. StaleNotebook (`FILE:LINE: ...`) when `executed` ran
     other code or other inline expressions."""
     cells = executed.cells if executed is not None else []
-    ran_code = [cell for cell in cells if cell.cell_type == "code"]
+    ran_code = iter([cell for cell in cells if cell.cell_type == "code"])
     values = [entry for cell in cells if cell.cell_type == "markdown" for entry in cell.metadata.get("user_expressions", [])]
-    code_index = 0
+    has_code = any(cell.cell_type == "code" for cell in notebook.cells)
     for cell in notebook.cells:
         if cell.cell_type == "code":
-            meta = cell.metadata.get("longctx", {})
-            ran = ran_code[code_index] if code_index < len(ran_code) else None
-            code_index += 1
+            meta, ran = cell.metadata.get("longctx", {}), next(ran_code, None)
             code, options = _code(cell.source)
             if ran is None or _code(ran.source)[0].rstrip() != code.rstrip():
                 raise StaleNotebook(f"{display}:{meta.get('line', 0)}: " + STALE.format("this cell changed since it ran"))
@@ -286,9 +284,9 @@ def finish_notebook(notebook, executed, url: str, display: str):
                 texts = iter([qmd.inline_text(entry["result"]) for entry in used])
                 cell.source = qmd.INLINE_EXPRESSION.sub(lambda _match, texts=texts: next(texts), cell.source)
                 cell.metadata["user_expressions"] = used
-    if code_index != len(ran_code) or values:
+    if next(ran_code, None) is not None or values:
         raise StaleNotebook(f"{display}:0: " + STALE.format("it ran cells or values the chapter no longer has"))
-    if code_index:
+    if has_code:
         setup = nbformat.v4.new_code_cell(setup_cell_source(url))
         setup["id"] = "longctx-setup"
         setup.metadata["longctx"] = {"role": "setup"}

@@ -18,7 +18,7 @@ import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .book import Book, write_if_changed
+from .book import Book
 from .qmd import Document, QmdError, parse_file, title_heading, walk
 
 IMPORT_WIDTH = 80  # imports longer than this are wrapped one name a line, to fit the page as the chapters' code does
@@ -35,6 +35,11 @@ class ModuleOutput:
 class TangleResult:
     outputs: list[ModuleOutput] = field(default_factory=list)
     problems: list[QmdError] = field(default_factory=list)
+
+    @property
+    def files(self) -> dict[Path, str]:
+        """Every file the modules are made of -> its text."""
+        return {path: text for output in self.outputs for path, text in output.files.items()}
 
 
 def _saved_code(doc: Document, problems: list[QmdError], imports: list[str]) -> list[tuple[int, list[str]]]:
@@ -165,7 +170,6 @@ def tangle_book(book: Book) -> TangleResult:
         if seen.setdefault(entry.module, entry.path) != entry.path:
             result.problems.append(QmdError("_quarto.yml", entry.line,
                                             f"{entry.path} and {seen[entry.module]} both make module {entry.module}"))
-    for entry in book.module_entries:
         if not (book.root / entry.path).is_file():
             continue  # `check` names a listed file that does not exist
         try:
@@ -177,21 +181,10 @@ def tangle_book(book: Book) -> TangleResult:
         result.outputs += [output] if output is not None else []
     if not result.problems and result.outputs:
         try:
-            texts = sort_imports({path: text for output in result.outputs for path, text in output.files.items()}, book.root)
+            texts = sort_imports(result.files, book.root)
         except QmdError as exc:
             result.problems.append(exc)
             return result
         for output in result.outputs:
             output.files = {path: texts[path] for path in output.files}
     return result
-
-
-def stale_outputs(result: TangleResult) -> list[Path]:
-    """Generated files whose contents on disk differ from what tangling gives."""
-    return [path for output in result.outputs for path, text in output.files.items()
-            if not path.is_file() or path.read_text(encoding="utf-8") != text]
-
-
-def write_outputs(result: TangleResult) -> list[Path]:
-    """Write every changed file; the paths written."""
-    return [path for output in result.outputs for path, text in output.files.items() if write_if_changed(path, text)]
