@@ -4,8 +4,8 @@ References name labels that exist and citations keys of the bibliography; labels
 the fig-/tbl-/eq-/sec- prefixes and name their chapter (`fig-ch03-…`, `sec-index-…`,
 `sec-appendix-…`); figure cells have `fig-cap` and `fig-alt`, table cells `tbl-cap`; `_quarto.yml`
 lists exactly the files in chapters/; saved code obeys the book's rules (`saved_code_problems`);
-and what Quarto trips on (`source_problems`). Whether the generated modules are current is the
-tangle's to say (`tangle --check`; `make check` runs both).
+and nothing Quarto trips on. Whether the generated modules are current is the tangle's to say
+(`tangle --check`; `make check` runs both).
 """
 
 from __future__ import annotations
@@ -79,9 +79,14 @@ def check_book(book: Book) -> list[str]:
 
 
 def _document_problems(info: ChapterInfo, numbering: Numbering, bib, bib_names) -> list[tuple[int, str]]:
-    """One file's problems: its references, captions, source and saved code (its labels are check_book's)."""
+    """One file's problems (its labels are check_book's): its references and captions, what Quarto trips
+    on, and its saved code."""
     doc, module = info.document, info.entry.module
-    found = source_problems(doc) + (saved_code_problems(doc, module, numbering) if module else [])
+    found = maths_with_space_before_closing_dollar(doc) + markdown_in_inline_values(doc)
+    found += saved_code_problems(doc, module, numbering) if module else []
+    if doc.front_matter_lines and not doc.front_matter:
+        found.append((1, "empty front matter block (`---` then `---`): Pandoc reads it as a rule and a paragraph "
+                      "holding a dash, which Quarto turns into a chapter of its own; delete both lines"))
 
     def references(text: str, line: int) -> None:
         for match in qmd.REFERENCE.finditer(_blank_out(qmd.CODE_SPAN, text)):
@@ -97,6 +102,15 @@ def _document_problems(info: ChapterInfo, numbering: Numbering, bib, bib_names) 
             cell = item.cell
             if cell.saved and module is None:
                 found.append((cell.code_line, "`# @save` in a file that produces no module (only chapters/chNN-*.qmd do)"))
+            if cell.executable and cell.lang == "mermaid" and not (cell.label or "").startswith("fig-"):
+                found.append((cell.line, "mermaid diagram without `%%| label: fig-…`: Quarto 1.7's EPUB wraps an "
+                              "unlabelled diagram in markup that is not valid XHTML; label it as a figure and give it "
+                              "`%%| fig-cap:` and `%%| fig-alt:`"))
+            if not cell.executable or cell.is_python:  # code the reader sees ({mermaid} is drawn)
+                first, lines = (cell.code_line, cell.code_lines) if cell.executable else (cell.line + 1, cell.lines)
+                found += [(line, f"code line is {len(text)} characters; the book's code lines are at most "
+                           f"{CODE_LINE_LIMIT} so that they fit the page")
+                          for line, text in enumerate(lines, first) if len(text) > CODE_LINE_LIMIT]
             if not cell.executable:
                 continue
             kind, wanted = _CAPTIONS.get((cell.label or "").split("-", 1)[0], ("", ()))
@@ -118,7 +132,7 @@ def _document_problems(info: ChapterInfo, numbering: Numbering, bib, bib_names) 
     return found
 
 
-# What Quarto and Pandoc trip on: each check is a function of a parsed document giving (line, message).
+# What Quarto and Pandoc trip on across lines (a cell's own and a heading's are in _document_problems).
 
 # Markdown a plain str value would carry to the reader as raw characters.
 _MARKDOWN_IN_TEXT = (
@@ -128,15 +142,6 @@ _MARKDOWN_IN_TEXT = (
     ("a `[…](…)` link", re.compile(r"\[[^\]\n]+\]\([^)\n]+\)")),
     ("`$…$` maths", re.compile(r"(?<![\\$])\$(?=[^\s$])[^$\n]*?(?<=[^\s\\])\$(?!\$)")),
 )
-
-
-def source_problems(doc) -> list[tuple[int, str]]:
-    """Every source problem of one parsed document that Quarto trips on, as (line, message)."""
-    found = maths_with_space_before_closing_dollar(doc) + markdown_in_inline_values(doc) + unlabelled_mermaid(doc)
-    if doc.front_matter_lines and not doc.front_matter:
-        found.append((1, "empty front matter block (`---` then `---`): Pandoc reads it as a rule and a paragraph "
-                      "holding a dash, which Quarto turns into a chapter of its own; delete both lines"))
-    return found + long_code_lines(doc)
 
 
 def maths_with_space_before_closing_dollar(doc) -> list[tuple[int, str]]:
@@ -198,27 +203,6 @@ def markdown_in_inline_values(doc) -> list[tuple[int, str]]:
                     found.append((line, f"inline value `{{python}} {match.group('expr')}` is a str carrying Markdown "
                                   f"({', '.join(kinds)}); Quarto prints a str as plain text, so the reader sees the "
                                   "marks: make the value plain text, or wrap it in IPython.display.Markdown"))
-    return found
-
-
-def unlabelled_mermaid(doc) -> list[tuple[int, str]]:
-    """A ```{mermaid} diagram without `%%| label: fig-…`: Quarto's EPUB writes it as malformed XHTML."""
-    return [(cell.line, "mermaid diagram without `%%| label: fig-…`: Quarto 1.7's EPUB wraps an unlabelled diagram "
-             "in markup that is not valid XHTML; label it as a figure and give it `%%| fig-cap:` and `%%| fig-alt:`")
-            for cell in doc.cells if cell.executable and cell.lang == "mermaid" and not (cell.label or "").startswith("fig-")]
-
-
-def long_code_lines(doc) -> list[tuple[int, str]]:
-    """Lines of code a reader sees (every fenced block but diagrams) longer than CODE_LINE_LIMIT."""
-    found = []
-    for cell in doc.cells:
-        if cell.executable and not cell.is_python:
-            continue  # {mermaid}: drawn, not shown as code
-        first, lines = (cell.code_line, cell.code_lines) if cell.executable else (cell.line + 1, cell.lines)
-        for line, text in enumerate(lines, first):
-            if len(text) > CODE_LINE_LIMIT:
-                found.append((line, f"code line is {len(text)} characters; the book's code lines are at most {CODE_LINE_LIMIT} "
-                              "so that they fit the page"))
     return found
 
 
