@@ -164,7 +164,7 @@ def test_walk_tracks_callouts_across_cells_and_titles():
     )
     items, problems = walk(doc)
     assert problems == []
-    cell_item = next(item for item in items if hasattr(item, "cell"))
+    cell_item = next(item for item in items if item.kind == "cell")
     assert cell_item.cell.code == "x = 1"
     assert [div.callout_type for div in cell_item.divs] == ["tip"]
     assert cell_item.divs[0].collapse and cell_item.divs[0].display_title == "Solution 1.1"

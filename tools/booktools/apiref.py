@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .book import load_book
 from .numbering import Numbering, compute_numbering
-from .qmd import CROSS_REFERENCE, CellItem, Line
+from .qmd import CROSS_REFERENCE
 from .tangle import public_names
 
 REFERENCE = re.compile(r"\[?" + CROSS_REFERENCE.pattern + r"\]?")  # `[@eq-x]` or `@eq-x`, brackets and all
@@ -94,12 +94,12 @@ def api_entries(root: Path | str | None = None, numbering: Numbering | None = No
         notes: dict[str, str] = {}
         section = info.name, info.label  # above the chapter's first section: the chapter
         for item in info.items:
-            if isinstance(item, Line) and item.kind == "heading" and item.heading.level == 1:
+            if item.kind == "heading" and item.heading.level == 1:
                 section = info.name, info.label
-            elif isinstance(item, Line) and item.kind == "heading":
+            elif item.kind == "heading":
                 heading, number = item.heading, numbering.heading_numbers[(info.display, item.line)]
                 section = f"Section {number} {heading.text}" if number else heading.text, heading.label
-            elif isinstance(item, CellItem) and item.cell.is_python and item.cell.saved:
+            elif item.kind == "cell" and item.cell.is_python and item.cell.saved:
                 source = "\n".join(item.cell.saved_code_lines)
                 notes |= {match[2]: " ".join(line[2:].strip() for line in match[1].splitlines())
                           for match in COMMENTED.finditer(source)}

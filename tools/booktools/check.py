@@ -98,7 +98,7 @@ def _document_problems(info: ChapterInfo, numbering: Numbering, bib, bib_names) 
                 found.append((line, f"citation @{key} is not in the bibliography ({bib_names})"))
 
     for item in info.items:
-        if isinstance(item, qmd.CellItem):
+        if item.kind == "cell":
             cell = item.cell
             if cell.saved and module is None:
                 found.append((cell.code_line, "`# @save` in a file that produces no module (only chapters/chNN-*.qmd do)"))

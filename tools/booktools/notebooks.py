@@ -118,7 +118,7 @@ class _Builder:
             self.context = callout
         return callout
 
-    def line(self, item: qmd.Line) -> None:
+    def line(self, item: qmd.Item) -> None:
         if item.kind == "div_close" and item.div.callout_type:
             self.flush()
             if id(item.div) not in self.started:  # an empty callout still shows its title
@@ -138,7 +138,7 @@ class _Builder:
             else:
                 self.lines.append(self.inline(item.text))
 
-    def cell(self, item: qmd.CellItem) -> None:
+    def cell(self, item: qmd.Item) -> None:
         callout, cell = self.set_context(item.divs), item.cell
         if not cell.is_python:
             self.lines.append(self.fenced_text(cell))
@@ -174,12 +174,12 @@ class _Builder:
         return "\n".join(f"{cell.indent}{line}" if line else line for line in lines)
 
     def build(self):
-        first_heading = next((item for item in self.info.items if isinstance(item, qmd.Line) and item.kind == "heading"), None)
+        first_heading = next((item for item in self.info.items if item.kind == "heading"), None)
         if (first_heading is None or first_heading.heading.level != 1) and self.info.title:
             self.lines.append(self.inline(f"# {self.info.heading_prefix}{self.info.title}"))
             self.flush()
         for item in self.info.items:
-            self.cell(item) if isinstance(item, qmd.CellItem) else self.line(item)
+            self.cell(item) if item.kind == "cell" else self.line(item)
         self.flush()
         for index, cell in enumerate(self.cells):
             cell["id"] = f"cell-{index}"

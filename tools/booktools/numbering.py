@@ -45,7 +45,7 @@ class ChapterInfo:
     title: str = ""
     label: str | None = None  # the title heading's, "sec-ch03-long-context"
     document: qmd.Document | None = None
-    items: list[qmd.Line | qmd.CellItem] = field(default_factory=list)  # `qmd.walk`'s lines and cells
+    items: list[qmd.Item] = field(default_factory=list)  # `qmd.walk`'s lines and cells
 
     @property
     def display(self) -> str:
@@ -130,7 +130,7 @@ def _number_document(numbering: Numbering, info: ChapterInfo, h1: qmd.Heading | 
             numbering.labels.append((display, line, label, allowed))
 
     for item in info.items:
-        if isinstance(item, qmd.CellItem):
+        if item.kind == "cell":
             label = item.cell.label or ""
             site(label if item.cell.executable else None, item.cell.line, "fig", "tbl")
             if item.cell.executable and label.startswith(("fig-", "tbl-")):

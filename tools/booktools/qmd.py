@@ -286,63 +286,55 @@ def parse_attributes(text: str) -> tuple[str | None, list[str], dict[str, str]]:
 
 
 @dataclass
-class Line:
-    """One markdown line, classified, with the fenced divs open around it."""
+class Item:
+    """One markdown line, classified, or a fenced block, with the fenced divs open around it."""
 
-    kind: str  # "text", "heading", "div_open", "div_close"
+    kind: str  # "text", "heading", "div_open", "div_close", "cell"
     line: int
-    text: str
+    text: str  # the markdown line ("" for a cell)
     divs: tuple[Div, ...]  # open divs, outermost first (for div_open: including the new one)
     in_math: bool = False  # inside a $$ ... $$ display, the $$ lines included
     heading: Heading | None = None
     div: Div | None = None  # the div opened or closed
+    cell: Cell | None = None
 
 
-@dataclass
-class CellItem:
-    """A fenced block in document order, with the fenced divs open around it."""
-
-    cell: Cell
-    divs: tuple[Div, ...]
-
-
-def walk(doc: Document) -> tuple[list[Line | CellItem], list[QmdError]]:
+def walk(doc: Document) -> tuple[list[Item], list[QmdError]]:
     """Every markdown line and cell in order, with the divs open around it; and the problems
     (unclosed or unopened divs)."""
-    items: list[Line | CellItem] = []
+    items: list[Item] = []
     problems: list[QmdError] = []
     stack: list[Div] = []
     in_math = False
     for block in doc.blocks:
         if isinstance(block, Cell):
-            items.append(CellItem(block, tuple(stack)))
+            items.append(Item("cell", block.line, "", tuple(stack), cell=block))
             continue
         for number, text in enumerate(block.lines, block.line):
             opened, heading = _DIV_OPEN.match(text), parse_heading(text, number)
             if in_math or text.count("$$") % 2 == 1 and opened is None and heading is None:
                 in_math = in_math != (text.count("$$") % 2 == 1)
-                items.append(Line("text", number, text, tuple(stack), in_math=True))
+                items.append(Item("text", number, text, tuple(stack), in_math=True))
             elif opened is not None:
                 attrs = opened.group("attrs")
                 div = Div(number, *parse_attributes(f".{opened.group('cls')}" if attrs is None else attrs))
                 stack.append(div)
-                items.append(Line("div_open", number, text, tuple(stack), div=div))
+                items.append(Item("div_open", number, text, tuple(stack), div=div))
             elif _DIV_CLOSE.match(text):
                 if stack:
                     div = stack.pop()
-                    items.append(Line("div_close", number, text, tuple(stack), div=div))
+                    items.append(Item("div_close", number, text, tuple(stack), div=div))
                 else:
                     problems.append(doc.error(number, "`:::` closes a fenced div that was never opened"))
-                    items.append(Line("text", number, text, tuple(stack)))
+                    items.append(Item("text", number, text, tuple(stack)))
             elif heading is not None:
-                items.append(Line("heading", number, text, tuple(stack), heading=heading))
+                items.append(Item("heading", number, text, tuple(stack), heading=heading))
             else:
-                items.append(Line("text", number, text, tuple(stack), in_math="$$" in text))
+                items.append(Item("text", number, text, tuple(stack), in_math="$$" in text))
     problems += [doc.error(div.line, "fenced div opened here (`:::`) is never closed") for div in stack]
     return items, problems
 
 
-def title_heading(items: list[Line | CellItem]) -> Heading | None:
+def title_heading(items: list[Item]) -> Heading | None:
     """The first level-1 heading of a walk (none in maths): the file's title."""
-    return next((item.heading for item in items if isinstance(item, Line) and item.kind == "heading"
-                 and item.heading.level == 1), None)
+    return next((item.heading for item in items if item.kind == "heading" and item.heading.level == 1), None)
