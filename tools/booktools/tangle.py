@@ -26,20 +26,14 @@ ISOLATED = ["--isolated", "--config", 'lint.isort.known-first-party = ["longctx"
 
 
 @dataclass
-class ModuleOutput:
-    module: str  # "ch03"
-    files: dict[Path, str] = field(default_factory=dict)  # absolute path -> text
-
-
-@dataclass
 class TangleResult:
-    outputs: list[ModuleOutput] = field(default_factory=list)
+    outputs: dict[str, dict[Path, str]] = field(default_factory=dict)  # "ch03" -> its files' paths -> texts
     problems: list[QmdError] = field(default_factory=list)
 
     @property
     def files(self) -> dict[Path, str]:
         """Every file the modules are made of -> its text."""
-        return {path: text for output in self.outputs for path, text in output.files.items()}
+        return {path: text for files in self.outputs.values() for path, text in files.items()}
 
 
 def _saved_code(doc: Document, problems: list[QmdError], imports: list[str]) -> list[tuple[int, list[str]]]:
@@ -117,8 +111,8 @@ def _escape_docstring(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
 
 
-def tangle_document(doc: Document, module: str, root: Path) -> tuple[ModuleOutput | None, list[QmdError]]:
-    """One chapter's module: (output, problems); output is None when there are problems."""
+def tangle_document(doc: Document, module: str, root: Path) -> tuple[dict[Path, str] | None, list[QmdError]]:
+    """One chapter's module: (its files' paths -> texts, problems); no files when there are problems."""
     problems: list[QmdError] = []
     imports: list[str] = []
     runs = _saved_code(doc, problems, imports)
@@ -141,7 +135,7 @@ def tangle_document(doc: Document, module: str, root: Path) -> tuple[ModuleOutpu
     else:
         init.append("__all__: list[str] = []")
     directory = root / "code" / module
-    return ModuleOutput(module, {directory / "_generated.py": generated, directory / "__init__.py": "\n".join(init) + "\n"}), []
+    return {directory / "_generated.py": generated, directory / "__init__.py": "\n".join(init) + "\n"}, []
 
 
 def sort_imports(texts: dict[Path, str], root: Path) -> dict[Path, str]:
@@ -173,18 +167,17 @@ def tangle_book(book: Book) -> TangleResult:
         if not (book.root / entry.path).is_file():
             continue  # `check` names a listed file that does not exist
         try:
-            output, problems = tangle_document(parse_file(book.root / entry.path, entry.path), entry.module, book.root)
+            files, problems = tangle_document(parse_file(book.root / entry.path, entry.path), entry.module, book.root)
         except QmdError as exc:
             result.problems.append(exc)
             continue
         result.problems += problems
-        result.outputs += [output] if output is not None else []
+        result.outputs |= {entry.module: files} if files is not None else {}
     if not result.problems and result.outputs:
         try:
             texts = sort_imports(result.files, book.root)
         except QmdError as exc:
             result.problems.append(exc)
             return result
-        for output in result.outputs:
-            output.files = {path: texts[path] for path in output.files}
+        result.outputs = {module: {path: texts[path] for path in files} for module, files in result.outputs.items()}
     return result
