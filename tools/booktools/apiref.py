@@ -85,11 +85,11 @@ def api_entries(root: Path | str | None = None, numbering: Numbering | None = No
     book = load_book(root)
     numbering = numbering or compute_numbering(book)
     entries: list[ApiEntry] = []
-    for chapter in book.module_entries:
-        info = numbering.chapter(chapter.path)
-        if not (book.root / "code" / chapter.module / "_generated.py").is_file() or info is None or info.document is None:
+    for info in numbering.chapters:
+        chapter = info.entry.module  # "ch03"
+        if chapter is None or info.document is None or not (book.root / "code" / chapter / "_generated.py").is_file():
             continue
-        module = importlib.import_module(f"longctx.{chapter.module}")
+        module = importlib.import_module(f"longctx.{chapter}")
         sections: dict[str, tuple[str, str | None]] = {}  # each name the saved cells define -> (section, its label)
         notes: dict[str, str] = {}
         section = info.name, info.label  # above the chapter's first section: the chapter

@@ -244,10 +244,6 @@ def setup_cell_source(url: str) -> str:
     return SETUP_CELL.format(repo_url=json.dumps(url))
 
 
-class StaleNotebook(Exception):
-    """The executed notebook does not match the chapter as it is now."""
-
-
 def _code(source: str) -> tuple[str, dict]:
     """A cell's code without its `#|` options and trailing blank lines (as Quarto keeps it), and the options."""
     lines = source.split("\n")
@@ -258,7 +254,7 @@ def _code(source: str) -> tuple[str, dict]:
 def finish_notebook(notebook, executed, url: str, display: str):
     """The reader's notebook: the export `notebook` with `executed`'s outputs and inline values (as
     `qmd.inline_text` formats them), no `#|` lines (a folded or hidden cell is `source_hidden`), and
-    the setup cell first where there is code. StaleNotebook (`FILE:LINE: ...`) when `executed` ran
+    the setup cell first where there is code. QmdError (the notebook is stale) when `executed` ran
     other code or other inline expressions."""
     cells = executed.cells if executed is not None else []
     ran_code = iter([cell for cell in cells if cell.cell_type == "code"])
@@ -269,7 +265,7 @@ def finish_notebook(notebook, executed, url: str, display: str):
             meta, ran = cell.metadata.get("longctx", {}), next(ran_code, None)
             code, options = _code(cell.source)
             if ran is None or _code(ran.source)[0].rstrip() != code.rstrip():
-                raise StaleNotebook(f"{display}:{meta.get('line', 0)}: " + STALE.format("this cell changed since it ran"))
+                raise qmd.QmdError(display, meta.get("line", 0), STALE.format("this cell changed since it ran"))
             cell.outputs, cell.execution_count, cell.source = ran.get("outputs", []), ran.get("execution_count"), code
             if options.get("code-fold") is True or options.get("echo") is False or meta.get("collapsed", False):
                 cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
@@ -278,14 +274,14 @@ def finish_notebook(notebook, executed, url: str, display: str):
             for match in qmd.INLINE_EXPRESSION.finditer(cell.source):
                 expression = match.group("expr").strip()
                 if not values or values[0].get("expression") != expression:
-                    raise StaleNotebook(f"{display}:0: " + STALE.format(f"it has no value for `{{python}} {expression}` here"))
+                    raise qmd.QmdError(display, 0, STALE.format(f"it has no value for `{{python}} {expression}` here"))
                 used.append(values.pop(0))
             if used:
                 texts = iter([qmd.inline_text(entry["result"]) for entry in used])
                 cell.source = qmd.INLINE_EXPRESSION.sub(lambda _match, texts=texts: next(texts), cell.source)
                 cell.metadata["user_expressions"] = used
     if next(ran_code, None) is not None or values:
-        raise StaleNotebook(f"{display}:0: " + STALE.format("it ran cells or values the chapter no longer has"))
+        raise qmd.QmdError(display, 0, STALE.format("it ran cells or values the chapter no longer has"))
     if has_code:
         setup = nbformat.v4.new_code_cell(setup_cell_source(url))
         setup["id"] = "longctx-setup"
@@ -312,7 +308,7 @@ def finish_book(book: Book, executed: Path, out: Path) -> tuple[list[Path], list
             ran = nbformat.read(str(path), as_version=4)
         try:
             notebook = finish_notebook(notebook, ran, url, info.display)
-        except StaleNotebook as exc:
+        except qmd.QmdError as exc:  # stale
             problems.append(str(exc))
             continue
         nbformat.validate(notebook)
