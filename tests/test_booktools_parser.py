@@ -237,7 +237,7 @@ def test_the_book_style_cites_first_author_et_al_from_three(tmp_path):
         "[@a2017]", "@b2021", "[@c2022, p. 3]", "[see @c2022, sec. 2]", "[@b2021; @d2024, 7]",
         "[@d2024; @e2024]", "[-@a2017]", "[@f2024; @g2024]", "[@b2021; @i2022]", "@h2019",
     ]
-    assert render_citations(cited, [bib], csl=BOOK_CSL, what="test") == [
+    assert render_citations(cited, [bib], csl=BOOK_CSL) == [
         "(Vaswani et al. 2017)",
         "Su and Lu (2021)",
         "(Gu et al. 2022, 3)",  # three authors: "et al."; a page number stands alone

@@ -13,7 +13,7 @@ MODULE_FILE = re.compile(r"^ch(?P<number>\d{2})-[A-Za-z0-9_.-]+\.qmd$")
 
 
 class BookError(Exception):
-    """A problem with the book project itself (missing or malformed _quarto.yml)."""
+    """A problem with the book project itself (missing or malformed _quarto.yml), or its tools (no pandoc)."""
 
 
 @dataclass(frozen=True)

@@ -199,7 +199,7 @@ def export_notebooks(book: Book) -> tuple[list, list[str]]:
     for info in chapters:
         _Builder(info, numbering, lambda source, cited: citations.setdefault(source, None)
                  if all(key in keys for key in cited) else None).build()
-    texts = render_citations(list(citations), book.bibliography, csl=book.csl, what="notebooks")
+    texts = render_citations(list(citations), book.bibliography, csl=book.csl)
     citations.update(zip(citations, texts, strict=True))
     return [(info, _Builder(info, numbering, lambda source, _: citations.get(source)).build()) for info in chapters], problems
 
