@@ -19,10 +19,8 @@ from pathlib import Path
 
 from .book import load_book
 from .numbering import Numbering, compute_numbering
-from .qmd import CROSS_REFERENCE
 from .tangle import public_names
 
-REFERENCE = re.compile(r"\[?" + CROSS_REFERENCE.pattern + r"\]?")  # `[@eq-x]` or `@eq-x`, brackets and all
 COMMENTED = re.compile(r"^((?:#:.*\n)+)(\w+)\s*[:=]", re.MULTILINE)  # a constant's `#:` lines: all it has (no docstring)
 SIGNATURE_WIDTH = 80
 
@@ -123,10 +121,6 @@ def api_reference_markdown(root: Path | str | None = None) -> str:
         return "No chapter module exists yet: run `make tangle`."
     titles = {info.entry.module: info for info in numbering.chapters if info.entry.module}
 
-    def link(match: re.Match) -> str:  # `@eq-ch03-kvbytes` -> "[Equation 3.1](#eq-ch03-kvbytes)"
-        target = numbering.targets.get(match.group("label"))
-        return match.group("label") if target is None else f"[{target.text}](#{target.label})"
-
     out: list[str] = []
     current = None
     for entry, signature in zip(entries, wrap_signatures([entry.signature for entry in entries]), strict=True):
@@ -137,7 +131,7 @@ def api_reference_markdown(root: Path | str | None = None) -> str:
             anchor = info.label if info is not None else None
             count = sum(1 for item in entries if item.module == current)
             out.append(f"**`{current}`**: {f'[{chapter}](#{anchor})' if anchor else chapter} ({count} public names)")
-        words = [REFERENCE.sub(link, html.escape(entry.summary, quote=False))] if entry.summary else []
+        words = [html.escape(entry.summary, quote=False)] if entry.summary else []  # `check` keeps out Quarto syntax
         words += ["A constant."] if not entry.summary and entry.kind == "constant" else []
         words += [f"Defined in [{entry.section}](#{entry.fragment})."] if entry.fragment else (
             [f"Defined in {entry.section}."] if entry.section else [])

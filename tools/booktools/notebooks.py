@@ -174,10 +174,6 @@ class _Builder:
         return "\n".join(f"{cell.indent}{line}" if line else line for line in lines)
 
     def build(self):
-        first_heading = next((item for item in self.info.items if item.kind == "heading"), None)
-        if (first_heading is None or first_heading.heading.level != 1) and self.info.title:
-            self.lines.append(self.inline(f"# {self.info.heading_prefix}{self.info.title}"))
-            self.flush()
         for item in self.info.items:
             self.cell(item) if item.kind == "cell" else self.line(item)
         self.flush()
