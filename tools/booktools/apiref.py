@@ -126,11 +126,10 @@ def api_reference_markdown(root: Path | str | None = None) -> str:
     for entry, signature in zip(entries, wrap_signatures([entry.signature for entry in entries]), strict=True):
         if entry.module != current:
             current = entry.module
-            info = titles.get(current.rsplit(".", 1)[-1])
-            chapter = f"Chapter {info.number}, {info.title}" if info is not None and info.number else current
-            anchor = info.label if info is not None else None
+            info = titles[current.removeprefix("longctx.")]
+            chapter = f"Chapter {info.number}, {info.title}" if info.number else current
             count = sum(1 for item in entries if item.module == current)
-            out.append(f"**`{current}`**: {f'[{chapter}](#{anchor})' if anchor else chapter} ({count} public names)")
+            out.append(f"**`{current}`**: {f'[{chapter}](#{info.label})' if info.label else chapter} ({count} public names)")
         words = [html.escape(entry.summary, quote=False)] if entry.summary else []  # `check` keeps out Quarto syntax
         words += ["A constant."] if not entry.summary and entry.kind == "constant" else []
         words += [f"Defined in [{entry.section}](#{entry.fragment})."] if entry.fragment else (

@@ -58,10 +58,10 @@ def check_book(book: Book) -> list[str]:
     problems += [(error.path, error.line, error.message) for error in numbering.problems]
     problems += [(repeat.file, repeat.line, f"label {repeat.label} is already used at {first.file}:{first.line}")
                  for repeat, first in numbering.duplicates]
-    for path, line, label, allowed in numbering.labels:
-        prefix, name, module = label.split("-", 1)[0], Path(path).name, numbering.chapter(path).entry.module
+    for info, line, label, allowed in numbering.labels:
+        path, name, prefix = info.display, Path(info.display).name, label.split("-", 1)[0]
         # what the label must name after its prefix: "ch03", "index", "appendix"
-        scope = module or ("index" if name == "index.qmd" else "appendix" if name.startswith("appendix") else None)
+        scope = info.entry.module or ("index" if name == "index.qmd" else "appendix" if name.startswith("appendix") else None)
         if not allowed:
             problems.append((path, line, f"label {label} is on an image or a div; the book's figures and tables are "
                              "labelled cells and pipe tables, the ones the tools number as Quarto does"))

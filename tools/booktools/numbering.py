@@ -72,12 +72,9 @@ class Numbering:
     targets: dict[str, Target] = field(default_factory=dict)
     heading_numbers: dict[tuple[str, int], str] = field(default_factory=dict)  # (file, line) -> "3.2"
     duplicates: list[tuple[Target, Target]] = field(default_factory=list)  # (repeat, first)
-    #: every label as written (file, line, label, the prefixes it may have), numbered or not: `check` reads them
-    labels: list[tuple[str, int, str, tuple[str, ...]]] = field(default_factory=list)
+    #: every label as written (its file, line, label, the prefixes it may have), numbered or not: `check` reads them
+    labels: list[tuple[ChapterInfo, int, str, tuple[str, ...]]] = field(default_factory=list)
     problems: list[QmdError] = field(default_factory=list)
-
-    def chapter(self, path: str) -> ChapterInfo | None:
-        return next((info for info in self.chapters if info.display == path), None)
 
     def add(self, target: Target) -> None:
         if target.label in self.targets:
@@ -127,7 +124,7 @@ def _number_document(numbering: Numbering, info: ChapterInfo, h1: qmd.Heading | 
 
     def site(label: str | None, line: int, *allowed: str) -> None:
         if label:
-            numbering.labels.append((display, line, label, allowed))
+            numbering.labels.append((info, line, label, allowed))
 
     for item in info.items:
         if item.kind == "cell":
