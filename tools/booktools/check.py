@@ -321,9 +321,8 @@ def _documented(tree: ast.Module):
 
 
 def saved_code_problems(doc, module: str, numbering: Numbering) -> list[tuple[int, str]]:
-    """One chapter's code against the book's rules, as (line, message): every Python cell imports only
-    earlier chapters; each `# @save` cell has no side effects at import, and its docstrings and comments
-    hold no Quarto syntax and name only numbers the book has ("Equation 3.1")."""
+    """One chapter's code against the book's rules, as (line, message): its cells import only earlier
+    chapters; a `# @save` cell does nothing at import, and what `help()` shows of it is plain prose."""
     order = [info.entry.module for info in numbering.chapters if info.entry.module]
     earlier = order[: order.index(module)]
     references = {target.text for target in numbering.targets.values() if target.number}

@@ -248,10 +248,9 @@ def _code(source: str) -> tuple[str, dict]:
 
 
 def finish_notebook(notebook, executed, url: str, display: str):
-    """The reader's notebook: the export `notebook` with `executed`'s outputs and inline values (as
-    `qmd.inline_text` formats them), no `#|` lines (a folded or hidden cell is `source_hidden`), and
-    the setup cell first where there is code. QmdError (the notebook is stale) when `executed` ran
-    other code or other inline expressions."""
+    """The reader's notebook: the export `notebook` with `executed`'s outputs and inline values, no `#|`
+    lines (a folded or hidden cell is `source_hidden`), the setup cell first where there is code.
+    QmdError (the notebook is stale) when `executed` ran other code or other inline expressions."""
     cells = executed.cells if executed is not None else []
     ran_code = iter([cell for cell in cells if cell.cell_type == "code"])
     values = [entry for cell in cells if cell.cell_type == "markdown" for entry in cell.metadata.get("user_expressions", [])]

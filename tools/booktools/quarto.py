@@ -6,8 +6,8 @@
    numbers the references and cites, for each format `_quarto.yml` lists; the first format's run, frozen,
    serves the rest. Its EPUB draws the diagrams with Chrome (Debian's `chromium`, as `QUARTO_CHROMIUM`).
    The notebooks Quarto keeps (`keep-ipynb`) go to `_build/executed/`, for the reader's notebooks.
-3. Finish: MathJax and Source Sans Pro come from `web/node_modules/` (pinned in `web/package-lock.json`).
-4. Publish: the new `_book/` replaces the old one only when the render succeeded.
+3. Finish: MathJax and Source Sans Pro come from `web/node_modules/` (pinned in `web/package-lock.json`),
+   and the new `_book/` replaces the old one only when the render succeeded.
 """
 
 from __future__ import annotations
@@ -162,10 +162,8 @@ def finish_html(out: Path, node_modules: Path) -> list[Path]:
 
 def build_quarto_book(root: Path, out: Path, *, executed: Path | None = None, stage: Path | None = None,
                       quarto: str | None = None, node_modules: Path | None = None, quiet: bool = False) -> dict:
-    """Execute and render the book with Quarto (every format `_quarto.yml` lists) into `out`, in `stage`
-    (default `_build/quarto/`), its executed notebooks to `executed` (default `_build/executed/`).
-    Returns {"formats": rendered, "seconds": wall time}; QuartoError when Quarto or MathJax is missing
-    or the render failed."""
+    """Execute and render the book with Quarto (every format `_quarto.yml` lists) into `out`, working in `stage`
+    and keeping the executed notebooks in `executed`: {"formats", "seconds"}; QuartoError if it cannot."""
     started = time.perf_counter()
     book = load_book(root)
     quarto = quarto or find_quarto()

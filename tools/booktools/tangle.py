@@ -174,10 +174,6 @@ def tangle_book(book: Book) -> TangleResult:
         result.problems += problems
         result.outputs |= {entry.module: files} if files is not None else {}
     if not result.problems and result.outputs:
-        try:
-            texts = sort_imports(result.files, book.root)
-        except QmdError as exc:
-            result.problems.append(exc)
-            return result
+        texts = sort_imports(result.files, book.root)  # a QmdError if ruff fails: the command line reports it
         result.outputs = {module: {path: texts[path] for path in files} for module, files in result.outputs.items()}
     return result
