@@ -259,7 +259,7 @@ def test_book_lists_chapters_then_appendices_in_order(fixture_book):
         "chapters/ch02-beta.qmd",
         "chapters/appendix-extra.qmd",
     ]
-    assert [entry.module for entry in book.module_entries] == ["ch01", "ch02"]
+    assert [entry.module for entry in book.entries] == [None, "ch01", "ch02", None]
     assert [entry.appendix for entry in book.entries] == [False, False, False, True]
     assert book.entries[1].line == 7
 

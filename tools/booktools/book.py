@@ -45,10 +45,6 @@ class Book:
         """The citation style `_quarto.yml` names, or None for pandoc's default."""
         return self.root / str(self.config["csl"]) if self.config.get("csl") else None
 
-    @property
-    def module_entries(self) -> list[ChapterEntry]:
-        return [entry for entry in self.entries if entry.module is not None]
-
     def display(self, path: Path | str) -> str:
         try:
             return Path(path).resolve().relative_to(self.root.resolve()).as_posix()

@@ -57,8 +57,6 @@ def translate_inline(text: str, targets: dict[str, Target], cite: Cite) -> str:
     """Cross-references and citations -> text, leaving code spans (and `{python}`) alone."""
 
     def prose(part: str) -> str:
-        if "@" not in part:
-            return part
         part = qmd.BRACKET.sub(lambda m: _bracket(m, targets, cite), part)
         return qmd.REFERENCE.sub(lambda m: _narrative(m, targets, cite), part)
 

@@ -160,7 +160,7 @@ def tangle_book(book: Book) -> TangleResult:
     """Tangle every chapter `_quarto.yml` lists, without writing anything."""
     result = TangleResult()
     seen: dict[str, str] = {}
-    for entry in book.module_entries:
+    for entry in (entry for entry in book.entries if entry.module is not None):
         if seen.setdefault(entry.module, entry.path) != entry.path:
             result.problems.append(QmdError("_quarto.yml", entry.line,
                                             f"{entry.path} and {seen[entry.module]} both make module {entry.module}"))
