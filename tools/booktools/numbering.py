@@ -77,10 +77,9 @@ class Numbering:
     problems: list[QmdError] = field(default_factory=list)
 
     def add(self, target: Target) -> None:
-        if target.label in self.targets:
-            self.duplicates.append((target, self.targets[target.label]))
-        else:
-            self.targets[target.label] = target
+        first = self.targets.setdefault(target.label, target)
+        if first is not target:
+            self.duplicates.append((target, first))
 
 
 def compute_numbering(book: Book) -> Numbering:
@@ -103,8 +102,7 @@ def compute_numbering(book: Book) -> Numbering:
         elif entry.appendix:
             number, appendices = chr(ord("A") + appendices), appendices + 1
         else:
-            chapters += 1
-            number = str(chapters)
+            number, chapters = str(chapters + 1), chapters + 1
         info = ChapterInfo(entry, number, h1.text if h1 else "", h1.label if h1 else None, doc, items)
         numbering.chapters.append(info)
         if doc is not None:

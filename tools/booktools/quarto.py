@@ -54,11 +54,9 @@ def find_quarto() -> str | None:
 def find_chromium() -> str | None:
     """`QUARTO_CHROMIUM`, else the first of the names Quarto 1.7 looks for and Debian's `chromium`
     (which Quarto does not look for); never a download."""
-    given = os.environ.get("QUARTO_CHROMIUM")
-    if given and Path(given).is_file():
-        return given
+    given = os.environ.get("QUARTO_CHROMIUM", "")
     names = ("google-chrome", "google-chrome-stable", "chromium-browser", "chromium")
-    return next(filter(None, map(shutil.which, names)), None)
+    return given if Path(given).is_file() else next(filter(None, map(shutil.which, names)), None)
 
 
 def stage_project(root: Path, stage: Path) -> None:

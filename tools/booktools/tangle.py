@@ -48,8 +48,7 @@ def _saved_code(doc: Document, problems: list[QmdError], imports: list[str]) -> 
             continue
         if not cell.saved:
             continue
-        lines = cell.saved_code_lines
-        first = cell.saved_code_line
+        lines, first = cell.saved_code_lines, cell.saved_code_line
         try:
             tree = ast.parse("\n".join(lines) + "\n", filename=doc.display)
         except SyntaxError as exc:
