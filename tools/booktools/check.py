@@ -217,10 +217,8 @@ _TYPED_REFERENCE = re.compile(
 )
 # Calls that do something when the module is imported (outside any function body).
 _SIDE_EFFECT_CALLS = {"print", "open", "input", "exec", "eval", "display", "breakpoint", "exit", "quit"}
-_SIDE_EFFECT_METHODS = {
-    "show", "savefig", "manual_seed", "seed", "backward", "write", "write_text", "write_bytes",
-    "mkdir", "unlink", "rmdir", "remove", "system", "makedirs", "download", "urlretrieve",
-}
+_SIDE_EFFECT_METHODS = {"show", "savefig", "manual_seed", "seed", "backward", "write", "write_text", "write_bytes",
+                        "mkdir", "unlink", "rmdir", "remove", "system", "makedirs", "download", "urlretrieve"}
 _SIDE_EFFECT_ROOTS = {"plt", "pyplot", "matplotlib", "subprocess", "shutil"}
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 _STATEMENT_NAMES = {ast.For: "this loop", ast.AsyncFor: "this loop", ast.While: "this loop",

@@ -276,10 +276,8 @@ def finish_notebook(notebook, executed, url: str, display: str):
     if next(ran_code, None) is not None or values:
         raise qmd.QmdError(display, 0, STALE.format("it ran cells or values the chapter no longer has"))
     if has_code:
-        setup = nbformat.v4.new_code_cell(setup_cell_source(url))
-        setup["id"] = "longctx-setup"
-        setup.metadata["longctx"] = {"role": "setup"}
-        notebook.cells.insert(0, setup)
+        metadata = {"longctx": {"role": "setup"}}
+        notebook.cells.insert(0, nbformat.v4.new_code_cell(setup_cell_source(url), id="longctx-setup", metadata=metadata))
     return notebook
 
 
