@@ -14,10 +14,9 @@ from .book import BookError
 ENTRY = re.compile(r"@(?P<type>[A-Za-z]+)\s*[{(]\s*(?P<key>[^,\s{}()]+)\s*,")
 
 
-def bibliography_keys(paths: list[Path], problems: list | None = None) -> dict[str, tuple[str, int]]:
+def bibliography_keys(paths: list[Path], problems: list) -> dict[str, tuple[str, int]]:
     """Every entry key of the `.bib` files -> (file name, line) of its first entry; each repeated key
     and missing file goes to `problems` as (file name, line, message)."""
-    problems = [] if problems is None else problems
     keys: dict[str, tuple[str, int]] = {}
     for path in paths:
         if not path.is_file():

@@ -28,8 +28,6 @@ CODE_LINE_LIMIT = 80
 editions at 1280 px without scrolling (tests/test_quarto_edition.py measures it)."""
 
 
-#: The chapter part of a label (`ch05-` in `sec-ch05-timing`), which an appendix may keep.
-MOVED_LABEL = re.compile(r"ch\d\d-")
 #: What a labelled figure or table cell must have, by its label's prefix.
 _CAPTIONS = {"fig": ("figure", ("fig-cap", "fig-alt")), "tbl": ("table", ("tbl-cap",))}
 
@@ -68,13 +66,12 @@ def check_book(book: Book) -> list[str]:
         elif prefix not in allowed:
             problems.append((path, line, f"label {label} should start with {' or '.join(f'{kind}-' for kind in allowed)}"))
         elif scope is not None and not label.startswith(f"{prefix}-{scope}-") and not (
-            scope == "appendix" and MOVED_LABEL.match(label.split("-", 1)[1])  # a chapter's section moved there
+            scope == "appendix" and re.match(r"ch\d\d-", label.split("-", 1)[1])  # a chapter's section moved there
         ):
             problems.append((path, line, f"label {label} should name its chapter: {prefix}-{scope}-..."))
-    for info in numbering.chapters:
-        if info.document is not None:
-            found = _document_problems(info, numbering, bib, bib_names)
-            problems += [(info.display, line, message) for line, message in found]
+    for info in (info for info in numbering.chapters if info.document is not None):
+        found = _document_problems(info, numbering, bib, bib_names)
+        problems += [(info.display, line, message) for line, message in found]
     return [f"{path}:{line}: {message}" for path, line, message in sorted(set(problems))]
 
 
@@ -91,10 +88,9 @@ def _document_problems(info: ChapterInfo, numbering: Numbering, bib, bib_names) 
     def references(text: str, line: int) -> None:
         for match in qmd.REFERENCE.finditer(_blank_out(qmd.CODE_SPAN, text)):
             key = match.group("key")
-            if key.startswith(qmd.CROSSREF_PREFIXES):
-                if key not in numbering.targets:
-                    found.append((line, f"cross-reference @{key} points at no label"))
-            elif key not in bib:
+            if key.startswith(qmd.CROSSREF_PREFIXES) and key not in numbering.targets:
+                found.append((line, f"cross-reference @{key} points at no label"))
+            elif not key.startswith(qmd.CROSSREF_PREFIXES) and key not in bib:
                 found.append((line, f"citation @{key} is not in the bibliography ({bib_names})"))
 
     for item in info.items:

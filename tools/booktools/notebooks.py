@@ -150,8 +150,7 @@ class _Builder:
         for prefix, kind, option in (("fig-", "figure", "fig-cap"), ("tbl-", "table", "tbl-cap")):
             if label.startswith(prefix) or (not label and option in cell.options):
                 meta.update(kind=kind, **({"label": label} if label else {}))
-                caption = f"**{self.name(label, kind)}:** {self.inline(cell.option(option))}"
-                captions.append(nbformat.v4.new_markdown_cell(caption))
+                captions = [nbformat.v4.new_markdown_cell(f"**{self.name(label, kind)}:** {self.inline(cell.option(option))}")]
                 break
         if callout is not None and callout.collapse:
             meta["collapsed"] = True  # an exercise's solution: the reader's notebook folds its code
@@ -188,7 +187,7 @@ def export_notebooks(book: Book) -> tuple[list, list[str]]:
     numbering = compute_numbering(book)
     problems = [str(exc) for exc in numbering.problems]
     chapters = [info for info in numbering.chapters if info.document is not None]
-    keys = bibliography_keys(book.bibliography)
+    keys = bibliography_keys(book.bibliography, [])  # `check` reports the bibliography's problems
     citations: dict[str, str | None] = {}  # every citation, formatted by citeproc in one pandoc run
     for info in chapters:
         _Builder(info, numbering, lambda source, cited: citations.setdefault(source, None)

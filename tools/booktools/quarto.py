@@ -124,14 +124,13 @@ def finish_html(out: Path, node_modules: Path) -> list[Path]:
     `out/site_libs/` and loaded from there, no CDN polyfill (for browsers older than any MathJax 3 runs
     in), and a link by fragment alone to an id on another page (the API appendix's) made to point there."""
     mathjax = out / "site_libs" / "mathjax"
-    for item in MATHJAX_FILES:
-        source, target = node_modules / "mathjax" / item, mathjax / Path(item).relative_to("es5")
+    for item in (*MATHJAX_FILES, "LICENSE"):
+        source, target = node_modules / "mathjax" / item, mathjax / item.removeprefix("es5/")
         if source.is_dir():
             shutil.copytree(source, target, dirs_exist_ok=True)
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)
-    shutil.copyfile(node_modules / "mathjax" / "LICENSE", mathjax / "LICENSE")
     fonts_css = _copy_fonts(node_modules / FONT_PACKAGE, out / "site_libs" / "fonts")
     ids = {page: set(_ID.findall(page.read_text(encoding="utf-8"))) for page in sorted(out.rglob("*.html"))}
     owners = {ident: [page for page, found in ids.items() if ident in found] for ident in set().union(*ids.values())}

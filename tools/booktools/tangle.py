@@ -167,9 +167,8 @@ def tangle_book(book: Book) -> TangleResult:
             continue  # `check` names a listed file that does not exist
         try:
             files, problems = tangle_document(parse_file(book.root / entry.path, entry.path), entry.module, book.root)
-        except QmdError as exc:
-            result.problems.append(exc)
-            continue
+        except QmdError as exc:  # the chapter does not parse
+            files, problems = None, [exc]
         result.problems += problems
         result.outputs |= {entry.module: files} if files is not None else {}
     if not result.problems and result.outputs:
