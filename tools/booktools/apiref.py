@@ -1,8 +1,7 @@
-"""The API reference appendix, generated from the chapters' modules when the book is built: for each
-public name of each chapter module its signature (laid out by `ruff format` past 80 characters), the
-first paragraph of its docstring (a constant's `#:` lines), and a link by fragment alone
-(`#sec-ch03-rope`, the one form both Quarto's HTML and its EPUB resolve) to the section whose
-`# @save` cell defines it.
+"""The API reference appendix, generated from the chapters' modules when the book is built: for each public
+name of each chapter module its signature (laid out by `ruff format` past 80 characters), the first paragraph
+of its docstring (a constant's `#:` lines), and a link by fragment alone (`#sec-ch03-rope`, the one form both
+Quarto's HTML and its EPUB resolve) to the section whose `# @save` cell defines it.
 The appendix's one cell is `from booktools.apiref import api_reference; api_reference()`.
 """
 

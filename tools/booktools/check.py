@@ -24,8 +24,7 @@ from .numbering import ChapterInfo, Numbering, compute_numbering
 from .tangle import branches
 
 CODE_LINE_LIMIT = 80
-"""The longest line a chapter's code may have: 80 characters fit the text column of both
-editions at 1280 px without scrolling (tests/test_quarto_edition.py measures it)."""
+"""The longest line of a chapter's code: it fits both editions' text column at 1280 px (test_quarto_edition.py)."""
 
 
 #: What a labelled figure or table cell must have, by its label's prefix.
@@ -76,8 +75,7 @@ def check_book(book: Book) -> list[str]:
 
 
 def _document_problems(info: ChapterInfo, numbering: Numbering, bib, bib_names) -> list[tuple[int, str]]:
-    """One file's problems (its labels are check_book's): its references and captions, what Quarto trips
-    on, and its saved code."""
+    """One file's problems: its references, captions, what Quarto trips on, saved code (labels: check_book's)."""
     doc, module = info.document, info.entry.module
     found = maths_with_space_before_closing_dollar(doc) + markdown_in_inline_values(doc)
     found += saved_code_problems(doc, module, numbering) if module else []
@@ -216,7 +214,6 @@ _SIDE_EFFECT_CALLS = {"print", "open", "input", "exec", "eval", "display", "brea
 _SIDE_EFFECT_METHODS = {"show", "savefig", "manual_seed", "seed", "backward", "write", "write_text", "write_bytes",
                         "mkdir", "unlink", "rmdir", "remove", "system", "makedirs", "download", "urlretrieve"}
 _SIDE_EFFECT_ROOTS = {"plt", "pyplot", "matplotlib", "subprocess", "shutil"}
-_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 _STATEMENT_NAMES = {ast.For: "this loop", ast.AsyncFor: "this loop", ast.While: "this loop",
                     ast.With: "this `with` block", ast.AsyncWith: "this `with` block", ast.Assert: "this assert"}
 
@@ -245,7 +242,7 @@ def _side_effects(statements: list[ast.stmt]) -> list[tuple[int, str]]:
     for stmt in statements:
         if isinstance(stmt, ast.If | ast.Try | ast.TryStar):
             found += _side_effects(branches(stmt))
-        elif isinstance(stmt, _DEFINITIONS):
+        elif isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Assign | ast.AnnAssign):
             # what runs at import: all of a definition but its body (decorators, defaults, bases, annotations)
             parts = [node for node in ast.iter_child_nodes(stmt) if not isinstance(node, ast.stmt)]
             call = next((hit for part in parts if (hit := _side_effect_call(part))), None)

@@ -300,8 +300,7 @@ class Item:
 
 
 def walk(doc: Document) -> tuple[list[Item], list[QmdError]]:
-    """Every markdown line and cell in order, with the divs open around it; and the problems
-    (unclosed or unopened divs)."""
+    """Every markdown line and cell in order, with the divs open around it; and the unclosed or unopened divs."""
     items: list[Item] = []
     problems: list[QmdError] = []
     stack: list[Div] = []
@@ -320,16 +319,14 @@ def walk(doc: Document) -> tuple[list[Item], list[QmdError]]:
                 div = Div(number, *parse_attributes(f".{opened.group('cls')}" if attrs is None else attrs))
                 stack.append(div)
                 items.append(Item("div_open", number, text, tuple(stack), div=div))
-            elif _DIV_CLOSE.match(text):
-                if stack:
-                    div = stack.pop()
-                    items.append(Item("div_close", number, text, tuple(stack), div=div))
-                else:
-                    problems.append(doc.error(number, "`:::` closes a fenced div that was never opened"))
-                    items.append(Item("text", number, text, tuple(stack)))
+            elif _DIV_CLOSE.match(text) and stack:
+                div = stack.pop()
+                items.append(Item("div_close", number, text, tuple(stack), div=div))
             elif heading is not None:
                 items.append(Item("heading", number, text, tuple(stack), heading=heading))
-            else:
+            else:  # prose, or a `:::` that closes nothing
+                if _DIV_CLOSE.match(text):
+                    problems.append(doc.error(number, "`:::` closes a fenced div that was never opened"))
                 items.append(Item("text", number, text, tuple(stack), in_math="$$" in text))
     problems += [doc.error(div.line, "fenced div opened here (`:::`) is never closed") for div in stack]
     return items, problems
