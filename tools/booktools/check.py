@@ -24,7 +24,8 @@ from .numbering import ChapterInfo, Numbering, compute_numbering
 from .tangle import branches
 
 CODE_LINE_LIMIT = 80
-"""The longest line of a chapter's code: it fits both editions' text column at 1280 px (test_quarto_edition.py)."""
+"""The longest line a chapter's code may have: 80 characters fit the text column of both
+editions at 1280 px without scrolling (tests/test_quarto_edition.py measures it)."""
 
 
 #: What a labelled figure or table cell must have, by its label's prefix.
@@ -75,7 +76,7 @@ def check_book(book: Book) -> list[str]:
 
 
 def _document_problems(info: ChapterInfo, numbering: Numbering, bib, bib_names) -> list[tuple[int, str]]:
-    """One file's problems: its references, captions, what Quarto trips on, saved code (labels: check_book's)."""
+    """One file's problems (check_book reads its labels): references, captions, Quarto's pitfalls, saved code."""
     doc, module = info.document, info.entry.module
     found = maths_with_space_before_closing_dollar(doc) + markdown_in_inline_values(doc)
     found += saved_code_problems(doc, module, numbering) if module else []

@@ -150,7 +150,8 @@ class _Builder:
         for prefix, kind, option in (("fig-", "figure", "fig-cap"), ("tbl-", "table", "tbl-cap")):
             if label.startswith(prefix) or (not label and option in cell.options):
                 meta.update(kind=kind, **({"label": label} if label else {}))
-                captions = [nbformat.v4.new_markdown_cell(f"**{self.name(label, kind)}:** {self.inline(cell.option(option))}")]
+                caption = f"**{self.name(label, kind)}:** {self.inline(cell.option(option))}"
+                captions = [nbformat.v4.new_markdown_cell(caption)]
                 break
         if callout is not None and callout.collapse:
             meta["collapsed"] = True  # an exercise's solution: the reader's notebook folds its code

@@ -84,7 +84,7 @@ class Numbering:
 
 def compute_numbering(book: Book) -> Numbering:
     """Number every chapter, section, figure, table and equation; a file that is missing or does not
-    parse is numbered but empty (its parse error is in `problems`, with every div left open or closed twice)."""
+    parse is numbered but empty; `problems` holds the parse errors and the fenced divs never closed or opened."""
     numbering = Numbering()
     chapters, appendices = 0, 0
     for entry in book.entries:
