@@ -90,7 +90,6 @@ def test_python_cell_options_are_parsed_as_yaml_and_save_marker_found():
     assert cell.code_line == 15
     assert cell.saved and cell.saved_code_line == 16
     assert cell.saved_code_lines == ["def f():", "    return 1"]
-    assert cell.end_line == 18
 
 
 def test_other_fences_are_cells_that_are_not_python():
@@ -165,7 +164,7 @@ def test_walk_tracks_callouts_across_cells_and_titles():
     )
     items, problems = walk(doc)
     assert problems == []
-    cell_item = next(item for item in items if hasattr(item, "cell"))
+    cell_item = next(item for item in items if item.kind == "cell")
     assert cell_item.cell.code == "x = 1"
     assert [div.callout_type for div in cell_item.divs] == ["tip"]
     assert cell_item.divs[0].collapse and cell_item.divs[0].display_title == "Solution 1.1"
@@ -238,7 +237,7 @@ def test_the_book_style_cites_first_author_et_al_from_three(tmp_path):
         "[@a2017]", "@b2021", "[@c2022, p. 3]", "[see @c2022, sec. 2]", "[@b2021; @d2024, 7]",
         "[@d2024; @e2024]", "[-@a2017]", "[@f2024; @g2024]", "[@b2021; @i2022]", "@h2019",
     ]
-    assert render_citations(cited, [bib], csl=BOOK_CSL, what="test") == [
+    assert render_citations(cited, [bib], csl=BOOK_CSL) == [
         "(Vaswani et al. 2017)",
         "Su and Lu (2021)",
         "(Gu et al. 2022, 3)",  # three authors: "et al."; a page number stands alone
@@ -260,7 +259,7 @@ def test_book_lists_chapters_then_appendices_in_order(fixture_book):
         "chapters/ch02-beta.qmd",
         "chapters/appendix-extra.qmd",
     ]
-    assert [entry.module for entry in book.module_entries] == ["ch01", "ch02"]
+    assert [entry.module for entry in book.entries] == [None, "ch01", "ch02", None]
     assert [entry.appendix for entry in book.entries] == [False, False, False, True]
     assert book.entries[1].line == 7
 

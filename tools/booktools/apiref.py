@@ -1,8 +1,7 @@
-"""The API reference appendix, generated from the chapters' modules when the book is built: for each
-public name of each chapter module its signature (laid out by `ruff format` past 80 characters), the
-first paragraph of its docstring (a constant's `#:` lines), and a link by fragment alone
-(`#sec-ch03-rope`, the one form both Quarto's HTML and its EPUB resolve) to the section whose
-`# @save` cell defines it.
+"""The API reference appendix, generated from the chapters' modules when the book is built: for each public
+name of each chapter module its signature (laid out by `ruff format` past 80 characters), the first paragraph
+of its docstring (a constant's `#:` lines), and a link by fragment alone (`#sec-ch03-rope`, the one form both
+Quarto's HTML and its EPUB resolve) to the section whose `# @save` cell defines it.
 The appendix's one cell is `from booktools.apiref import api_reference; api_reference()`.
 """
 
@@ -17,12 +16,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .book import find_root, load_book
+from .book import load_book
 from .numbering import Numbering, compute_numbering
-from .qmd import CROSS_REFERENCE
 from .tangle import public_names
 
-REFERENCE = re.compile(r"\[?" + CROSS_REFERENCE.pattern + r"\]?")  # `[@eq-x]` or `@eq-x`, brackets and all
 COMMENTED = re.compile(r"^((?:#:.*\n)+)(\w+)\s*[:=]", re.MULTILINE)  # a constant's `#:` lines: all it has (no docstring)
 SIGNATURE_WIDTH = 80
 
@@ -73,60 +70,41 @@ def _describe(name: str, obj) -> tuple[str, str, str]:
         signature = signature.replace("= <factory>", "= ...")  # a dataclass field's default_factory
     except (TypeError, ValueError):
         signature = "(...)"
-    doc = inspect.getdoc(obj) or ""
-    if inspect.isclass(obj) and obj.__doc__ is None:
-        doc = ""  # not the inherited docstring
-    summary = " ".join(line.strip() for line in re.split(r"\n\s*\n", doc.strip(), maxsplit=1)[0].split("\n")) if doc.strip() else ""
+    doc = (inspect.getdoc(obj) or "") if obj.__doc__ is not None else ""  # never the docstring a class inherits
+    summary = " ".join(line.strip() for line in re.split(r"\n\s*\n", doc.strip(), maxsplit=1)[0].split("\n"))
     if inspect.isclass(obj):
         return "class", f"{name}{signature.removesuffix(' -> None')}", summary
     return "function", f"{name}{signature}", summary
 
 
-def _section_for(numbering: Numbering, file: str, line: int) -> tuple[str | None, str | None]:
-    """The section heading above `line` of `file` as "Section 3.2 Grouped heads" (or "Chapter 3"), and
-    its label (None where the heading has none: the entry then names the section without a link)."""
-    info = numbering.chapter(file)
-    if info is None or info.document is None:
-        return None, None
-    above = [heading for heading in info.document.headings()
-             if heading.line < line and (file, heading.line) in numbering.heading_numbers]  # none in maths
-    if not above or above[-1].level == 1:
-        kind = "Appendix" if info.entry.appendix else "Chapter"
-        return (f"{kind} {info.number}" if info.number else info.title), _chapter_label(info)
-    number = numbering.heading_numbers[(file, above[-1].line)]
-    return (f"Section {number} {above[-1].text}" if number else above[-1].text), above[-1].label
-
-
-def _chapter_label(info) -> str | None:
-    """The label of a chapter's title heading."""
-    if info is None or info.document is None:
-        return None
-    return next((heading.label for heading in info.document.headings() if heading.level == 1), None)
-
-
 def api_entries(root: Path | str | None = None, numbering: Numbering | None = None) -> list[ApiEntry]:
     """Every public name of every chapter module that exists, in book order (the book is read once)."""
-    root = Path(root) if root is not None else find_root()
     book = load_book(root)
     numbering = numbering or compute_numbering(book)
     entries: list[ApiEntry] = []
-    for chapter in book.module_entries:
-        info = numbering.chapter(chapter.path)
-        if not (root / "code" / chapter.module / "_generated.py").is_file() or info is None or info.document is None:
+    for info in numbering.chapters:
+        chapter = info.entry.module  # "ch03"
+        if chapter is None or info.document is None or not (book.root / "code" / chapter / "_generated.py").is_file():
             continue
-        module = importlib.import_module(f"longctx.{chapter.module}")
-        lines: dict[str, tuple[str, int]] = {}  # each name the saved cells define -> (chapter file, line)
+        module = importlib.import_module(f"longctx.{chapter}")
+        sections: dict[str, tuple[str, str | None]] = {}  # each name the saved cells define -> (section, its label)
         notes: dict[str, str] = {}
-        for cell in (cell for cell in info.document.python_cells if cell.saved):
-            source = "\n".join(text.removeprefix(cell.indent) for text in cell.saved_code_lines)
-            notes |= {match[2]: " ".join(line[2:].strip() for line in match[1].splitlines())
-                      for match in COMMENTED.finditer(source)}
-            for node in ast.parse(source).body:
-                lines |= {name: (chapter.path, cell.saved_code_line + node.lineno - 1) for name in public_names([node])
-                          if name not in lines}
+        section = info.name, info.label  # above the chapter's first section: the chapter
+        for item in info.items:
+            if item.kind == "heading" and item.heading.level == 1:
+                section = info.name, info.label
+            elif item.kind == "heading":
+                heading, number = item.heading, numbering.heading_numbers[(info.display, item.line)]
+                section = f"Section {number} {heading.text}" if number else heading.text, heading.label
+            elif item.kind == "cell" and item.cell.is_python and item.cell.saved:
+                source = "\n".join(item.cell.saved_code_lines)
+                notes |= {match[2]: " ".join(line[2:].strip() for line in match[1].splitlines())
+                          for match in COMMENTED.finditer(source)}
+                for name in public_names(ast.parse(source).body):
+                    sections.setdefault(name, section)
         for name in getattr(module, "__all__", []):
             kind, signature, summary = _describe(name, getattr(module, name))
-            section, fragment = _section_for(numbering, *lines[name]) if name in lines else (None, None)
+            section, fragment = sections.get(name, (None, None))
             summary = notes.get(name, "") if kind == "constant" else summary
             entries.append(ApiEntry(module.__name__, name, kind, signature, summary, section, fragment))
     return entries
@@ -135,28 +113,23 @@ def api_entries(root: Path | str | None = None, numbering: Numbering | None = No
 def api_reference_markdown(root: Path | str | None = None) -> str:
     """The API reference as Markdown: per chapter module, each public name's signature (a Python
     code block), the first paragraph of its docstring and a link to the section that defines it."""
-    root = Path(root) if root is not None else find_root()
-    numbering = compute_numbering(load_book(root))  # parses and walks every listed file once
-    entries = api_entries(root, numbering)
+    book = load_book(root)
+    numbering = compute_numbering(book)  # parses and walks every listed file once
+    entries = api_entries(book.root, numbering)
     if not entries:
         return "No chapter module exists yet: run `make tangle`."
     titles = {info.entry.module: info for info in numbering.chapters if info.entry.module}
-
-    def link(match: re.Match) -> str:  # `@eq-ch03-kvbytes` -> "[Equation 3.1](#eq-ch03-kvbytes)"
-        target = numbering.targets.get(match.group("label"))
-        return match.group("label") if target is None else f"[{target.text}](#{target.label})"
 
     out: list[str] = []
     current = None
     for entry, signature in zip(entries, wrap_signatures([entry.signature for entry in entries]), strict=True):
         if entry.module != current:
             current = entry.module
-            info = titles.get(current.rsplit(".", 1)[-1])
-            chapter = f"Chapter {info.number}, {info.title}" if info is not None and info.number else current
-            anchor = _chapter_label(info)
+            info = titles[current.removeprefix("longctx.")]
+            chapter = f"Chapter {info.number}, {info.title}" if info.number else current
             count = sum(1 for item in entries if item.module == current)
-            out.append(f"**`{current}`**: {f'[{chapter}](#{anchor})' if anchor else chapter} ({count} public names)")
-        words = [REFERENCE.sub(link, html.escape(entry.summary, quote=False))] if entry.summary else []
+            out.append(f"**`{current}`**: {f'[{chapter}](#{info.label})' if info.label else chapter} ({count} public names)")
+        words = [html.escape(entry.summary, quote=False)] if entry.summary else []  # `check` keeps out Quarto syntax
         words += ["A constant."] if not entry.summary and entry.kind == "constant" else []
         words += [f"Defined in [{entry.section}](#{entry.fragment})."] if entry.fragment else (
             [f"Defined in {entry.section}."] if entry.section else [])

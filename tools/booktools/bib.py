@@ -8,14 +8,15 @@ import re
 import subprocess
 from pathlib import Path
 
+from .book import BookError
+
 #: The head of a BibTeX entry, `@article{key,` (macros `@string{name = ...}` have no `key,`).
 ENTRY = re.compile(r"@(?P<type>[A-Za-z]+)\s*[{(]\s*(?P<key>[^,\s{}()]+)\s*,")
 
 
-def bibliography_keys(paths: list[Path], problems: list | None = None) -> dict[str, tuple[str, int]]:
+def bibliography_keys(paths: list[Path], problems: list) -> dict[str, tuple[str, int]]:
     """Every entry key of the `.bib` files -> (file name, line) of its first entry; each repeated key
     and missing file goes to `problems` as (file name, line, message)."""
-    problems = [] if problems is None else problems
     keys: dict[str, tuple[str, int]] = {}
     for path in paths:
         if not path.is_file():
@@ -34,14 +35,10 @@ def bibliography_keys(paths: list[Path], problems: list | None = None) -> dict[s
     return keys
 
 
-class PandocError(RuntimeError):
-    """Pandoc is missing, or it failed (the message carries its own)."""
-
-
-def render_citations(citations: list[str], bibliography: list[Path], *, csl: Path | None = None, what: str) -> list[str]:
+def render_citations(citations: list[str], bibliography: list[Path], *, csl: Path | None = None) -> list[str]:
     """Each citation as written (`[@a; @b, p. 3]`, `@a`) as plain text, in one pandoc run:
-    `render_citations(["[@vaswani2017attention]"], [Path("references.bib")], what="ch01")` gives
-    `["(Vaswani et al. 2017)"]`. PandocError when pypandoc-binary is missing or pandoc failed."""
+    `render_citations(["[@vaswani2017attention]"], [Path("references.bib")])` gives
+    `["(Vaswani et al. 2017)"]`. BookError when pypandoc-binary is missing or pandoc failed."""
     if not citations:
         return []
     try:
@@ -49,15 +46,15 @@ def render_citations(citations: list[str], bibliography: list[Path], *, csl: Pat
 
         pandoc = pypandoc.get_pandoc_path()
     except (ModuleNotFoundError, OSError) as exc:
-        raise PandocError(f"pandoc comes with the pinned `pypandoc-binary` package: run `make env` ({exc})") from None
+        raise BookError(f"pandoc comes with the pinned `pypandoc-binary` package: run `make env` ({exc})") from None
     separator = "\u2063"  # an invisible separator: a paragraph of its own between citations
     arguments = ["--from=markdown", "--to=plain", "--wrap=none", "--metadata=suppress-bibliography:true", "--citeproc"]
     arguments += [f"--bibliography={path}" for path in bibliography] + ([f"--csl={csl}"] if csl else [])
     done = subprocess.run([pandoc, *arguments], input=f"\n\n{separator}\n\n".join(citations),
                           capture_output=True, text=True, encoding="utf-8", check=False)
     if done.returncode != 0:
-        raise PandocError(f"{what}: pandoc failed: {done.stderr.strip()}")
+        raise BookError(f"pandoc could not format the citations: {done.stderr.strip()}")
     rendered = [part.strip() for part in done.stdout.strip().split(separator)]
     if len(rendered) != len(citations):
-        raise PandocError(f"{what}: citeproc gave {len(rendered)} citations for {len(citations)}")
+        raise BookError(f"citeproc gave {len(rendered)} citations for {len(citations)}")
     return rendered

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -14,7 +13,7 @@ MODULE_FILE = re.compile(r"^ch(?P<number>\d{2})-[A-Za-z0-9_.-]+\.qmd$")
 
 
 class BookError(Exception):
-    """A problem with the book project itself (missing or malformed _quarto.yml)."""
+    """A problem with the book project itself (missing or malformed _quarto.yml), or its tools (no pandoc)."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ class ChapterEntry:
 class Book:
     root: Path
     entries: list[ChapterEntry]
-    config: dict = field(default_factory=dict)
+    config: dict
 
     @property
     def bibliography(self) -> list[Path]:
@@ -46,10 +45,6 @@ class Book:
         """The citation style `_quarto.yml` names, or None for pandoc's default."""
         return self.root / str(self.config["csl"]) if self.config.get("csl") else None
 
-    @property
-    def module_entries(self) -> list[ChapterEntry]:
-        return [entry for entry in self.entries if entry.module is not None]
-
     def display(self, path: Path | str) -> str:
         try:
             return Path(path).resolve().relative_to(self.root.resolve()).as_posix()
@@ -57,9 +52,9 @@ class Book:
             return str(path)
 
 
-def find_root(start: Path | str | None = None) -> Path:
-    """The nearest directory at or above `start` (default: cwd) holding `_quarto.yml`."""
-    here = Path(start or os.getcwd()).resolve()
+def find_root() -> Path:
+    """The nearest directory at or above the working directory holding `_quarto.yml`."""
+    here = Path.cwd().resolve()
     for candidate in (here, *here.parents):
         if (candidate / "_quarto.yml").is_file():
             return candidate
@@ -68,7 +63,7 @@ def find_root(start: Path | str | None = None) -> Path:
 
 def load_book(root: Path | str | None = None) -> Book:
     """Read `_quarto.yml`: every file of book.chapters then book.appendices, in order, with its line."""
-    root = find_root(root) if root is None else Path(root)
+    root = find_root() if root is None else Path(root)
     try:
         text = (root / "_quarto.yml").read_text(encoding="utf-8")
         config = yaml.safe_load(text) or {}

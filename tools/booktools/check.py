@@ -4,8 +4,8 @@ References name labels that exist and citations keys of the bibliography; labels
 the fig-/tbl-/eq-/sec- prefixes and name their chapter (`fig-ch03-…`, `sec-index-…`,
 `sec-appendix-…`); figure cells have `fig-cap` and `fig-alt`, table cells `tbl-cap`; `_quarto.yml`
 lists exactly the files in chapters/; saved code obeys the book's rules (`saved_code_problems`);
-and what Quarto trips on (`source_problems`). Whether the generated modules are current is the
-tangle's to say (`tangle --check`; `make check` runs both).
+and nothing Quarto trips on. Whether the generated modules are current is the tangle's to say
+(`tangle --check`; `make check` runs both).
 """
 
 from __future__ import annotations
@@ -19,24 +19,17 @@ from pathlib import Path
 
 from . import qmd
 from .bib import bibliography_keys
-from .book import MODULE_FILE, Book
-from .numbering import LABEL_KINDS, Numbering, compute_numbering
+from .book import Book
+from .numbering import ChapterInfo, Numbering, compute_numbering
+from .tangle import branches
 
 CODE_LINE_LIMIT = 80
 """The longest line a chapter's code may have: 80 characters fit the text column of both
 editions at 1280 px without scrolling (tests/test_quarto_edition.py measures it)."""
 
 
-#: The chapter part of a label (`ch05-` in `sec-ch05-timing`), which an appendix may keep.
-MOVED_LABEL = re.compile(r"ch\d\d-")
-
-
-def _label_scope(path: str) -> str | None:
-    """What a label must name after its prefix in this file: "ch03", "index", "appendix"."""
-    match = MODULE_FILE.match(Path(path).name)
-    if match:
-        return f"ch{match.group('number')}"
-    return "index" if Path(path).stem == "index" else "appendix" if Path(path).name.startswith("appendix") else None
+#: What a labelled figure or table cell must have, by its label's prefix.
+_CAPTIONS = {"fig": ("figure", ("fig-cap", "fig-alt")), "tbl": ("table", ("tbl-cap",))}
 
 
 def _blank_out(pattern: re.Pattern, text: str) -> str:
@@ -46,80 +39,78 @@ def _blank_out(pattern: re.Pattern, text: str) -> str:
 
 def check_book(book: Book) -> list[str]:
     """Every integrity problem of the book, as `FILE:LINE: message` lines (sorted)."""
-    problems: set[tuple[str, int, str]] = set()
-
-    def add(path: str, line: int, message: str) -> None:
-        problems.add((path, line, message))
-
+    problems: list[tuple[str, int, str]] = []
     seen: dict[str, int] = {}
     for entry in book.entries:
         if not (book.root / entry.path).is_file():
-            add("_quarto.yml", entry.line, f"{entry.path} is listed but does not exist")
+            problems.append(("_quarto.yml", entry.line, f"{entry.path} is listed but does not exist"))
         if entry.path in seen:
-            add("_quarto.yml", entry.line, f"{entry.path} is listed twice (first at line {seen[entry.path]})")
+            problems.append(("_quarto.yml", entry.line, f"{entry.path} is listed twice (first at line {seen[entry.path]})"))
         seen.setdefault(entry.path, entry.line)
     for path in sorted((book.root / "chapters").glob("*.qmd")):
-        if path.relative_to(book.root).as_posix() not in seen:
-            add(path.relative_to(book.root).as_posix(), 1,
-                "this chapter file is not listed in _quarto.yml (book.chapters or book.appendices)")
-    bib_problems: list[tuple[str, int, str]] = []
-    bib = bibliography_keys(book.bibliography, bib_problems)
+        if (name := path.relative_to(book.root).as_posix()) not in seen:
+            problems.append((name, 1, "this chapter file is not listed in _quarto.yml (book.chapters or book.appendices)"))
+    bib = bibliography_keys(book.bibliography, problems)
     bib_names = ", ".join(path.name for path in book.bibliography) or "no bibliography in _quarto.yml"
-    problems.update(bib_problems)
     numbering = compute_numbering(book)
-    for error in numbering.problems:
-        add(error.path, error.line, error.message)
-    for repeat, first in numbering.duplicates:
-        add(repeat.file, repeat.line, f"label {repeat.label} is already used at {first.file}:{first.line}")
-    for path, line, label, allowed in numbering.labels:
-        prefix, scope = label.split("-", 1)[0], _label_scope(path)
+    problems += [(error.path, error.line, error.message) for error in numbering.problems]
+    problems += [(repeat.file, repeat.line, f"label {repeat.label} is already used at {first.file}:{first.line}")
+                 for repeat, first in numbering.duplicates]
+    for info, line, label, allowed in numbering.labels:
+        path, name, prefix = info.display, Path(info.display).name, label.split("-", 1)[0]
+        # what the label must name after its prefix: "ch03", "index", "appendix"
+        scope = info.entry.module or ("index" if name == "index.qmd" else "appendix" if name.startswith("appendix") else None)
         if not allowed:
-            add(path, line, f"label {label} is on an image or a div; the book's figures and tables are labelled "
-                "cells and pipe tables, the ones the tools number as Quarto does")
+            problems.append((path, line, f"label {label} is on an image or a div; the book's figures and tables are "
+                             "labelled cells and pipe tables, the ones the tools number as Quarto does"))
         elif prefix not in allowed:
-            add(path, line, f"label {label} should start with {' or '.join(f'{kind}-' for kind in allowed)}")
+            problems.append((path, line, f"label {label} should start with {' or '.join(f'{kind}-' for kind in allowed)}"))
         elif scope is not None and not label.startswith(f"{prefix}-{scope}-") and not (
-            scope == "appendix" and MOVED_LABEL.match(label.split("-", 1)[1])  # a chapter's section moved there
+            scope == "appendix" and re.match(r"ch\d\d-", label.split("-", 1)[1])  # a chapter's section moved there
         ):
-            add(path, line, f"label {label} should name its chapter: {prefix}-{scope}-...")
-    order = [entry.module for entry in book.module_entries]
-    for info in numbering.chapters:
-        if info.document is not None:
-            for line, message in _document_problems(info.document, info.entry.module, order, numbering, bib, bib_names):
-                add(info.document.display, line, message)
-            for error in qmd.walk(info.document)[1]:
-                add(error.path, error.line, error.message)
-    return [f"{path}:{line}: {message}" for path, line, message in sorted(problems)]
+            problems.append((path, line, f"label {label} should name its chapter: {prefix}-{scope}-..."))
+    for info in (info for info in numbering.chapters if info.document is not None):
+        found = _document_problems(info, numbering, bib, bib_names)
+        problems += [(info.display, line, message) for line, message in found]
+    return [f"{path}:{line}: {message}" for path, line, message in sorted(set(problems))]
 
 
-def _document_problems(doc, module, order, numbering: Numbering, bib, bib_names) -> list[tuple[int, str]]:
-    """One file's problems: its references, captions, source and saved code (its labels are check_book's)."""
-    found = source_problems(doc)
-    if module is not None:
-        found += saved_code_problems(doc, module, order, numbering)
+def _document_problems(info: ChapterInfo, numbering: Numbering, bib, bib_names) -> list[tuple[int, str]]:
+    """One file's problems (check_book reads its labels): references, captions, Quarto's pitfalls, saved code."""
+    doc, module = info.document, info.entry.module
+    found = maths_with_space_before_closing_dollar(doc) + markdown_in_inline_values(doc)
+    found += saved_code_problems(doc, module, numbering) if module else []
+    if doc.front_matter_lines and not doc.front_matter:
+        found.append((1, "empty front matter block (`---` then `---`): Pandoc reads it as a rule and a paragraph "
+                      "holding a dash, which Quarto turns into a chapter of its own; delete both lines"))
 
     def references(text: str, line: int) -> None:
         for match in qmd.REFERENCE.finditer(_blank_out(qmd.CODE_SPAN, text)):
             key = match.group("key")
-            if key.split("-", 1)[0] in LABEL_KINDS and "-" in key:
-                if key not in numbering.targets:
-                    found.append((line, f"cross-reference @{key} points at no label"))
-            elif key not in bib:
+            if key.startswith(qmd.CROSSREF_PREFIXES) and key not in numbering.targets:
+                found.append((line, f"cross-reference @{key} points at no label"))
+            elif not key.startswith(qmd.CROSSREF_PREFIXES) and key not in bib:
                 found.append((line, f"citation @{key} is not in the bibliography ({bib_names})"))
 
-    for item in qmd.walk(doc)[0]:
-        if isinstance(item, qmd.CellItem):
+    for item in info.items:
+        if item.kind == "cell":
             cell = item.cell
             if cell.saved and module is None:
                 found.append((cell.code_line, "`# @save` in a file that produces no module (only chapters/chNN-*.qmd do)"))
+            if cell.executable and cell.lang == "mermaid" and not (cell.label or "").startswith("fig-"):
+                found.append((cell.line, "mermaid diagram without `%%| label: fig-…`: Quarto 1.7's EPUB wraps an "
+                              "unlabelled diagram in markup that is not valid XHTML; label it as a figure and give it "
+                              "`%%| fig-cap:` and `%%| fig-alt:`"))
+            if not cell.executable or cell.is_python:  # code the reader sees ({mermaid} is drawn)
+                first, lines = (cell.code_line, cell.code_lines) if cell.executable else (cell.line + 1, cell.lines)
+                found += [(line, f"code line is {len(text)} characters; the book's code lines are at most "
+                           f"{CODE_LINE_LIMIT} so that they fit the page")
+                          for line, text in enumerate(lines, first) if len(text) > CODE_LINE_LIMIT]
             if not cell.executable:
                 continue
-            if cell.label:
-                wanted = ("fig-cap", "fig-alt") if cell.label.startswith("fig-") else ("tbl-cap",) if cell.label.startswith("tbl-") else ()
-                kind = "figure" if cell.label.startswith("fig-") else "table"
-                for option in wanted:
-                    if not str(cell.options.get(option, "") or "").strip():
-                        found.append((cell.line, f"{kind} cell {cell.label} has no `#| {option}:`"))
+            kind, wanted = _CAPTIONS.get((cell.label or "").split("-", 1)[0], ("", ()))
+            found += [(cell.line, f"{kind} cell {cell.label} has no `#| {option}:`") for option in wanted
+                      if not cell.option(option).strip()]
             for option in ("fig-cap", "tbl-cap", "fig-alt"):
                 if isinstance(cell.options.get(option), str):
                     references(cell.options[option], cell.line)
@@ -136,7 +127,7 @@ def _document_problems(doc, module, order, numbering: Numbering, bib, bib_names)
     return found
 
 
-# What Quarto and Pandoc trip on: each check is a function of a parsed document giving (line, message).
+# What Quarto and Pandoc trip on across lines (a cell's own and a heading's are in _document_problems).
 
 # Markdown a plain str value would carry to the reader as raw characters.
 _MARKDOWN_IN_TEXT = (
@@ -146,15 +137,6 @@ _MARKDOWN_IN_TEXT = (
     ("a `[…](…)` link", re.compile(r"\[[^\]\n]+\]\([^)\n]+\)")),
     ("`$…$` maths", re.compile(r"(?<![\\$])\$(?=[^\s$])[^$\n]*?(?<=[^\s\\])\$(?!\$)")),
 )
-
-
-def source_problems(doc) -> list[tuple[int, str]]:
-    """Every source problem of one parsed document that Quarto trips on, as (line, message)."""
-    found = [(1, "empty front matter block (`---` then `---`): Pandoc reads it as a rule and a paragraph holding "
-              "a dash, which Quarto turns into a chapter of its own; delete both lines")]
-    found = found if doc.front_matter_lines and not doc.front_matter else []
-    return sorted(found + maths_with_space_before_closing_dollar(doc) + markdown_in_inline_values(doc)
-                  + unlabelled_mermaid(doc) + long_code_lines(doc))
 
 
 def maths_with_space_before_closing_dollar(doc) -> list[tuple[int, str]]:
@@ -208,13 +190,10 @@ def markdown_in_inline_values(doc) -> list[tuple[int, str]]:
                     value = ast.parse(match.group("expr"), mode="eval").body
                 except SyntaxError:
                     continue
-                if isinstance(value, ast.Name):
+                if isinstance(value, ast.Name):  # its last assignment before the prose, else the chapter's last
                     values = assigned.get(value.id, [])
-                    values = [node for at, node in values if at < line] or [node for _, node in values]
-                    if not values:
-                        continue
-                    value = values[-1]
-                kinds = _markdown_kinds(value)
+                    value = next((node for at, node in reversed(values) if at < line), values[-1][1] if values else None)
+                kinds = _markdown_kinds(value) if value is not None else []
                 if kinds:
                     found.append((line, f"inline value `{{python}} {match.group('expr')}` is a str carrying Markdown "
                                   f"({', '.join(kinds)}); Quarto prints a str as plain text, so the reader sees the "
@@ -222,44 +201,20 @@ def markdown_in_inline_values(doc) -> list[tuple[int, str]]:
     return found
 
 
-def unlabelled_mermaid(doc) -> list[tuple[int, str]]:
-    """A ```{mermaid} diagram without `%%| label: fig-…`: Quarto's EPUB writes it as malformed XHTML."""
-    return [(cell.line, "mermaid diagram without `%%| label: fig-…`: Quarto 1.7's EPUB wraps an unlabelled diagram "
-             "in markup that is not valid XHTML; label it as a figure and give it `%%| fig-cap:` and `%%| fig-alt:`")
-            for cell in doc.cells if cell.executable and cell.lang == "mermaid" and not (cell.label or "").startswith("fig-")]
-
-
-def long_code_lines(doc, limit: int = CODE_LINE_LIMIT) -> list[tuple[int, str]]:
-    """Lines of code a reader sees (every fenced block but diagrams) longer than `limit`."""
-    found = []
-    for cell in doc.cells:
-        if cell.executable and not cell.is_python:
-            continue  # {mermaid}: drawn, not shown as code
-        first, lines = (cell.code_line, cell.code_lines) if cell.executable else (cell.line + 1, cell.lines)
-        for line, text in enumerate((text.removeprefix(cell.indent) for text in lines), first):
-            if len(text) > limit:
-                found.append((line, f"code line is {len(text)} characters; the book's code lines are at most {limit} "
-                              "so that they fit the page"))
-    return found
-
-
 # The book's rules for saved code (ruff checks the modules' style): importing a module has no side
 # effects, a chapter imports only earlier chapters, and what `help()` shows (docstrings, comments)
 # holds no Quarto syntax and only numbers the book has.
 
-_CHAPTER_MODULE = re.compile(r"^ch\d{2}$")
+_CHAPTER_MODULE = re.compile(r"^longctx\.ch\d{2}(?:\.|$)")
 _TYPED_REFERENCE = re.compile(
     r"\b(?P<kind>Equation|Figure|Table|Section)\s+(?P<number>\d+(?:\.\d+)+)\b"
     r"|\b(?P<chapter>Chapter|Appendix)\s+(?P<which>\d+|[A-Z])\b"
 )
 # Calls that do something when the module is imported (outside any function body).
 _SIDE_EFFECT_CALLS = {"print", "open", "input", "exec", "eval", "display", "breakpoint", "exit", "quit"}
-_SIDE_EFFECT_METHODS = {
-    "show", "savefig", "manual_seed", "seed", "backward", "write", "write_text", "write_bytes",
-    "mkdir", "unlink", "rmdir", "remove", "system", "makedirs", "download", "urlretrieve",
-}
+_SIDE_EFFECT_METHODS = {"show", "savefig", "manual_seed", "seed", "backward", "write", "write_text", "write_bytes",
+                        "mkdir", "unlink", "rmdir", "remove", "system", "makedirs", "download", "urlretrieve"}
 _SIDE_EFFECT_ROOTS = {"plt", "pyplot", "matplotlib", "subprocess", "shutil"}
-_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 _STATEMENT_NAMES = {ast.For: "this loop", ast.AsyncFor: "this loop", ast.While: "this loop",
                     ast.With: "this `with` block", ast.AsyncWith: "this `with` block", ast.Assert: "this assert"}
 
@@ -270,38 +225,28 @@ def _describe(node: ast.AST) -> str:
 
 
 def _side_effect_call(node: ast.AST) -> ast.Call | None:
-    """A call with an effect, evaluated at import time (lambda bodies excluded)."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, ast.Lambda):
-            stack.extend(current.args.defaults + [d for d in current.args.kw_defaults if d is not None])
-            continue
-        if isinstance(current, ast.Call):
-            func, root = current.func, current.func
-            while isinstance(root, ast.Attribute | ast.Call):
-                root = root.value if isinstance(root, ast.Attribute) else root.func
-            if (isinstance(func, ast.Name) and func.id in _SIDE_EFFECT_CALLS) or (isinstance(func, ast.Attribute) and (
-                    func.attr in _SIDE_EFFECT_METHODS or getattr(root, "id", None) in _SIDE_EFFECT_ROOTS)):
-                return current
-        stack.extend(ast.iter_child_nodes(current))
-    return None
+    """The first call with an effect that evaluating `node` at import time makes (lambda bodies excluded)."""
+    if isinstance(node, ast.Call):
+        func, root = node.func, node.func
+        while isinstance(root, ast.Attribute | ast.Call):
+            root = root.value if isinstance(root, ast.Attribute) else root.func
+        if (isinstance(func, ast.Name) and func.id in _SIDE_EFFECT_CALLS) or (isinstance(func, ast.Attribute) and (
+                func.attr in _SIDE_EFFECT_METHODS or getattr(root, "id", None) in _SIDE_EFFECT_ROOTS)):
+            return node
+    children = node.args.defaults + node.args.kw_defaults if isinstance(node, ast.Lambda) else ast.iter_child_nodes(node)
+    return next((call for child in children if child is not None and (call := _side_effect_call(child))), None)
 
 
 def _side_effects(statements: list[ast.stmt]) -> list[tuple[int, str]]:
     """(line, message) for each statement that does something when the module is imported."""
     found = []
     for stmt in statements:
-        if isinstance(stmt, ast.If | ast.Try) or type(stmt).__name__ == "TryStar":
-            handlers = [line for handler in getattr(stmt, "handlers", []) for line in handler.body]
-            found += _side_effects(stmt.body + stmt.orelse + getattr(stmt, "finalbody", []) + handlers)
-        elif isinstance(stmt, _DEFINITIONS):
-            # what runs at import: decorators, defaults and bases of a definition, an assignment's value
-            args = getattr(stmt, "args", None)
-            parts = [*getattr(stmt, "decorator_list", []), *getattr(stmt, "bases", [])]
-            parts += [keyword.value for keyword in getattr(stmt, "keywords", [])] + [getattr(stmt, "value", None)]
-            parts += [*args.defaults, *args.kw_defaults] if args is not None else []
-            call = next((hit for part in parts if part is not None and (hit := _side_effect_call(part))), None)
+        if isinstance(stmt, ast.If | ast.Try | ast.TryStar):
+            found += _side_effects(branches(stmt))
+        elif isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Assign | ast.AnnAssign):
+            # what runs at import: all of a definition but its body (decorators, defaults, bases, annotations)
+            parts = [node for node in ast.iter_child_nodes(stmt) if not isinstance(node, ast.stmt)]
+            call = next((hit for part in parts if (hit := _side_effect_call(part))), None)
             if call is not None:
                 found.append((stmt.lineno, f"`{_describe(call)}` runs when the module is imported; saved cells "
                               "must not have side effects"))
@@ -320,17 +265,13 @@ def _chapter_imports(tree: ast.AST) -> list[tuple[int, str, str]]:
     """(line, module "chNN", how) for every import of a book chapter module."""
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            parts = node.module.split(".")
-            if parts == ["longctx"]:
-                found += [(node.lineno, alias.name, f"from longctx import {alias.name}")
-                          for alias in node.names if _CHAPTER_MODULE.match(alias.name)]
-            elif parts[0] == "longctx" and _CHAPTER_MODULE.match(parts[1]):
-                found.append((node.lineno, parts[1], f"from {node.module} import ..."))
-        elif isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[1], f"import {alias.name}") for alias in node.names
-                      if alias.name.startswith("longctx.") and _CHAPTER_MODULE.match(alias.name.split(".")[1])]
-    return found
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, f"import {alias.name}") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "longctx":
+            found += [(node.lineno, f"longctx.{alias.name}", f"from longctx import {alias.name}") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module, f"from {node.module} import ..."))
+    return [(line, name.split(".")[1], how) for line, name, how in found if _CHAPTER_MODULE.match(name)]
 
 
 def _reading_problems(text: str, where: str, numbering: Numbering, references: set[str]) -> list[tuple[int, str]]:
@@ -371,20 +312,17 @@ def _documented(tree: ast.Module):
                     yield "an attribute's docstring", stmt
 
 
-def saved_code_problems(doc, module: str, order: list[str], numbering: Numbering) -> list[tuple[int, str]]:
-    """One chapter's code against the book's rules, as (line, message): every Python cell imports only
-    earlier chapters; each `# @save` cell has no side effects at import, and its docstrings and comments
-    hold no Quarto syntax and name only numbers the book has ("Equation 3.1")."""
-    earlier = order[: order.index(module)] if module in order else order
+def saved_code_problems(doc, module: str, numbering: Numbering) -> list[tuple[int, str]]:
+    """One chapter's code against the book's rules, as (line, message): its cells import only earlier
+    chapters; a `# @save` cell does nothing at import, and what `help()` shows of it is plain prose."""
+    order = [info.entry.module for info in numbering.chapters if info.entry.module]
+    earlier = order[: order.index(module)]
     references = {target.text for target in numbering.targets.values() if target.number}
     references |= {f"Section {number}" for number in numbering.heading_numbers.values() if "." in number}
-    references |= {f"{'Appendix' if info.entry.appendix else 'Chapter'} {info.number}"
-                   for info in numbering.chapters if info.number is not None}
+    references |= {info.name for info in numbering.chapters if info.number is not None}
     found = []
     for cell in doc.python_cells:
-        saved = cell.saved
-        first = cell.saved_code_line if saved else cell.code_line
-        source = "\n".join(text.removeprefix(cell.indent) for text in (cell.saved_code_lines if saved else cell.code_lines))
+        first, source = cell.code_line, cell.code
         try:
             tree = ast.parse(source)
         except SyntaxError:
@@ -394,7 +332,7 @@ def saved_code_problems(doc, module: str, order: list[str], numbering: Numbering
                 allowed = ", ".join(earlier) or "none: this is the first chapter"
                 what = "this chapter's own module" if other == module else other
                 found.append((first + line - 1, f"`{how}` imports {what}; a chapter may import only earlier chapters ({allowed})"))
-        if not saved:
+        if not cell.saved:
             continue
         found += [(first + line - 1, message) for line, message in _side_effects(tree.body)]
         for where, node in _documented(tree):

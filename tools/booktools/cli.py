@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .book import BookError, find_root, load_book
+from .book import BookError, load_book, write_if_changed
 from .qmd import QmdError
 
 
@@ -20,7 +20,7 @@ def _report(problems: list, verb: str) -> int:
 
 
 def cmd_tangle(book, args: argparse.Namespace) -> int:
-    from .tangle import stale_outputs, tangle_book, write_outputs
+    from .tangle import tangle_book
 
     result = tangle_book(book)
     if result.problems:
@@ -28,14 +28,15 @@ def cmd_tangle(book, args: argparse.Namespace) -> int:
         print("tangle: no files were written", file=sys.stderr)
         return 1
     if args.check:
-        stale = stale_outputs(result)
+        stale = [path for path, text in result.files.items()
+                 if not path.is_file() or path.read_text(encoding="utf-8") != text]
         for path in stale:
             print(f"{book.display(path)}: stale: it differs from what its chapter's `# @save` cells give "
                   "(run `python -m booktools tangle`)", file=sys.stderr)
         if not stale and not args.quiet:
             print(f"tangle --check: {len(result.outputs)} module(s) current")
         return 1 if stale else 0
-    written = write_outputs(result)
+    written = [path for path, text in result.files.items() if write_if_changed(path, text)]
     if not args.quiet:
         for path in written:
             print(f"wrote {book.display(path)}")
@@ -47,7 +48,7 @@ def cmd_notebooks(book, args: argparse.Namespace) -> int:
     from .notebooks import finish_book
 
     paths, problems = finish_book(book, book.root / "_build" / "executed", book.root / "notebooks")
-    for path in [] if args.quiet else paths:
+    for path in paths:
         print(f"wrote {book.display(path)}")
     return _report(problems, "notebooks")
 
@@ -90,7 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
     notebooks = verbs.add_parser("notebooks", help="the reader's notebooks/chNN-*.ipynb: the chapters Quarto executed "
                                  "(run `quarto` first) with their outputs and inline values, no Quarto syntax, and a "
                                  "first cell that installs longctx outside the repository")
-    notebooks.add_argument("-q", "--quiet", action="store_true")
     notebooks.set_defaults(run=cmd_notebooks)
     check = verbs.add_parser("check", help="check cross-references, citations, labels, captions and saved code")
     check.set_defaults(run=cmd_check)
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(load_book(Path(args.root).resolve() if args.root else find_root()), args)
+        return args.run(load_book(Path(args.root).resolve() if args.root else None), args)
     except BookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -57,8 +57,6 @@ def translate_inline(text: str, targets: dict[str, Target], cite: Cite) -> str:
     """Cross-references and citations -> text, leaving code spans (and `{python}`) alone."""
 
     def prose(part: str) -> str:
-        if "@" not in part:
-            return part
         part = qmd.BRACKET.sub(lambda m: _bracket(m, targets, cite), part)
         return qmd.REFERENCE.sub(lambda m: _narrative(m, targets, cite), part)
 
@@ -71,47 +69,42 @@ class _Builder:
     """One chapter's notebook: markdown lines buffered per callout, flushed into cells."""
 
     def __init__(self, info: ChapterInfo, numbering: Numbering, cite: Cite):
-        self.info, self.doc, self.numbering, self.targets, self.cite = info, info.document, numbering, numbering.targets, cite
+        self.info, self.numbering, self.cite = info, numbering, cite
         self.cells: list[dict] = []
-        self.segments: list[tuple[str, str]] = []  # ("md", line) or ("raw", fenced text)
+        self.lines: list[str] = []  # the markdown not yet in a cell, its references already text
         self.context: qmd.Div | None = None  # the innermost open callout of the buffered lines
         self.started: set[int] = set()  # id() of each callout whose titled first part is out
 
     def inline(self, text: str) -> str:
-        return translate_inline(text, self.targets, self.cite)
-
-    def add_markdown(self, source: str) -> None:
-        self.cells.append(nbformat.v4.new_markdown_cell(source))
+        return translate_inline(text, self.numbering.targets, self.cite)
 
     def name(self, label: str | None, kind: str) -> str:
         """"Figure 3.2" for a numbered label of this kind, else "Figure"."""
-        target = self.targets.get(label or "")
+        target = self.numbering.targets.get(label or "")
         return target.text if target is not None and target.number and target.kind == kind else kind.capitalize()
 
-    def open_callout(self, callout: qmd.Div, body: str) -> None:
-        """The titled first part of a callout (body may be empty)."""
-        classes = f"callout callout-{callout.callout_type}" + (" callout-collapse" if callout.collapse else "")
-        title = html.escape(self.inline(callout.display_title), quote=False)
-        head = f'<div class="{classes}">\n<p class="callout-title">{title}</p>'
-        self.started.add(id(callout))
-        self.add_markdown(f"{head}\n\n{body}\n\n</div>" if body else f"{head}\n</div>")
+    def markdown_cell(self, body: str, callout: qmd.Div | None) -> None:
+        """A markdown cell of `body`; inside a callout, a `<div>` of its classes, titled in its first part."""
+        if callout is None:
+            source = body
+        elif id(callout) in self.started:
+            source = f'<div class="callout callout-{callout.callout_type} callout-continued">\n\n{body}\n\n</div>'
+        else:
+            self.started.add(id(callout))
+            classes = f"callout callout-{callout.callout_type}" + (" callout-collapse" if callout.collapse else "")
+            title = html.escape(self.inline(callout.display_title), quote=False)
+            head = f'<div class="{classes}">\n<p class="callout-title">{title}</p>'
+            source = f"{head}\n\n{body}\n\n</div>" if body else f"{head}\n</div>"
+        self.cells.append(nbformat.v4.new_markdown_cell(source))
 
     def flush(self) -> None:
-        body = "\n".join(text if kind == "raw" else self.inline(text) for kind, text in self.segments)
-        self.segments = []
-        body = qmd.LABELLED_EQUATION.sub(self.equation, body).strip("\n")
-        callout = self.context
-        if not body.strip():
-            return
-        if callout is None:
-            self.add_markdown(body)
-        elif id(callout) not in self.started:
-            self.open_callout(callout, body)
-        else:
-            self.add_markdown(f'<div class="callout callout-{callout.callout_type} callout-continued">\n\n{body}\n\n</div>')
+        body = qmd.LABELLED_EQUATION.sub(self.equation, "\n".join(self.lines)).strip("\n")
+        self.lines = []
+        if body.strip():
+            self.markdown_cell(body, self.context)
 
     def equation(self, match: re.Match) -> str:
-        target, body = self.targets.get(match.group("label")), match.group("body")
+        target, body = self.numbering.targets.get(match.group("label")), match.group("body")
         if target is None or not target.number:
             return f"$${body}$$"
         return f"$${body.rstrip()} \\tag{{{target.number}}}{body[len(body.rstrip()) :]}$$"
@@ -123,94 +116,70 @@ class _Builder:
             self.context = callout
         return callout
 
-    def line(self, item: qmd.Line) -> None:
-        if item.kind == "div_open":
-            self.set_context(item.divs)
-            return
-        if item.kind == "div_close":
-            if item.div is not None and item.div.callout_type:
-                self.flush()
-                if id(item.div) not in self.started:
-                    self.open_callout(item.div, "")
-            self.set_context(item.divs)
-            return
+    def line(self, item: qmd.Item) -> None:
+        if item.kind == "div_close" and item.div.callout_type:
+            self.flush()
+            if id(item.div) not in self.started:  # an empty callout still shows its title
+                self.markdown_cell("", item.div)
         self.set_context(item.divs)
-        if item.kind == "heading" and not item.in_math:
-            heading = item.heading
-            if heading.level <= 3:
+        if item.kind == "heading":
+            if item.heading.level <= 3:
                 self.flush()
-            number = self.numbering.heading_numbers.get((self.doc.display, item.line), "")
-            if heading.level == 1 and number == (self.info.number or "") and self.info.number:
-                prefix = self.info.heading_prefix
+            number = self.numbering.heading_numbers.get((self.info.display, item.line), "")
+            prefix = (self.info.heading_prefix if item.heading.level == 1 else f"{number} ") if number else ""
+            self.lines.append(self.inline(f"{'#' * item.heading.level} {prefix}{item.heading.text}"))
+        elif item.kind == "text":
+            caption = None if item.in_math else qmd.PIPE_CAPTION.match(item.text)
+            if caption is not None:
+                name = self.name(caption.group("label"), "table")
+                self.lines += ["", self.inline(f"**{name}:** {caption.group('caption')}"), ""]
             else:
-                prefix = f"{number} " if number else ""
-            self.segments.append(("md", f"{'#' * heading.level} {prefix}{heading.text}"))
-            return
-        caption = qmd.PIPE_CAPTION.match(item.text) if item.kind == "text" and not item.in_math else None
-        if caption is not None:
-            name = self.name(caption.group("label"), "table")
-            self.segments += [("md", ""), ("md", f"**{name}:** {caption.group('caption')}"), ("md", "")]
-        else:
-            self.segments.append(("md", item.text))
+                self.lines.append(self.inline(item.text))
 
-    def cell(self, item: qmd.CellItem) -> None:
-        callout = self.set_context(item.divs)
-        cell = item.cell
+    def cell(self, item: qmd.Item) -> None:
+        callout, cell = self.set_context(item.divs), item.cell
         if not cell.is_python:
-            self.segments.append(("raw", self.fenced_text(cell)))
+            self.lines.append(self.fenced_text(cell))
             return
         self.flush()
         if callout is not None and id(callout) not in self.started:
-            self.open_callout(callout, "")
-        lines = [text.removeprefix(cell.indent) for text in cell.lines]
-        code = nbformat.v4.new_code_cell("\n".join(lines))
-        meta: dict = {"source": self.doc.display, "line": cell.line}
-        label, caption = cell.label or "", None
+            self.markdown_cell("", callout)
+        code = nbformat.v4.new_code_cell("\n".join(cell.lines))
+        meta: dict = {"source": self.info.display, "line": cell.line}
+        label, captions = cell.label or "", []
         for prefix, kind, option in (("fig-", "figure", "fig-cap"), ("tbl-", "table", "tbl-cap")):
             if label.startswith(prefix) or (not label and option in cell.options):
                 meta.update(kind=kind, **({"label": label} if label else {}))
-                caption = f"**{self.name(label, kind)}:** {self.inline(str(cell.options.get(option, '') or ''))}"
+                caption = f"**{self.name(label, kind)}:** {self.inline(cell.option(option))}"
+                captions = [nbformat.v4.new_markdown_cell(caption)]
                 break
         if callout is not None and callout.collapse:
             meta["collapsed"] = True  # an exercise's solution: the reader's notebook folds its code
         code.metadata["longctx"] = meta
-        if caption is not None and meta["kind"] == "table":
-            self.add_markdown(caption)
-        self.cells.append(code)
-        if caption is not None and meta["kind"] == "figure":
-            self.add_markdown(caption)
+        # as in the book, a table's caption stands above it and a figure's below
+        self.cells += [*captions, code] if meta.get("kind") == "table" else [code, *captions]
 
     def fenced_text(self, cell: qmd.Cell) -> str:
         """A non-Python block as fenced code; a diagram with its caption and alt text below, for the
         front ends that do not draw mermaid (JupyterLab draws it from 4.1)."""
         body, info = (cell.code_lines, cell.lang) if cell.executable else (cell.lines, cell.info)
-        parts = ["\n".join([f"{cell.indent}{cell.fence}{info}", *body, f"{cell.indent}{cell.fence}"])]
-        caption = str(cell.options.get("fig-cap", "") or "").strip()
-        alt = str(cell.options.get("fig-alt", "") or "").strip()
+        lines = [f"{cell.fence}{info}", *body, cell.fence]
+        caption, alt = cell.option("fig-cap").strip(), cell.option("fig-alt").strip()
         if caption:
-            parts += ["", f"{cell.indent}**{self.name(cell.label, 'figure')}:** {self.inline(caption)}"]
+            lines += ["", f"**{self.name(cell.label, 'figure')}:** {self.inline(caption)}"]
         if caption and alt:
-            parts += ["", f"{cell.indent}*The diagram in words:* {self.inline(alt)}"]
-        return "\n".join(parts)
+            lines += ["", f"*The diagram in words:* {self.inline(alt)}"]
+        return "\n".join(f"{cell.indent}{line}" if line else line for line in lines)
 
     def build(self):
-        items, _ = qmd.walk(self.doc)
-        first_heading = next((i for i in items if isinstance(i, qmd.Line) and i.kind == "heading"), None)
-        if (first_heading is None or first_heading.heading.level != 1) and self.info.title:
-            self.segments.append(("md", f"# {self.info.heading_prefix}{self.info.title}"))
-            self.flush()
-        for item in items:
-            self.cell(item) if isinstance(item, qmd.CellItem) else self.line(item)
-        self.set_context(())
+        for item in self.info.items:
+            self.cell(item) if item.kind == "cell" else self.line(item)
         self.flush()
-        notebook = nbformat.v4.new_notebook()
-        notebook.nbformat, notebook.nbformat_minor = 4, 5
         for index, cell in enumerate(self.cells):
             cell["id"] = f"cell-{index}"
-        notebook.cells = self.cells
-        notebook.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                             "language_info": {"name": "python"}, "longctx": {"source": self.doc.display}}
-        return notebook
+        kernel = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        metadata = {"kernelspec": kernel, "language_info": {"name": "python"}, "longctx": {"source": self.info.display}}
+        return nbformat.v4.new_notebook(cells=self.cells, metadata=metadata, nbformat_minor=5)
 
 
 def export_notebooks(book: Book) -> tuple[list, list[str]]:
@@ -219,12 +188,12 @@ def export_notebooks(book: Book) -> tuple[list, list[str]]:
     numbering = compute_numbering(book)
     problems = [str(exc) for exc in numbering.problems]
     chapters = [info for info in numbering.chapters if info.document is not None]
-    keys = bibliography_keys(book.bibliography)
+    keys = bibliography_keys(book.bibliography, [])  # `check` reports the bibliography's problems
     citations: dict[str, str | None] = {}  # every citation, formatted by citeproc in one pandoc run
     for info in chapters:
         _Builder(info, numbering, lambda source, cited: citations.setdefault(source, None)
                  if all(key in keys for key in cited) else None).build()
-    texts = render_citations(list(citations), book.bibliography, csl=book.csl, what="notebooks")
+    texts = render_citations(list(citations), book.bibliography, csl=book.csl)
     citations.update(zip(citations, texts, strict=True))
     return [(info, _Builder(info, numbering, lambda source, _: citations.get(source)).build()) for info in chapters], problems
 
@@ -269,10 +238,6 @@ def setup_cell_source(url: str) -> str:
     return SETUP_CELL.format(repo_url=json.dumps(url))
 
 
-class StaleNotebook(Exception):
-    """The executed notebook does not match the chapter as it is now."""
-
-
 def _code(source: str) -> tuple[str, dict]:
     """A cell's code without its `#|` options and trailing blank lines (as Quarto keeps it), and the options."""
     lines = source.split("\n")
@@ -281,22 +246,19 @@ def _code(source: str) -> tuple[str, dict]:
 
 
 def finish_notebook(notebook, executed, url: str, display: str):
-    """The reader's notebook: the export `notebook` with `executed`'s outputs and inline values (as
-    `qmd.inline_text` formats them), no `#|` lines (a folded or hidden cell is `source_hidden`), and
-    the setup cell first where there is code. StaleNotebook (`FILE:LINE: ...`) when `executed` ran
-    other code or other inline expressions."""
+    """The reader's notebook: the export `notebook` with `executed`'s outputs and inline values, no `#|`
+    lines (a folded or hidden cell is `source_hidden`), the setup cell first where there is code.
+    QmdError (the notebook is stale) when `executed` ran other code or other inline expressions."""
     cells = executed.cells if executed is not None else []
-    ran_code = [cell for cell in cells if cell.cell_type == "code"]
+    ran_code = iter([cell for cell in cells if cell.cell_type == "code"])
     values = [entry for cell in cells if cell.cell_type == "markdown" for entry in cell.metadata.get("user_expressions", [])]
-    code_index = 0
+    has_code = any(cell.cell_type == "code" for cell in notebook.cells)
     for cell in notebook.cells:
         if cell.cell_type == "code":
-            meta = cell.metadata.get("longctx", {})
-            ran = ran_code[code_index] if code_index < len(ran_code) else None
-            code_index += 1
+            meta, ran = cell.metadata.get("longctx", {}), next(ran_code, None)
             code, options = _code(cell.source)
             if ran is None or _code(ran.source)[0].rstrip() != code.rstrip():
-                raise StaleNotebook(f"{display}:{meta.get('line', 0)}: " + STALE.format("this cell changed since it ran"))
+                raise qmd.QmdError(display, meta.get("line", 0), STALE.format("this cell changed since it ran"))
             cell.outputs, cell.execution_count, cell.source = ran.get("outputs", []), ran.get("execution_count"), code
             if options.get("code-fold") is True or options.get("echo") is False or meta.get("collapsed", False):
                 cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
@@ -305,26 +267,18 @@ def finish_notebook(notebook, executed, url: str, display: str):
             for match in qmd.INLINE_EXPRESSION.finditer(cell.source):
                 expression = match.group("expr").strip()
                 if not values or values[0].get("expression") != expression:
-                    raise StaleNotebook(f"{display}:0: " + STALE.format(f"it has no value for `{{python}} {expression}` here"))
+                    raise qmd.QmdError(display, 0, STALE.format(f"it has no value for `{{python}} {expression}` here"))
                 used.append(values.pop(0))
             if used:
                 texts = iter([qmd.inline_text(entry["result"]) for entry in used])
                 cell.source = qmd.INLINE_EXPRESSION.sub(lambda _match, texts=texts: next(texts), cell.source)
                 cell.metadata["user_expressions"] = used
-    if code_index != len(ran_code) or values:
-        raise StaleNotebook(f"{display}:0: " + STALE.format("it ran cells or values the chapter no longer has"))
-    if code_index:
-        setup = nbformat.v4.new_code_cell(setup_cell_source(url))
-        setup["id"] = "longctx-setup"
-        setup.metadata["longctx"] = {"role": "setup"}
-        notebook.cells.insert(0, setup)
+    if next(ran_code, None) is not None or values:
+        raise qmd.QmdError(display, 0, STALE.format("it ran cells or values the chapter no longer has"))
+    if has_code:
+        metadata = {"longctx": {"role": "setup"}}
+        notebook.cells.insert(0, nbformat.v4.new_code_cell(setup_cell_source(url), id="longctx-setup", metadata=metadata))
     return notebook
-
-
-def needs_kernel(notebook) -> bool:
-    """Whether a notebook has code to run or inline values to compute."""
-    return any(cell.cell_type == "code" or (cell.cell_type == "markdown" and qmd.INLINE_EXPRESSION.search(cell.source))
-               for cell in notebook.cells)
 
 
 def finish_book(book: Book, executed: Path, out: Path) -> tuple[list[Path], list[str]]:
@@ -333,22 +287,21 @@ def finish_book(book: Book, executed: Path, out: Path) -> tuple[list[Path], list
     BookError, before anything is written, when `_quarto.yml` has no usable `book.repo-url`."""
     url = repo_url(book)
     exported, problems = export_notebooks(book)
-    finished = []
+    paths = []
     for info, notebook in exported:
         stem, ran = Path(info.display).stem, None
-        if needs_kernel(notebook):
-            path = executed / f"{stem}.ipynb"
+        if any(cell.cell_type == "code" or qmd.INLINE_EXPRESSION.search(cell.source) for cell in notebook.cells):
+            path = executed / f"{stem}.ipynb"  # the chapter has code to run or inline values to compute
             if not path.is_file():
                 problems.append(f"{info.display}:0: not executed yet ({book.display(path)} is missing); "
                                 "run `make book` (or `python -m booktools quarto`)")
                 continue
             ran = nbformat.read(str(path), as_version=4)
         try:
-            finished.append((stem, finish_notebook(notebook, ran, url, info.display)))
-        except StaleNotebook as exc:
+            notebook = finish_notebook(notebook, ran, url, info.display)
+        except qmd.QmdError as exc:  # stale
             problems.append(str(exc))
-    paths = []
-    for stem, notebook in finished:
+            continue
         nbformat.validate(notebook)
         write_if_changed(out / f"{stem}.ipynb", nbformat.writes(notebook) + "\n")
         paths.append(out / f"{stem}.ipynb")

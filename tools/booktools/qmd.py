@@ -5,6 +5,7 @@ fenced divs (callouts) and display maths around each line."""
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,13 +85,12 @@ class Cell:
     """A fenced block: executable (```` ```{python} ````, ```` ```{mermaid} ````) or shown (```` ```python ````)."""
 
     line: int  # the opening fence's line
-    end_line: int  # the closing fence's line
     fence: str  # e.g. "```"
     indent: str  # whitespace before the opening fence
     info: str  # as written: "{python}", "python", ""
     lang: str
     executable: bool  # the braced form {lang}
-    lines: list[str]  # the body, without the fences
+    lines: list[str]  # the body, without the fences and without the fence's indent
     option_lines: list[str] = field(default_factory=list)  # the leading `#|` lines
     options: dict = field(default_factory=dict)  # those lines read as YAML
 
@@ -126,8 +126,11 @@ class Cell:
 
     @property
     def label(self) -> str | None:
-        label = self.options.get("label")
-        return str(label) if label is not None else None
+        return self.option("label") or None
+
+    def option(self, name: str) -> str:
+        """An option's value as text ("" when the cell has none)."""
+        return str(self.options.get(name) or "")
 
 
 @dataclass
@@ -136,11 +139,7 @@ class Heading:
     level: int
     text: str  # without the attribute block
     label: str | None  # `#sec-...`
-    classes: list[str]
-
-    @property
-    def unnumbered(self) -> bool:
-        return "unnumbered" in self.classes or "-" in self.classes
+    unnumbered: bool  # `{.unnumbered}` or `{-}`
 
 
 @dataclass
@@ -162,11 +161,6 @@ class Document:
     def markdown(self) -> list[Markdown]:
         return [block for block in self.blocks if isinstance(block, Markdown)]
 
-    def headings(self) -> list[Heading]:
-        """Every ATX heading outside fences, in order."""
-        found = (parse_heading(text, block.line + offset) for block in self.markdown for offset, text in enumerate(block.lines))
-        return [heading for heading in found if heading is not None]
-
     def error(self, line: int, message: str) -> QmdError:
         return QmdError(self.display, line, message)
 
@@ -177,25 +171,18 @@ def parse_heading(text: str, line: int = 0) -> Heading | None:
     if match is None:
         return None
     body = re.sub(r"[ \t]+#+[ \t]*$", "", match.group("text"))  # closing hashes, "## Title ##"
-    label, classes = None, []
+    label, unnumbered = None, False
     attrs = _ATTRS.search(body)
     if attrs is not None:
         body = body[: attrs.start()].rstrip()
-        for token in attrs.group("attrs").split():
-            if token.startswith("#"):
-                label = token[1:]
-            elif token.startswith(".") or token == "-":
-                classes.append(token.removeprefix("."))
-    return Heading(line, len(match.group("hashes")), body, label, classes)
+        label, classes, _ = parse_attributes(attrs.group("attrs"))
+        unnumbered = "unnumbered" in classes
+    return Heading(line, len(match.group("hashes")), body, label, unnumbered)
 
 
 def parse_options(lines: list[str], display: str, first_line: int) -> tuple[list[str], dict]:
     """The leading `#|` lines of a cell body, and the mapping they hold (QmdError if not YAML)."""
-    option_lines = []
-    for text in lines:
-        if not _OPTION_LINE.match(text):
-            break
-        option_lines.append(text)
+    option_lines = list(itertools.takewhile(_OPTION_LINE.match, lines))
     yaml_lines = [_OPTION_LINE.sub("", text, count=1) for text in option_lines]
     return option_lines, _load_yaml(yaml_lines, display, first_line, "cell options (#| lines)", "`key: value` lines")
 
@@ -226,19 +213,14 @@ def parse(text: str, display: str = "<string>") -> Document:
         front_matter = _load_yaml(lines[1:end], display, 2, "front matter", "a YAML mapping")
         start = front_matter_lines = end + 1
     blocks: list[Markdown | Cell] = []
-    pending = start  # the first markdown line not yet in a block
-    for index in range(start, len(lines) + 1):
-        if index < pending:
-            continue
-        match = _OPEN_FENCE.match(lines[index]) if index < len(lines) else None
-        if match is not None and match.group("fence")[0] == "`" and "`" in match.group("info"):
-            match = None  # ```a``` is inline code, not a fence
-        if index < len(lines) and match is None:
+    index = pending = start  # pending: the first markdown line not yet in a block
+    while index < len(lines):
+        match = _OPEN_FENCE.match(lines[index])
+        if match is None or match.group("fence")[0] == "`" and "`" in match.group("info"):  # ```a``` is inline code
+            index += 1
             continue
         if index > pending:
             blocks.append(Markdown(pending + 1, lines[pending:index]))
-        if match is None:
-            break
         fence, info = match.group("fence"), match.group("info").strip()
         close = next((probe for probe in range(index + 1, len(lines)) if lines[probe].strip()
                       and set(lines[probe].strip()) == {fence[0]} and len(lines[probe].strip()) >= len(fence)), None)
@@ -247,12 +229,14 @@ def parse(text: str, display: str = "<string>") -> Document:
         braced = info.startswith("{") and info.endswith("}")
         word = (re.split(r"[\s,]", info[1:-1].strip() if braced else info, maxsplit=1)[0]).lower()
         executable = braced and word[:1].isalpha()  # not {.python} (shown) nor {=html} (raw)
-        cell = Cell(index + 1, close + 1, fence, match.group("indent"), info, word.lstrip(".="), executable,
-                    lines[index + 1 : close])
+        cell = Cell(index + 1, fence, match.group("indent"), info, word.lstrip(".="), executable,
+                    [text.removeprefix(match.group("indent")) for text in lines[index + 1 : close]])
         if executable:
             cell.option_lines, cell.options = parse_options(cell.lines, display, index + 2)
         blocks.append(cell)
-        pending = close + 1
+        index = pending = close + 1
+    if pending < len(lines):
+        blocks.append(Markdown(pending + 1, lines[pending:]))
     return Document(display, front_matter, front_matter_lines, blocks)
 
 
@@ -292,70 +276,62 @@ class Div:
 
 
 def parse_attributes(text: str) -> tuple[str | None, list[str], dict[str, str]]:
-    """A Pandoc attribute block's inside, `#id .class key="value"`: (id, classes, attributes)."""
+    """A Pandoc attribute block's inside, `#id .class key="value"`: (id, classes, attributes); `-` is
+    Pandoc's short form of the class `unnumbered`."""
     attributes = {m.group("key"): next(v for v in m.group("dq", "sq", "bare") if v is not None)
                   for m in _ATTR_PAIR.finditer(text)}
-    tokens = [token for token in _ATTR_PAIR.sub(" ", text).split() if len(token) > 1]
-    identifier = next((token[1:] for token in reversed(tokens) if token.startswith("#")), None)
-    return identifier, [token[1:] for token in tokens if token.startswith(".")], attributes
+    tokens = [".unnumbered" if token == "-" else token for token in _ATTR_PAIR.sub(" ", text).split()]
+    identifier = next((token[1:] for token in reversed(tokens) if token.startswith("#") and len(token) > 1), None)
+    return identifier, [token[1:] for token in tokens if token.startswith(".") and len(token) > 1], attributes
 
 
 @dataclass
-class Line:
-    """One markdown line, classified, with the fenced divs open around it."""
+class Item:
+    """One markdown line, classified, or a fenced block, with the fenced divs open around it."""
 
-    kind: str  # "text", "heading", "div_open", "div_close"
+    kind: str  # "text", "heading", "div_open", "div_close", "cell"
     line: int
-    text: str
+    text: str  # the markdown line ("" for a cell)
     divs: tuple[Div, ...]  # open divs, outermost first (for div_open: including the new one)
     in_math: bool = False  # inside a $$ ... $$ display, the $$ lines included
     heading: Heading | None = None
     div: Div | None = None  # the div opened or closed
+    cell: Cell | None = None
 
 
-@dataclass
-class CellItem:
-    """A fenced block in document order, with the fenced divs open around it."""
-
-    cell: Cell
-    divs: tuple[Div, ...]
-
-
-def walk(doc: Document) -> tuple[list[Line | CellItem], list[QmdError]]:
-    """Every markdown line and cell in order, with the divs open around it; and the problems
-    (unclosed or unopened divs)."""
-    items: list[Line | CellItem] = []
+def walk(doc: Document) -> tuple[list[Item], list[QmdError]]:
+    """Every markdown line and cell in order, with the divs open around it; and the unclosed or unopened divs."""
+    items: list[Item] = []
     problems: list[QmdError] = []
     stack: list[Div] = []
     in_math = False
     for block in doc.blocks:
         if isinstance(block, Cell):
-            items.append(CellItem(block, tuple(stack)))
+            items.append(Item("cell", block.line, "", tuple(stack), cell=block))
             continue
         for number, text in enumerate(block.lines, block.line):
-            if in_math or text.count("$$") % 2 == 1 and not _DIV_OPEN.match(text) and parse_heading(text) is None:
-                in_math = in_math != (text.count("$$") % 2 == 1)
-                items.append(Line("text", number, text, tuple(stack), in_math=True))
-                continue
             opened, heading = _DIV_OPEN.match(text), parse_heading(text, number)
-            if opened is not None:
-                if opened.group("attrs") is not None:
-                    identifier, classes, attributes = parse_attributes(opened.group("attrs"))
-                else:
-                    identifier, classes, attributes = None, [opened.group("cls")], {}
-                div = Div(number, identifier, classes, attributes)
+            if in_math or text.count("$$") % 2 == 1 and opened is None and heading is None:
+                in_math = in_math != (text.count("$$") % 2 == 1)
+                items.append(Item("text", number, text, tuple(stack), in_math=True))
+            elif opened is not None:
+                attrs = opened.group("attrs")
+                div = Div(number, *parse_attributes(f".{opened.group('cls')}" if attrs is None else attrs))
                 stack.append(div)
-                items.append(Line("div_open", number, text, tuple(stack), div=div))
-            elif _DIV_CLOSE.match(text):
-                if stack:
-                    div = stack.pop()
-                    items.append(Line("div_close", number, text, tuple(stack), div=div))
-                else:
-                    problems.append(doc.error(number, "`:::` closes a fenced div that was never opened"))
-                    items.append(Line("text", number, text, tuple(stack)))
+                items.append(Item("div_open", number, text, tuple(stack), div=div))
+            elif _DIV_CLOSE.match(text) and stack:
+                div = stack.pop()
+                items.append(Item("div_close", number, text, tuple(stack), div=div))
             elif heading is not None:
-                items.append(Line("heading", number, text, tuple(stack), heading=heading))
-            else:
-                items.append(Line("text", number, text, tuple(stack), in_math="$$" in text))
+                items.append(Item("heading", number, text, tuple(stack), heading=heading))
+            else:  # prose, or a `:::` that closes nothing
+                if _DIV_CLOSE.match(text):
+                    problems.append(doc.error(number, "`:::` closes a fenced div that was never opened"))
+                items.append(Item("text", number, text, tuple(stack), in_math="$$" in text))
     problems += [doc.error(div.line, "fenced div opened here (`:::`) is never closed") for div in stack]
     return items, problems
+
+
+def title_heading(items: list[Item]) -> Heading | None:
+    """The first level-1 heading of a walk (none in maths): the file's title."""
+    return next((item.heading for item in items if item.kind == "heading" and item.heading.level == 1), None)

@@ -6,8 +6,8 @@
    numbers the references and cites, for each format `_quarto.yml` lists; the first format's run, frozen,
    serves the rest. Its EPUB draws the diagrams with Chrome (Debian's `chromium`, as `QUARTO_CHROMIUM`).
    The notebooks Quarto keeps (`keep-ipynb`) go to `_build/executed/`, for the reader's notebooks.
-3. Finish: MathJax and Source Sans Pro come from `web/node_modules/` (pinned in `web/package-lock.json`).
-4. Publish: the new `_book/` replaces the old one only when the render succeeded.
+3. Finish: MathJax and Source Sans Pro come from `web/node_modules/` (pinned in `web/package-lock.json`),
+   and the new `_book/` replaces the old one only when the render succeeded.
 """
 
 from __future__ import annotations
@@ -54,11 +54,9 @@ def find_quarto() -> str | None:
 def find_chromium() -> str | None:
     """`QUARTO_CHROMIUM`, else the first of the names Quarto 1.7 looks for and Debian's `chromium`
     (which Quarto does not look for); never a download."""
-    given = os.environ.get("QUARTO_CHROMIUM")
-    if given and Path(given).is_file():
-        return given
+    given = os.environ.get("QUARTO_CHROMIUM", "")
     names = ("google-chrome", "google-chrome-stable", "chromium-browser", "chromium")
-    return next(filter(None, map(shutil.which, names)), None)
+    return given if Path(given).is_file() else next(filter(None, map(shutil.which, names)), None)
 
 
 def stage_project(root: Path, stage: Path) -> None:
@@ -126,20 +124,16 @@ def finish_html(out: Path, node_modules: Path) -> list[Path]:
     `out/site_libs/` and loaded from there, no CDN polyfill (for browsers older than any MathJax 3 runs
     in), and a link by fragment alone to an id on another page (the API appendix's) made to point there."""
     mathjax = out / "site_libs" / "mathjax"
-    for item in MATHJAX_FILES:
-        source, target = node_modules / "mathjax" / item, mathjax / Path(item).relative_to("es5")
+    for item in (*MATHJAX_FILES, "LICENSE"):
+        source, target = node_modules / "mathjax" / item, mathjax / item.removeprefix("es5/")
         if source.is_dir():
             shutil.copytree(source, target, dirs_exist_ok=True)
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)
-    shutil.copyfile(node_modules / "mathjax" / "LICENSE", mathjax / "LICENSE")
     fonts_css = _copy_fonts(node_modules / FONT_PACKAGE, out / "site_libs" / "fonts")
     ids = {page: set(_ID.findall(page.read_text(encoding="utf-8"))) for page in sorted(out.rglob("*.html"))}
-    owners: dict[str, list[Path]] = {}
-    for page, found in ids.items():
-        for ident in found:
-            owners.setdefault(ident, []).append(page)
+    owners = {ident: [page for page, found in ids.items() if ident in found] for ident in set().union(*ids.values())}
     changed = []
     for page in ids:
 
@@ -165,10 +159,8 @@ def finish_html(out: Path, node_modules: Path) -> list[Path]:
 
 def build_quarto_book(root: Path, out: Path, *, executed: Path | None = None, stage: Path | None = None,
                       quarto: str | None = None, node_modules: Path | None = None, quiet: bool = False) -> dict:
-    """Execute and render the book with Quarto (every format `_quarto.yml` lists) into `out`, in `stage`
-    (default `_build/quarto/`), its executed notebooks to `executed` (default `_build/executed/`).
-    Returns {"formats": rendered, "seconds": wall time}; QuartoError when Quarto or MathJax is missing
-    or the render failed."""
+    """Execute and render the book with Quarto (every format `_quarto.yml` lists) into `out`, working in `stage`
+    and keeping the executed notebooks in `executed`: {"formats", "seconds"}; QuartoError if it cannot."""
     started = time.perf_counter()
     book = load_book(root)
     quarto = quarto or find_quarto()
@@ -190,36 +182,35 @@ def build_quarto_book(root: Path, out: Path, *, executed: Path | None = None, st
 
     def render(*arguments: str, limit: float | None = None, tries: int = 1) -> None:
         # quiet: Quarto's log is kept for the error message (its own --quiet drops a cell's traceback)
-        for attempt in range(1, tries + 1):
+        for _ in range(tries):
             command = subprocess.Popen([quarto, "render", *arguments], cwd=stage, env=env, text=True,
                                        start_new_session=True,  # its Chromium goes with it on a kill
                                        stdout=subprocess.PIPE if quiet else None,
-                                       stderr=subprocess.PIPE if quiet else None)
+                                       stderr=subprocess.STDOUT if quiet else None)
             try:
-                stdout, stderr = command.communicate(timeout=limit)
-                break
+                log = command.communicate(timeout=limit)[0] or ""
             except subprocess.TimeoutExpired:
                 os.killpg(command.pid, 9)
                 command.communicate()
-                if attempt == tries:
-                    raise QuartoError(f"`quarto render {' '.join(arguments)}` in {stage} ran past {limit:.0f} s "
-                                      f"{tries} times; {out} was left as it was") from None
-        done = subprocess.CompletedProcess(command.args, command.returncode, stdout, stderr)
-        if done.returncode != 0:
-            tail = ((done.stdout or "") + (done.stderr or ""))[-3000:] if quiet else ""
-            raise QuartoError(f"`quarto render` failed in {stage} (exit {done.returncode}); {out} was left as it was\n{tail}")
+                continue
+            if command.returncode != 0:
+                raise QuartoError(f"`quarto render` failed in {stage} (exit {command.returncode}); {out} was left "
+                                  f"as it was\n{log[-3000:]}")
+            return
+        raise QuartoError(f"`quarto render {' '.join(arguments)}` in {stage} ran past {limit:.0f} s {tries} times; "
+                          f"{out} was left as it was")
 
     # The first format's run executes every chapter and keeps its notebook; its frozen results serve the rest.
     render("--to", formats[0], "--metadata", "keep-ipynb:true")
     shutil.rmtree(executed, ignore_errors=True)
     executed.mkdir(parents=True)
     for kept in stage.rglob("*.quarto_ipynb"):
-        shutil.move(str(kept), str(executed / f"{kept.stem}.ipynb"))
+        shutil.move(kept, executed / f"{kept.stem}.ipynb")
     for frozen in (stage / "_freeze").rglob(f"execute-results/{formats[0]}.json"):
         for name in formats[1:]:
             shutil.copyfile(frozen, frozen.with_name(f"{name}.json"))
     first = stage / "_first"  # each later render empties _book/ (site_libs/ too): the first's pages wait here
-    shutil.move(str(rendered), str(first))
+    shutil.move(rendered, first)
     for name in formats[1:]:
         # These passes execute nothing (the freeze serves them), so they take a minute or two. Quarto
         # 1.7's EPUB draws diagrams through a Chromium it drives over a debugging port, and that
@@ -228,15 +219,13 @@ def build_quarto_book(root: Path, out: Path, *, executed: Path | None = None, st
         render("--to", name, limit=LATER_FORMAT_SECONDS, tries=3)
         for item in rendered.iterdir():
             if not (first / item.name).exists():
-                shutil.move(str(item), str(first / item.name))
-    shutil.rmtree(rendered, ignore_errors=True)
-    first.rename(rendered)
+                shutil.move(item, first / item.name)
     outputs = {"html": "index.html", "epub": "*.epub", "pdf": "*.pdf"}
-    missing = [name for name in formats if name in outputs and not list(rendered.glob(outputs[name]))]
+    missing = [name for name in formats if name in outputs and not list(first.glob(outputs[name]))]
     if missing:
         raise QuartoError(f"`quarto render` in {stage} wrote no {', '.join(missing)}; {out} was left as it was")
-    finish_html(rendered, node_modules)
+    finish_html(first, node_modules)
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(rendered), str(out))
+    shutil.move(first, out)
     return {"formats": formats, "seconds": time.perf_counter() - started}

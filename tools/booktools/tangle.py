@@ -11,29 +11,29 @@ from __future__ import annotations
 
 import ast
 import io
+import itertools
 import subprocess
 import tempfile
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .book import Book, write_if_changed
-from .qmd import Document, QmdError, parse_file
+from .book import Book
+from .qmd import Document, QmdError, parse_file, title_heading, walk
 
 IMPORT_WIDTH = 80  # imports longer than this are wrapped one name a line, to fit the page as the chapters' code does
 ISOLATED = ["--isolated", "--config", 'lint.isort.known-first-party = ["longctx"]']
 
 
 @dataclass
-class ModuleOutput:
-    module: str  # "ch03"
-    files: dict[Path, str] = field(default_factory=dict)  # absolute path -> text
-
-
-@dataclass
 class TangleResult:
-    outputs: list[ModuleOutput] = field(default_factory=list)
+    outputs: dict[str, dict[Path, str]] = field(default_factory=dict)  # "ch03" -> its files' paths -> texts
     problems: list[QmdError] = field(default_factory=list)
+
+    @property
+    def files(self) -> dict[Path, str]:
+        """Every file the modules are made of -> its text."""
+        return {path: text for files in self.outputs.values() for path, text in files.items()}
 
 
 def _saved_code(doc: Document, problems: list[QmdError], imports: list[str]) -> list[tuple[int, list[str]]]:
@@ -48,14 +48,13 @@ def _saved_code(doc: Document, problems: list[QmdError], imports: list[str]) -> 
             continue
         if not cell.saved:
             continue
-        lines = [text.removeprefix(cell.indent) for text in cell.saved_code_lines]
-        first = cell.saved_code_line
+        lines, first = cell.saved_code_lines, cell.saved_code_line
         try:
             tree = ast.parse("\n".join(lines) + "\n", filename=doc.display)
         except SyntaxError as exc:
             problems.append(doc.error(first + (exc.lineno or 1) - 1, f"saved code does not compile: {exc.msg}"))
             continue
-        removed: set[int] = set()
+        removed: set[int] = set()  # the hoisted imports' lines
         for stmt in tree.body:
             if not isinstance(stmt, ast.Import | ast.ImportFrom):
                 continue
@@ -72,16 +71,17 @@ def _saved_code(doc: Document, problems: list[QmdError], imports: list[str]) -> 
             else:
                 imports += [ast.unparse(stmt)] if ast.unparse(stmt) not in imports else []
                 removed |= span
-        current: list[int] = []
-        for number in [*range(1, len(lines) + 1), None]:
-            if number is not None and number not in removed:
-                current.append(number)
-                continue
-            kept = [n for n in current if lines[n - 1].strip()]
+        for code, numbers in itertools.groupby(range(1, len(lines) + 1), key=lambda number: number not in removed):
+            kept = [number for number in numbers if code and lines[number - 1].strip()]
             if kept:
                 runs.append((first + kept[0] - 1, lines[kept[0] - 1 : kept[-1]]))
-            current = []
     return runs
+
+
+def branches(stmt: ast.If | ast.Try | ast.TryStar) -> list[ast.stmt]:
+    """The statements of an `if` or `try` that stand at its own level: its bodies, handlers and `else`."""
+    handlers = [line for handler in getattr(stmt, "handlers", []) for line in handler.body]
+    return stmt.body + stmt.orelse + getattr(stmt, "finalbody", []) + handlers
 
 
 def public_names(body: list[ast.stmt]) -> list[str]:
@@ -94,8 +94,7 @@ def public_names(body: list[ast.stmt]) -> list[str]:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             names = [node.id for target in targets for node in ast.walk(target) if isinstance(node, ast.Name)]
         elif isinstance(stmt, ast.If | ast.Try):
-            names = public_names(stmt.body + stmt.orelse + getattr(stmt, "finalbody", [])
-                                  + [s for handler in getattr(stmt, "handlers", []) for s in handler.body])
+            names = public_names(branches(stmt))
         else:
             names = []
         found += [name for name in names if not name.startswith("_") and name not in found]
@@ -111,14 +110,15 @@ def _escape_docstring(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
 
 
-def tangle_document(doc: Document, module: str, root: Path) -> tuple[ModuleOutput | None, list[QmdError]]:
-    """One chapter's module: (output, problems); output is None when there are problems."""
+def tangle_document(doc: Document, module: str, root: Path) -> tuple[dict[Path, str] | None, list[QmdError]]:
+    """One chapter's module: (its files' paths -> texts, problems); no files when there are problems."""
     problems: list[QmdError] = []
     imports: list[str] = []
     runs = _saved_code(doc, problems, imports)
     if problems:
         return None, sorted(problems, key=lambda item: (item.path, item.line))
-    title = next((heading.text for heading in doc.headings() if heading.level == 1), "")
+    heading = title_heading(walk(doc)[0])
+    title = heading.text if heading is not None else ""
     described = f'{doc.display} ("{title}")' if title else doc.display
     header = [f"# Generated from {doc.display} by `python -m booktools tangle`.",
               "# Do not edit: change the chapter's `# @save` cells, then tangle again."]
@@ -134,7 +134,7 @@ def tangle_document(doc: Document, module: str, root: Path) -> tuple[ModuleOutpu
     else:
         init.append("__all__: list[str] = []")
     directory = root / "code" / module
-    return ModuleOutput(module, {directory / "_generated.py": generated, directory / "__init__.py": "\n".join(init) + "\n"}), []
+    return {directory / "_generated.py": generated, directory / "__init__.py": "\n".join(init) + "\n"}, []
 
 
 def sort_imports(texts: dict[Path, str], root: Path) -> dict[Path, str]:
@@ -159,37 +159,19 @@ def tangle_book(book: Book) -> TangleResult:
     """Tangle every chapter `_quarto.yml` lists, without writing anything."""
     result = TangleResult()
     seen: dict[str, str] = {}
-    for entry in book.module_entries:
+    for entry in (entry for entry in book.entries if entry.module is not None):
         if seen.setdefault(entry.module, entry.path) != entry.path:
             result.problems.append(QmdError("_quarto.yml", entry.line,
                                             f"{entry.path} and {seen[entry.module]} both make module {entry.module}"))
-    for entry in book.module_entries:
         if not (book.root / entry.path).is_file():
             continue  # `check` names a listed file that does not exist
         try:
-            output, problems = tangle_document(parse_file(book.root / entry.path, entry.path), entry.module, book.root)
-        except QmdError as exc:
-            result.problems.append(exc)
-            continue
+            files, problems = tangle_document(parse_file(book.root / entry.path, entry.path), entry.module, book.root)
+        except QmdError as exc:  # the chapter does not parse
+            files, problems = None, [exc]
         result.problems += problems
-        result.outputs += [output] if output is not None else []
+        result.outputs |= {entry.module: files} if files is not None else {}
     if not result.problems and result.outputs:
-        try:
-            texts = sort_imports({path: text for output in result.outputs for path, text in output.files.items()}, book.root)
-        except QmdError as exc:
-            result.problems.append(exc)
-            return result
-        for output in result.outputs:
-            output.files = {path: texts[path] for path in output.files}
+        texts = sort_imports(result.files, book.root)  # a QmdError if ruff fails: the command line reports it
+        result.outputs = {module: {path: texts[path] for path in files} for module, files in result.outputs.items()}
     return result
-
-
-def stale_outputs(result: TangleResult) -> list[Path]:
-    """Generated files whose contents on disk differ from what tangling gives."""
-    return [path for output in result.outputs for path, text in output.files.items()
-            if not path.is_file() or path.read_text(encoding="utf-8") != text]
-
-
-def write_outputs(result: TangleResult) -> list[Path]:
-    """Write every changed file; the paths written."""
-    return [path for output in result.outputs for path, text in output.files.items() if write_if_changed(path, text)]
