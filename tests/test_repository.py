@@ -161,11 +161,11 @@ def test_readme_first_screen_says_what_the_book_is_what_to_type_and_what_it_need
         assert tool in needs, tool
 
 
-def test_booktools_keeps_within_its_2200_lines():
-    """The budget for tools/booktools (issue 34 aims at 2,000; most of what is left is the notebooks' own
-    Markdown renderer): one parser, tools that each do one job; a change that adds lines takes them from elsewhere."""
+def test_booktools_keeps_within_its_2000_lines():
+    """The budget for tools/booktools (issue 34: at most 2,000): one parser, tools that each do one job, Quarto
+    doing what Quarto does; a change that adds lines takes them from elsewhere."""
     lines = {path.name: len(path.read_text(encoding="utf-8").splitlines()) for path in (ROOT / "tools" / "booktools").glob("*.py")}
-    assert sum(lines.values()) <= 2200, sorted(lines.items(), key=lambda item: -item[1])
+    assert sum(lines.values()) <= 2000, sorted(lines.items(), key=lambda item: -item[1])
 
 
 def test_make_test_runs_every_test_and_test_fast_leaves_out_only_the_slow_ones():
