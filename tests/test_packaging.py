@@ -359,13 +359,13 @@ def test_chapter_5s_setup_runs_from_any_folder(folder, tmp_path):
     chapter = ROOT / "chapters" / "ch05-measured.qmd"
     setup = next(cell for cell in parse(chapter.read_text(encoding="utf-8")).cells if cell.is_python)
     assert "sys.path" not in setup.code
-    source = setup.code + "\nprint('benchmarks:', common.__file__)\nprint('saved results:', saved_path)\n"
+    source = setup.code + "\nprint('benchmarks:', decode.__file__)\nprint('saved results:', saved_path)\n"
     where = {"root": ROOT, "chapters": ROOT / "chapters", "outside": tmp_path}[folder]
     environment = _clean_environment() | {"MPLBACKEND": "Agg"}
     done = subprocess.run([sys.executable, "-c", source], cwd=where, capture_output=True, text=True,
                           timeout=300, env=environment)
     assert done.returncode == 0, f"chapter 5's setup failed from {where}:\n{done.stderr[-3000:]}"
-    assert f"benchmarks: {ROOT / 'benchmarks' / 'common.py'}\n" in done.stdout
+    assert f"benchmarks: {ROOT / 'benchmarks' / 'decode.py'}\n" in done.stdout
     assert f"saved results: {ROOT / 'benchmarks' / 'results'}/benchmarks-" in done.stdout
     # the readers' package itself holds no runner
     assert importlib.util.find_spec("longctx.benchmarks") is None
