@@ -444,7 +444,7 @@ def fused_decode(query: Tensor, key: Tensor | ch05.QuantizedKV,
     return ch05.finish_online_softmax(state).reshape(query.shape)
 
 
-# chapters/ch08-serving.qmd:1326
+# chapters/ch08-serving.qmd:1331
 class Request(NamedTuple):
     """One request of a trace: when it arrives, and its lengths in tokens.
 
@@ -494,7 +494,7 @@ def request_trace(count: int, *, seed: int = 0, rate: float = 4.0,
             zip(gaps.cumsum(0), prompts, outputs, strict=True)]
 
 
-# chapters/ch08-serving.qmd:1413
+# chapters/ch08-serving.qmd:1418
 #: A layout's rule: the tokens of memory it holds for a request's
 #: sequence while the sequence has cached the given number of tokens.
 Reservation = Callable[[Request, int], int]
@@ -583,7 +583,7 @@ def replay_memory(trace: list[Request], budget: int, reserve: Reservation, *,
             "steps": steps, "preemptions": preemptions}
 
 
-# chapters/ch08-serving.qmd:1604
+# chapters/ch08-serving.qmd:1609
 class PagePool:
     """Pages of ``page_size`` tokens: a free list, counts, block tables.
 
@@ -672,7 +672,7 @@ class PagePool:
         del self.lengths[sequence]
 
 
-# chapters/ch08-serving.qmd:1762
+# chapters/ch08-serving.qmd:1767
 def page_states(rows: Tensor, key_pages: Tensor, value_pages: Tensor,
                 table: Sequence[int], tokens: int) -> ch05.OnlineState:
     """Return the state (m, l, a) of every page of one sequence.
@@ -761,7 +761,7 @@ class PagedKVCache:
                             [self.pool.lengths[s] for s in sequences])
 
 
-# chapters/ch08-serving.qmd:2131
+# chapters/ch08-serving.qmd:2136
 @dataclass(eq=False)
 class RadixNode:
     """A node of a prefix tree: the edge into it, a whole number of pages.
@@ -897,7 +897,7 @@ class RadixCache:
         return freed
 
 
-# chapters/ch08-serving.qmd:2319
+# chapters/ch08-serving.qmd:2324
 class Turn(NamedTuple):
     """One turn of a conversation: when it comes, what it reads and writes.
 
@@ -1018,7 +1018,7 @@ def serve_conversations(turns: list[Turn], pages: int,
     return found
 
 
-# chapters/ch08-serving.qmd:2648
+# chapters/ch08-serving.qmd:2653
 def chunk_attention(query: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     """Return causal attention of a chunk's n queries over its prefix.
 
@@ -1074,7 +1074,7 @@ def mixed_step(chunk: Tensor, chunk_keys: Tensor, chunk_values: Tensor,
     return out[:, :length], out[0, length:].unsqueeze(1)
 
 
-# chapters/ch08-serving.qmd:2761
+# chapters/ch08-serving.qmd:2766
 def chunk_pairs(start: int, length: int) -> int:
     """Return the (query, key) pairs a causal chunk scores.
 
@@ -1141,7 +1141,7 @@ def fit_step_cost(points: Sequence[Mapping[str, float]]) -> StepCost:
     return StepCost(*(solution[:, 0] / scale).tolist())
 
 
-# chapters/ch08-serving.qmd:2900
+# chapters/ch08-serving.qmd:2905
 class Served(NamedTuple):
     """What serving a trace gave: each request's waits, and the machine's.
 
@@ -1281,7 +1281,7 @@ def serve_trace(trace: Sequence, cost: StepCost, *, chunk: int | None,
     return Served(first_token, per_token, gaps, busy / clock, steps)
 
 
-# chapters/ch08-serving.qmd:3370
+# chapters/ch08-serving.qmd:3375
 def token_probabilities(logits: Tensor, temperature: float) -> Tensor:
     """Return the distribution (..., n_vocab) a sampler draws from.
 
@@ -1327,7 +1327,7 @@ def expected_speedup(alpha: float, k: int, cost: float) -> float:
     return expected_tokens(alpha, k) / (k * cost + 1)
 
 
-# chapters/ch08-serving.qmd:3422
+# chapters/ch08-serving.qmd:3427
 def speculative_verify(target: Tensor, draft: Tensor, drafted: Tensor,
                        generator: torch.Generator) -> tuple[int, int]:
     """Return (kept, next token) for k drafted tokens.
@@ -1352,7 +1352,7 @@ def speculative_verify(target: Tensor, draft: Tensor, drafted: Tensor,
     return first, int(torch.multinomial(leftover, 1, generator=generator))
 
 
-# chapters/ch08-serving.qmd:3504
+# chapters/ch08-serving.qmd:3509
 def truncate_cache(cache: ch02.KVCache, length: int) -> ch02.KVCache:
     """Cut every layer of ``cache`` back to its first ``length`` tokens.
 
@@ -1369,7 +1369,7 @@ def truncate_cache(cache: ch02.KVCache, length: int) -> ch02.KVCache:
     return cache
 
 
-# chapters/ch08-serving.qmd:3529
+# chapters/ch08-serving.qmd:3534
 class SpeculativeRun(NamedTuple):
     """What speculative_generate wrote, and how each target step went.
 
