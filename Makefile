@@ -18,7 +18,7 @@ PORT ?= 8000
 
 help:
 	@echo "make test        run every check (first run creates .venv and installs the pins)"
-	@echo "make test-fast   every test that starts no kernel, Quarto, npm tool or worker process (under 30 s)"
+	@echo "make test-fast   every test that starts no Quarto, Jupyter kernel, compiler, npm tool or worker process (under 30 s)"
 	@echo "make book        Quarto executes every chapter and renders the book into _book/ (HTML, EPUB)"
 	@echo "make serve       serve _book/ at http://127.0.0.1:8000/ (PORT=...)"
 	@echo "make tangle      regenerate code/chNN/ from the chapters' '# @save' cells"

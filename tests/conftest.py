@@ -9,8 +9,8 @@
   saying so; in CI (the `CI` environment variable set) they fail instead.
 - `executed_book` (session scope): just that folder of executed notebooks (`<stem>.ipynb`).
 
-Every test that executes chapters, renders, trains a model or runs a benchmark is marked `slow`:
-`make test-fast` leaves them out.
+Every test that executes chapters, renders, builds Chapter 8's C++ kernel (a compiler's processes),
+trains a model or runs a benchmark is marked `slow`: `make test-fast` leaves them out.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURE_BOOK = Path(__file__).resolve().parent / "fixtures" / "book"
 
 
-SLOW_FIXTURES = {"executed_book", "quarto_book"}
+SLOW_FIXTURES = {"executed_book", "quarto_book", "kernel"}  # kernel: tests/test_ch08_kernel.py's build
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that needs the executed or rendered book is `slow` even where its file forgot to say so."""
+    """A test that needs the executed or rendered book, or the built kernel, is `slow` even where its file
+    forgot to say so."""
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

@@ -737,9 +737,10 @@ def test_constructors_configs_readers_and_drivers_are_all_on_the_boundary_list(c
 
 # Their valid calls start gloo processes (seconds each): make test runs them, make test-fast does not.
 LAUNCHERS = {"ch05.ring_attention", "ch05.sharded_decode"}
+BUILDERS = {"ch08.fused_decode"}  # its valid call builds the C++ kernel: a compiler's processes
 
 
-@pytest.mark.parametrize("key", [pytest.param(key, marks=pytest.mark.slow) if key in LAUNCHERS else key
+@pytest.mark.parametrize("key", [pytest.param(key, marks=pytest.mark.slow) if key in LAUNCHERS | BUILDERS else key
                                  for key in sorted(_entries())])
 def test_each_boundary_entry_is_current(key):
     """The entry names a callable the chapter has, and its valid call names every parameter and works,

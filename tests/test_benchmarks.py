@@ -133,9 +133,12 @@ def test_each_decode_design_runs_once_with_every_field(design):
     assert record["percent_of_roofline"] > 0 and record["bound"] in ("memory", "arithmetic")
 
 
-def test_cold_steps_rotate_through_caches_filling_four_times_the_last_level_cache():
-    llc = measure.last_level_cache_bytes() or measure.DEFAULT_LLC
+def test_cold_steps_rotate_through_caches_filling_four_times_the_last_level_cache(monkeypatch):
+    # an 8 MiB LLC, so that the test copies 32 MiB rather than four times this machine's LLC
+    monkeypatch.setattr(measure, "last_level_cache_bytes", lambda: 8 * 2**20)
+    llc = measure.last_level_cache_bytes()
     case = decode.decode_case("gqa8", 256, device=CPU)
+    assert case.copies == measure.COLD_FACTOR * llc // case.cache_bytes  # 16 caches of 2 MiB
     assert case.copies * case.cache_bytes >= min(measure.COLD_FACTOR * llc, measure.MAX_COPIES * case.cache_bytes)
     assert case.copies >= 2 and decode.decode_case("gqa8", 256, device=CPU, cold=False).copies == 1
     first, second = case.step(), case.step()  # two different caches with the same values: the same output
@@ -260,11 +263,12 @@ def test_profiler_operators_are_sorted_by_kind():
 
 
 def test_decode_cache_bytes_follow_the_design():
-    bytes_of = {d: decode.decode_case(d, 64, device=CPU).cache_bytes for d in ("mha", "gqa8", "mqa", "int8", "int4")}
+    bytes_of = {d: decode.decode_case(d, 64, device=CPU, cold=False).cache_bytes for d in ("mha", "gqa8", "mqa", "int8", "int4")}
     assert bytes_of["mha"] == 4 * bytes_of["gqa8"] == 32 * bytes_of["mqa"]
     assert bytes_of["int8"] == bytes_of["gqa8"] // 4 + 2 * 8 * 64 * 4  # codes + float32 scales
     assert bytes_of["int4"] == bytes_of["gqa8"] // 8 + 2 * 8 * 64 * 4
-    window = decode.decode_case("window-4k", decode.WINDOW + 100, device=CPU, query_heads=4, head_dim=8)
+    window = decode.decode_case("window-4k", decode.WINDOW + 100, device=CPU, query_heads=4, head_dim=8,
+                                cold=False)
     assert window.cache_bytes == 2 * decode.GQA_KV_HEADS * decode.WINDOW * 8 * 4
 
 

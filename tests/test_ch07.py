@@ -451,6 +451,7 @@ def test_the_measurements_refuse_bad_windows():
 # --- the saved run's driver -----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # trains and reads a model through every policy: the whole study, small
 def test_the_tiny_experiment_measures_every_policy_on_the_same_windows():
     from experiments import forgetting
 

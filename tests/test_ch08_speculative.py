@@ -194,7 +194,7 @@ def test_the_speculative_samplers_output_is_distributed_as_the_targets():
     counts of the 27 texts against the target's exact probabilities of them."""
     target = tiny_model(1, 0, vocab=3, context=8, logit_scale=0.7)
     draft = tiny_model(1, 5, vocab=3, context=8, logit_scale=0.7)
-    prompt, samples = [0], 3_000
+    prompt, samples = [0], 1_500  # against the draft's own texts these score some 700 times the limit
     texts = torch.tensor(list(itertools.product(range(3), repeat=3)))  # (27, 3)
     with torch.no_grad():
         inputs = torch.cat([torch.zeros(27, 1, dtype=torch.long), texts[:, :2]], dim=1)  # (27, 3)
@@ -251,6 +251,7 @@ def test_the_experiment_settings_refuse_a_draft_longer_than_the_text():
         speculative.SpeculativeSettings(prompt=100, new_tokens=96)
 
 
+@pytest.mark.slow  # trains two models and times every k: the whole study, small
 def test_the_tiny_experiment_measures_every_k_on_the_same_prompts():
     from experiments import speculative
 

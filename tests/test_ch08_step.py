@@ -200,6 +200,7 @@ def test_serve_trace_takes_a_plan_of_the_readers_own():
 # --------------------------------------------------------------------------- the benchmark part
 
 
+@pytest.mark.slow  # runs a benchmark
 def test_the_benchmark_part_times_every_point_that_fits_and_counts_the_rest():
     from benchmarks import serving_step
 
