@@ -5,7 +5,9 @@ states are Chapter 5's chunk states; the path without a compiler says why; the b
 from __future__ import annotations
 
 import importlib.util
+import math
 import shutil
+import statistics
 
 import pytest
 import torch
@@ -205,7 +207,9 @@ def test_the_benchmark_part_times_every_step_and_reports_every_field(kernel):
     assert [record["tokens"] for record in result["lengths"]] == [256, 600]
     for record in result["lengths"]:
         assert set(record["steps"]) == set(serving_kernel.STEPS)
-        assert all(len(row["round_seconds"]) == 2 and row["seconds"] > 0 for row in record["steps"].values())
+        for row in record["steps"].values():  # the median of its two rounds, and the bytes read in it
+            assert len(row["round_seconds"]) == 2 and row["seconds"] == statistics.median(row["round_seconds"])
+            assert math.isclose(row["bytes_per_s"] * row["seconds"], row["bytes"])
         assert [(line["of"], line["to"]) for line in record["ratios"]] == list(serving_kernel.RATIOS)
     (longest,) = [record for record in result["lengths"] if "breakdown" in record]
     assert [line["cache"] for line in longest["breakdown"]] == ["float32", "int8", "int4"]

@@ -218,14 +218,14 @@ def timed_run(machine: dict, run: Callable[[], dict]) -> dict:
     wall = time.perf_counter()
     results = run()
     machine["wall_seconds"] = time.perf_counter() - wall
-    machine["cpu_seconds"] = _own_cpu_seconds()
+    machine["cpu_seconds"] = _own_cpu_seconds() - own_before  # the run's, not the imports' before it
     machine["idle_wall_estimate_seconds"] = machine["cpu_seconds"] / max(
         1, min(machine["processes"], os.cpu_count() or 1))
     machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     after = cpu_seconds_by_kind()
     if before is not None and after is not None:
         machine["steal_seconds"] = round(after["steal"] - before["steal"], 2)
-        others = after["busy"] - before["busy"] - (machine["cpu_seconds"] - own_before)
+        others = after["busy"] - before["busy"] - machine["cpu_seconds"]
         machine["other_processes_cpu_seconds"] = round(max(0.0, others), 2)
     return results
 
