@@ -1281,7 +1281,7 @@ def serve_trace(trace: Sequence, cost: StepCost, *, chunk: int | None,
     return Served(first_token, per_token, gaps, busy / clock, steps)
 
 
-# chapters/ch08-serving.qmd:3375
+# chapters/ch08-serving.qmd:3378
 def token_probabilities(logits: Tensor, temperature: float) -> Tensor:
     """Return the distribution (..., n_vocab) a sampler draws from.
 
@@ -1327,7 +1327,7 @@ def expected_speedup(alpha: float, k: int, cost: float) -> float:
     return expected_tokens(alpha, k) / (k * cost + 1)
 
 
-# chapters/ch08-serving.qmd:3427
+# chapters/ch08-serving.qmd:3430
 def speculative_verify(target: Tensor, draft: Tensor, drafted: Tensor,
                        generator: torch.Generator) -> tuple[int, int]:
     """Return (kept, next token) for k drafted tokens.
@@ -1352,7 +1352,7 @@ def speculative_verify(target: Tensor, draft: Tensor, drafted: Tensor,
     return first, int(torch.multinomial(leftover, 1, generator=generator))
 
 
-# chapters/ch08-serving.qmd:3509
+# chapters/ch08-serving.qmd:3512
 def truncate_cache(cache: ch02.KVCache, length: int) -> ch02.KVCache:
     """Cut every layer of ``cache`` back to its first ``length`` tokens.
 
@@ -1369,7 +1369,7 @@ def truncate_cache(cache: ch02.KVCache, length: int) -> ch02.KVCache:
     return cache
 
 
-# chapters/ch08-serving.qmd:3534
+# chapters/ch08-serving.qmd:3537
 class SpeculativeRun(NamedTuple):
     """What speculative_generate wrote, and how each target step went.
 
