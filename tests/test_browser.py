@@ -8,9 +8,10 @@ MIN_DIAGRAM_TEXT_PX high on the screen; no raw Quarto syntax and no Markdown pri
 characters; every internal link resolving to a file and an id; code blocks of at most 80
 characters a line shown whole at 1280 px; and the page never scrolling sideways (wide tables,
 code, equations and diagrams scroll inside their own boxes); and no chapter page longer than
-PAGE_SCREENS screens at 1280 px (the LONG_PAGES, not yet split, no longer than they were). A screenshot of each page at both
-widths goes to tests/artifacts/screenshots/ (git-ignored): the first screenful by default, the
-whole page when LONGCTX_FULL_SCREENSHOTS=1 (for reading the book as it renders).
+PAGE_SCREENS screens at 1280 px (the LONG_PAGES, not yet split, no longer than they were). A
+screenshot of each page at both widths goes to tests/artifacts/screenshots/ (git-ignored): the
+first screenful by default, the whole page when LONGCTX_FULL_SCREENSHOTS=1 (for reading the book
+as it renders).
 
 Where Chromium or Quarto is missing the tests skip, saying so; in CI (`CI` set) they fail.
 Set LONGCTX_QUARTO_BOOK_DIR to a rendered `_book/` to read that folder instead of rendering one.
@@ -399,7 +400,8 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
             if width == 1280:
                 screens = page.evaluate("() => document.documentElement.scrollHeight") / height
                 limit = LONG_PAGES.get(Path(name).stem, PAGE_SCREENS)
-                if re.match(r"ch\d\d-", Path(name).stem) and screens > limit:  # a chapter: the appendices are reference
+                # chapters only: the appendices are reference pages
+                if re.match(r"ch\d\d-", Path(name).stem) and screens > limit:
                     problems.append(f"the page is {screens:.1f} screens of {height} px long at 1280 px (at most "
                                     f"{limit}): move its method detail to an appendix or split it along its lesson")
                 _screenshot(page, screenshots / f"{stem}.png")
