@@ -383,3 +383,22 @@ def test_an_equation_gone_from_the_book_fails_check_though_the_module_is_unchang
     assert code == 1 and err.splitlines()[0].startswith(
         "chapters/ch02-beta.qmd:12: the docstring of `twice` names Equation 2.1, which the book does not have")
     assert len(err.splitlines()) == 2  # that problem, and the count
+
+
+def test_a_later_page_may_import_its_own_chapters_module_outside_saved_cells(tmp_path):
+    from test_booktools_tangle import PAGE_ONE, PAGE_TWO, parted_book
+
+    importing = "\n```{python}\nfrom longctx.ch02 import ONE\n```\n"
+    saved = "\n```{python}\n# @save\nfrom longctx.ch02 import ONE\n```\n"
+    root = parted_book(tmp_path / "b", ["    - chapters/ch01-alpha.qmd", "    - part: Beta",
+                                        "      chapters:", "        - chapters/ch02-beta.qmd",
+                                        "        - chapters/ch02-beta-more.qmd"],
+                       {"chapters/ch01-alpha.qmd": ALPHA, "chapters/ch02-beta.qmd": PAGE_ONE + importing,
+                        "chapters/ch02-beta-more.qmd": PAGE_TWO + importing + saved})
+    found = [problem for problem in check_book(load_book(root)) if "imports" in problem]
+    assert found == [
+        "chapters/ch02-beta-more.qmd:17: `from longctx.ch02 import ...` imports this chapter's own module; a chapter "
+        "may import only earlier chapters (ch01)",
+        "chapters/ch02-beta.qmd:11: `from longctx.ch02 import ...` imports this chapter's own module; a chapter "
+        "may import only earlier chapters (ch01)",
+    ]

@@ -380,3 +380,48 @@ def test_what_the_tangle_leaves_to_ruff_ruff_finds(tmp_path, booktools):
     found = ruff_check(root / "code", select="F").stdout
     for rule in ("F401", "F821", "F811"):
         assert rule in found, found
+
+
+def parted_book(root: Path, listing: list[str], pages: dict[str, str]) -> Path:
+    """A book whose _quarto.yml groups its chapters in `part:`s; `listing` holds its lines under `chapters:`."""
+    make_book(root, pages)
+    lines = ["project:", "  type: book", "book:", "  chapters:", "    - index.qmd", *listing]
+    (root / "_quarto.yml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+PAGE_ONE = "# Beta, first page\n\n```{python}\n# @save\nimport math\n\nONE = math.pi\n```\n"
+PAGE_TWO = "# Beta, second page\n\n```{python}\n# @save\nimport os\n\ndef two():\n    return ONE, os.sep\n```\n"
+
+
+def test_a_chapters_pages_in_a_part_make_one_module_in_their_order(tmp_path):
+    root = parted_book(tmp_path / "b", [
+        "    - chapters/ch01-alpha.qmd",
+        "    - part: \"The beta chapter (longctx.ch02)\"",
+        "      chapters:",
+        "        - chapters/ch02-beta.qmd",
+        "        - chapters/ch02-beta-more.qmd",
+    ], {"chapters/ch01-alpha.qmd": ALPHA, "chapters/ch02-beta.qmd": PAGE_ONE, "chapters/ch02-beta-more.qmd": PAGE_TWO})
+    book = load_book(root)
+    assert [entry.path for entry in book.entries][2:] == ["chapters/ch02-beta.qmd", "chapters/ch02-beta-more.qmd"]
+    result = tangle_book(book)
+    assert result.problems == [] and list(result.outputs) == ["ch01", "ch02"]
+    generated = result.outputs["ch02"][root / "code" / "ch02" / "_generated.py"]
+    assert generated.startswith("# Generated from chapters/ch02-beta.qmd and chapters/ch02-beta-more.qmd by")
+    assert '("Beta, first page") and chapters/ch02-beta-more.qmd ("Beta, second page")' in generated
+    assert generated.index("import math") < generated.index("import os") < generated.index("ONE = math.pi")
+    assert generated.index("# chapters/ch02-beta.qmd:7\nONE") < generated.index("# chapters/ch02-beta-more.qmd:7\ndef two")
+    init = result.outputs["ch02"][root / "code" / "ch02" / "__init__.py"]
+    assert '"""Beta, first page: the code saved from chapters/ch02-beta.qmd and chapters/ch02-beta-more.qmd."""' in init
+    assert '"ONE",' in init and '"two",' in init
+
+
+def test_a_chapters_pages_apart_in_the_listing_are_refused(tmp_path):
+    root = parted_book(tmp_path / "b", [
+        "    - chapters/ch02-beta.qmd",
+        "    - chapters/ch01-alpha.qmd",
+        "    - chapters/ch02-beta-more.qmd",
+    ], {"chapters/ch01-alpha.qmd": ALPHA, "chapters/ch02-beta.qmd": PAGE_ONE, "chapters/ch02-beta-more.qmd": PAGE_TWO})
+    problems = [str(problem) for problem in tangle_book(load_book(root)).problems]
+    assert problems == ["_quarto.yml:8: chapters/ch02-beta-more.qmd makes module ch02 but is not listed right after "
+                        "its other pages (chapters/ch02-beta.qmd)"]

@@ -82,16 +82,18 @@ def api_entries(root: Path | str | None = None, numbering: Numbering | None = No
     book = load_book(root)
     numbering = numbering or compute_numbering(book)
     entries: list[ApiEntry] = []
+    pages: dict[str, list] = {}  # "ch03" -> the pages that make it, in order
     for info in numbering.chapters:
-        chapter = info.entry.module  # "ch03"
-        if chapter is None or info.document is None or not (book.root / "code" / chapter / "_generated.py").is_file():
+        if info.entry.module is not None and info.document is not None:
+            pages.setdefault(info.entry.module, []).append(info)
+    for chapter, infos in pages.items():
+        if not (book.root / "code" / chapter / "_generated.py").is_file():
             continue
         module = importlib.import_module(f"longctx.{chapter}")
         sections: dict[str, tuple[str, str | None]] = {}  # each name the saved cells define -> (section, its label)
         notes: dict[str, str] = {}
-        section = info.name, info.label  # above the chapter's first section: the chapter
-        for item in info.items:
-            if item.kind == "heading" and item.heading.level == 1:
+        for info, item in ((page, item) for page in infos for item in page.items):
+            if item.kind == "heading" and item.heading.level == 1:  # above a page's first section: the page
                 section = info.name, info.label
             elif item.kind == "heading":
                 heading, number = item.heading, numbering.heading_numbers[(info.display, item.line)]
@@ -118,7 +120,7 @@ def api_reference_markdown(root: Path | str | None = None) -> str:
     entries = api_entries(book.root, numbering)
     if not entries:
         return "No chapter module exists yet: run `make tangle`."
-    titles = {info.entry.module: info for info in numbering.chapters if info.entry.module}
+    titles = {info.entry.module: info for info in reversed(numbering.chapters) if info.entry.module}  # first pages
 
     out: list[str] = []
     current = None

@@ -73,9 +73,12 @@ def load_book(root: Path | str | None = None) -> Book:
         raise BookError(f"_quarto.yml is not valid YAML: {exc}") from None
     lines, cursor, entries = text.split("\n"), 0, []
     for key in ("chapters", "appendices"):
-        for item in (config.get("book") or {}).get(key) or []:
-            if not isinstance(item, str):  # the tools number, stage and check a flat list of files
-                raise BookError(f"_quarto.yml lists {item!r}: list the book's files one a line (parts are not used)")
+        listed = (config.get("book") or {}).get(key) or []  # a `part:` group lists its files under `chapters:`
+        for item in (name for group in listed for name in (group.get("chapters") or [] if isinstance(group, dict)
+                                                            and "part" in group else [group])):
+            if not isinstance(item, str):  # the tools number, stage and check the files in their order
+                raise BookError(f"_quarto.yml lists {item!r}: list the book's files one a line, or in "
+                                "`- part: TITLE` groups with their `chapters:`")
             line = next((number + 1 for number in range(cursor, len(lines)) if item in lines[number]), 0)
             cursor = line or cursor
             entries.append(ChapterEntry(item, line, key == "appendices"))

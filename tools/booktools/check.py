@@ -316,7 +316,9 @@ def saved_code_problems(doc, module: str, numbering: Numbering) -> list[tuple[in
     """One chapter's code against the book's rules, as (line, message): its cells import only earlier
     chapters; a `# @save` cell does nothing at import, and what `help()` shows of it is plain prose."""
     order = [info.entry.module for info in numbering.chapters if info.entry.module]
-    earlier = order[: order.index(module)]
+    earlier = order[: order.index(module)]  # and a later page's unsaved cells, its chapter's earlier pages
+    later_page = any(info.entry.module == module for info in numbering.chapters[: next(
+        index for index, info in enumerate(numbering.chapters) if info.document is doc)])
     references = {target.text for target in numbering.targets.values() if target.number}
     references |= {f"Section {number}" for number in numbering.heading_numbers.values() if "." in number}
     references |= {info.name for info in numbering.chapters if info.number is not None}
@@ -328,7 +330,7 @@ def saved_code_problems(doc, module: str, numbering: Numbering) -> list[tuple[in
         except SyntaxError:
             continue  # the tangle reports saved cells; execution reports the rest
         for line, other, how in _chapter_imports(tree):
-            if other not in earlier:
+            if other not in earlier and not (other == module and later_page and not cell.saved):
                 allowed = ", ".join(earlier) or "none: this is the first chapter"
                 what = "this chapter's own module" if other == module else other
                 found.append((first + line - 1, f"`{how}` imports {what}; a chapter may import only earlier chapters ({allowed})"))

@@ -110,24 +110,26 @@ def _escape_docstring(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
 
 
-def tangle_document(doc: Document, module: str, root: Path) -> tuple[dict[Path, str] | None, list[QmdError]]:
-    """One chapter's module: (its files' paths -> texts, problems); no files when there are problems."""
+def tangle_document(docs: list[Document], module: str, root: Path) -> tuple[dict[Path, str] | None, list[QmdError]]:
+    """One module from its chapter's pages, in the book's order: (its files' paths -> texts, problems);
+    no files when there are problems."""
     problems: list[QmdError] = []
     imports: list[str] = []
-    runs = _saved_code(doc, problems, imports)
+    runs = [(doc, line, lines) for doc in docs for line, lines in _saved_code(doc, problems, imports)]
     if problems:
         return None, sorted(problems, key=lambda item: (item.path, item.line))
-    heading = title_heading(walk(doc)[0])
-    title = heading.text if heading is not None else ""
-    described = f'{doc.display} ("{title}")' if title else doc.display
-    header = [f"# Generated from {doc.display} by `python -m booktools tangle`.",
+    titles = [getattr(title_heading(walk(doc)[0]), "text", "") for doc in docs]
+    described = " and ".join(f'{doc.display} ("{title}")' if title else doc.display
+                             for doc, title in zip(docs, titles, strict=True))
+    sources = " and ".join(doc.display for doc in docs)
+    header = [f"# Generated from {sources} by `python -m booktools tangle`.",
               "# Do not edit: change the chapter's `# @save` cells, then tangle again."]
     out = [*header, f'"""Code saved from {_escape_docstring(described)}."""'] + ([""] + imports if imports else [])
-    for line, lines in runs:
+    for doc, line, lines in runs:
         out += ["", "", f"# {doc.display}:{line}", *lines]
     generated = "\n".join(out) + "\n"
     public = sorted(public_names(ast.parse(generated).body), key=_member_key)
-    init = [*header, f'"""{_escape_docstring(title or module)}: the code saved from {doc.display}."""', ""]
+    init = [*header, f'"""{_escape_docstring(titles[0] or module)}: the code saved from {sources}."""', ""]
     if public:
         init += ["from ._generated import (", *[f"    {name}," for name in public], ")", ""]
         init += ["__all__ = [", *[f'    "{name}",' for name in public], "]"]
@@ -156,21 +158,23 @@ def sort_imports(texts: dict[Path, str], root: Path) -> dict[Path, str]:
 
 
 def tangle_book(book: Book) -> TangleResult:
-    """Tangle every chapter `_quarto.yml` lists, without writing anything."""
-    result = TangleResult()
-    seen: dict[str, str] = {}
-    for entry in (entry for entry in book.entries if entry.module is not None):
-        if seen.setdefault(entry.module, entry.path) != entry.path:
-            result.problems.append(QmdError("_quarto.yml", entry.line,
-                                            f"{entry.path} and {seen[entry.module]} both make module {entry.module}"))
-        if not (book.root / entry.path).is_file():
-            continue  # `check` names a listed file that does not exist
-        try:
-            files, problems = tangle_document(parse_file(book.root / entry.path, entry.path), entry.module, book.root)
+    """Tangle every chapter `_quarto.yml` lists, without writing anything: the pages of one chapter
+    (chapters/ch03-*.qmd, listed one after another) make one module."""
+    result, pages = TangleResult(), {}
+    entries = [entry for entry in book.entries if entry.module is not None]
+    for before, entry in itertools.pairwise([None, *entries]):
+        if entry.module in pages and before.module != entry.module:
+            result.problems.append(QmdError("_quarto.yml", entry.line, f"{entry.path} makes module {entry.module} "
+                                            f"but is not listed right after its other pages ({pages[entry.module][-1]})"))
+        pages.setdefault(entry.module, []).append(entry.path)
+    for module, paths in pages.items():
+        try:  # `check` names a listed file that does not exist
+            docs = [parse_file(book.root / path, path) for path in paths if (book.root / path).is_file()]
+            files, problems = tangle_document(docs, module, book.root) if docs else (None, [])
         except QmdError as exc:  # the chapter does not parse
             files, problems = None, [exc]
         result.problems += problems
-        result.outputs |= {entry.module: files} if files is not None else {}
+        result.outputs |= {module: files} if files is not None else {}
     if not result.problems and result.outputs:
         texts = sort_imports(result.files, book.root)  # a QmdError if ruff fails: the command line reports it
         result.outputs = {module: {path: texts[path] for path in files} for module, files in result.outputs.items()}
