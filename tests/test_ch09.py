@@ -136,7 +136,7 @@ def test_kernel_step_shares_read_each_kernel_step_against_chapter_5s_full_step_b
     shares = ch09.kernel_step_shares(_serving_run())
     assert shares == {("full", 4_096): pytest.approx(0.604096), ("int8", 4_096): 0.3, ("int4", 4_096): 0.35,
                       ("full", 65_536): pytest.approx(0.665536), ("int8", 65_536): 0.3, ("int4", 65_536): 0.35}
-    with pytest.raises(ValueError, match="not Chapter 5's float32 step"):
+    with pytest.raises(ValueError, match="not ch05's float32 split-KV step"):
         ch09.kernel_step_shares(_serving_run("chapter5-int8"))
     with pytest.raises(TypeError, match="serving"):
         ch09.kernel_step_shares([])

@@ -148,7 +148,7 @@ class CausalSelfAttention(ch01.MultiHeadAttention):
 
         The T tokens sit at positions ``start``, ``start + 1``, ... TinyGPT
         added its position vectors to the tokens already, so both pass
-        unchanged; Chapter 6's rotary attention turns them here.
+        unchanged; ``ch06``'s rotary attention turns them here.
         """
         return query, key
 
@@ -329,7 +329,7 @@ def training_step(
 
     Zero the gradients, backpropagate the scalar ``loss``, clip the norm of
     all of ``model``'s gradients to ``clip_norm`` (``None``: no clipping),
-    step ``optimizer``, then ``schedule`` if there is one. Chapters 4 and 6
+    step ``optimizer``, then ``schedule`` if there is one. ``ch04`` and ``ch06``
     train their models with this step too.
     """
     optimizer.zero_grad(set_to_none=True)

@@ -908,7 +908,7 @@ LatentCache = Tensor
 
 
 class AbsorbedLatentAttention(ToyLatentKVAttention):
-    """Chapter 3's latent layer with a pass that builds no key or value.
+    """``ch03``'s latent layer with a pass that builds no key or value.
 
     ``forward_absorbed`` returns ``forward``'s output and cache (Equation
     3.9) with the up-projections merged into their neighbours, head by
@@ -954,7 +954,7 @@ class AbsorbedLatentAttention(ToyLatentKVAttention):
         returns; None computes it here.
         """
         rank, rope = self.latent_rank, self.rope_key_dim
-        latent, positions = self.extend_latent(x, cache)  # Chapter 3's cache
+        latent, positions = self.extend_latent(x, cache)  # ch03's cache
         if merged is None:
             merged = self.merged_weights()
         to_latent, to_output = merged

@@ -38,7 +38,7 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     generating that token (absorbed reads for a latent cache);
     ``pairs_per_head_per_layer``, T^2, and
     ``causal_pairs_per_head_per_layer``, T(T+1)/2, for a whole prompt;
-    and ``kv_bytes``, Chapter 3's ``kv_bytes`` of ``config`` (default
+    and ``kv_bytes``, ``ch03``'s ``kv_bytes`` of ``config`` (default
     RUNNING_EXAMPLE), which refuses a negative ``tokens``.
     """
     config = RUNNING_EXAMPLE if config is None else config
@@ -942,7 +942,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
     of ``config``'s head shape and keep all T tokens; each of the others
     keeps a state of ``channels`` x ``state_size`` numbers, at the
     config's bytes per number. With ``attention_layers == config.layers``
-    this is Chapter 3's ``kv_bytes(config, tokens)``.
+    this is ``ch03``'s ``kv_bytes(config, tokens)``.
 
     Raises:
         TypeError: If ``config`` is not a KVConfig or a count not an int.

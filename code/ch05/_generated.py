@@ -636,7 +636,7 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   window: int | None = None, sinks: int = 0) -> Tensor:
     """Return a latent-cache layer's decode step, absorbed, by split-KV.
 
-    Chapter 4's absorption: q_h . (W_UK,h c_j) = (W_UK,h^T q_h) . c_j, so
+    ``ch04``'s absorption: q_h . (W_UK,h c_j) = (W_UK,h^T q_h) . c_j, so
     the latents (B, T, r) are the keys and the values of one KV head
     shared by every query head, and the mixed latent is lifted by W_UV,h
     once. query (B, H, 1, d_h); key_up, value_up (H * d_h, r), the

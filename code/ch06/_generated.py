@@ -18,7 +18,7 @@ from longctx import ch01, ch02, ch03, support
 class RotarySelfAttention(ch02.CausalSelfAttention):
     """Chapter 2's causal attention with RoPE on queries and keys.
 
-    The query and key of the token at position m are turned by Chapter 3's
+    The query and key of the token at position m are turned by ``ch03``'s
     rotation R(m) (and scaled by the layer's magnitude) before the scores
     are taken; values are left alone. Positions start after the tokens
     already in the cache, so they may run past any length.
@@ -64,7 +64,7 @@ class RotarySelfAttention(ch02.CausalSelfAttention):
         positions = torch.arange(start, start + query.shape[2],
                                  device=query.device)  # m
 
-        def turn(vectors: Tensor) -> Tensor:  # R(m) of Chapter 3
+        def turn(vectors: Tensor) -> Tensor:  # R(m) of ch03
             return ch03.apply_rope(vectors, positions, self.frequencies,
                                    self.magnitude)
 
@@ -114,7 +114,7 @@ def yarn_thresholds(base: float, original_context: int) -> dict[str, float]:
 def recipe_bands(method: str, head_dim: int, *, factor: float,
                  base: float = 10_000.0,
                  original_context: int) -> tuple[Tensor, float]:
-    """Return Chapter 3's (frequencies (d_h / 2,), magnitude) for a recipe.
+    """Return ``ch03``'s (frequencies (d_h / 2,), magnitude) for a recipe.
 
     At factor a = T_1 / T_0, with the recipe's ``RECIPE_SETTINGS``; YaRN's
     boundaries rescaled to T_0 by ``yarn_thresholds``. ``yarn-paper`` keeps

@@ -323,7 +323,7 @@ class StreamingCache(EvictingCache):
 class QuantizedCache(TokensRead):
     """Keys and values stored in ``bits`` bits, every entry kept.
 
-    Per token with absmax (Chapter 5's ``quantize_cache``), or KIVI-style
+    Per token with absmax (``ch05``'s ``quantize_cache``), or KIVI-style
     (``ch05.KiviCache``: keys per channel in groups of ``group`` tokens,
     values per token, the newest ``residual`` or more in full precision).
 

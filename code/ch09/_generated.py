@@ -10,7 +10,7 @@ from typing import NamedTuple
 from longctx import ch03, support
 
 # chapters/ch09-choosing.qmd:88
-#: Each served design's name in Chapter 5's decode rows and in Chapter 7's
+#: Each served design's name in ch05's decode rows and in ch07's
 #: policies: the menu. An evicting cache reads the float cache's step over
 #: the entries it keeps.
 EVIDENCE = {"full": ("gqa8", "full"), "int8": ("int8", "int8"),
@@ -18,12 +18,12 @@ EVIDENCE = {"full": ("gqa8", "full"), "int8": ("int8", "int8"),
             "streaming": ("gqa8", "streaming"), "snapkv": ("gqa8", "snapkv")}
 #: The caches a served model can switch to without training again.
 SERVED_DESIGNS = tuple(EVIDENCE)
-#: Bytes a number in Chapter 5's timed float cache (float32).
+#: Bytes a number in ch05's timed float cache (float32).
 TIMED_FLOAT_BYTES = 4
 
 
 def _rows(decode: dict, design: str) -> list[tuple[int, dict]]:
-    """Chapter 5's decode rows of one design, by length."""
+    """``ch05``'s decode rows of one design, by length."""
     rows = sorted((row["tokens"], row) for row in decode["decode"]
                   if row["design"] == design)
     if not rows:
@@ -46,9 +46,9 @@ def byte_shares(decode: dict, bytes_per_scalar: int,
                 ) -> dict[str, float]:
     """Return each design's cache bytes over a full cache's.
 
-    Chapter 5's saved ``decode`` rows at the longest length both were
+    ``ch05``'s saved ``decode`` rows at the longest length both were
     measured at, against a full cache of ``bytes_per_scalar`` bytes a
-    number: Chapter 5's float cache holds ``TIMED_FLOAT_BYTES``. ``menu``
+    number: ``ch05``'s float cache holds ``TIMED_FLOAT_BYTES``. ``menu``
     defaults to ``EVIDENCE``. An evicting design's share is set by its
     budget, not here: 1.
     """
@@ -68,7 +68,7 @@ def byte_shares(decode: dict, bytes_per_scalar: int,
 
 
 def step_seconds(decode: dict, design: str, tokens: int) -> float:
-    """Return one decode step's seconds for a Chapter 5 design at ``tokens``.
+    """Return one decode step's seconds for a ``ch05`` design at ``tokens``.
 
     Straight lines on log-log axes between the measured lengths; below the
     shortest and past the longest, the nearest segment's line continued.
@@ -89,7 +89,7 @@ def found_shares(forgetting: dict, task: str = "single"
                  ) -> dict[tuple[str, float | None], float]:
     """Return the share of asked records found, by (policy, budget).
 
-    Chapter 7's saved run, the trials of ``task`` pooled over the seeds
+    ``ch07``'s saved run, the trials of ``task`` pooled over the seeds
     that passed its skill gate (every seed, in a run without one); the
     budget is None for the full and the quantized caches.
     """
@@ -104,24 +104,24 @@ def found_shares(forgetting: dict, task: str = "single"
     return {key: sum(found) / len(found) for key, found in hits.items()}
 
 
-#: The served designs Chapter 8's C++ kernel reads, by their names in its run.
+#: The served designs ch08's C++ kernel reads, by their names in its run.
 KERNEL_STEPS = {"full": "kernel-float32", "int8": "kernel-int8",
                 "int4": "kernel-int4"}
 
 
 def kernel_step_shares(serving: dict) -> dict[tuple[str, int], float]:
-    """Return Chapter 8's kernel steps over the full cache's, by design, length.
+    """Return ``ch08``'s kernel steps over the full cache's, by design, length.
 
     The median of the interleaved rounds' ratios in the saved run's kernel
-    part, each kernel step against Chapter 5's float32 GQA-8 split-KV step
+    part, each kernel step against ``ch05``'s float32 GQA-8 split-KV step
     on the same cache, the step this chapter's ``gqa8`` rows time.
     """
     serving = support.check_type("serving", serving, dict)
     kernel = serving["kernel"]
     if kernel["reference"] != "chapter5-float32":
         raise ValueError(f"the kernel run compares with "
-                         f"{kernel['reference']!r}, not Chapter 5's float32 "
-                         "step")
+                         f"{kernel['reference']!r}, not ch05's float32 "
+                         "split-KV step (chapter5-float32)")
     wanted = {name: design for design, name in KERNEL_STEPS.items()}
     return {(wanted[line["of"]], record["tokens"]): line["ratio"]
             for record in kernel["lengths"] for line in record["ratios"]
@@ -137,8 +137,8 @@ class Option(NamedTuple):
         cache_bytes: Its bytes for the request, batch included.
         fits: True when ``cache_bytes`` is within the memory given.
         kept: Entries it keeps per sequence (every token, unless it evicts).
-        step: Its decode step over the full cache's (Chapter 5's steps).
-        found: Chapter 7's share of asked records found with it, at the
+        step: Its decode step over the full cache's (``ch05``'s steps).
+        found: ``ch07``'s share of asked records found with it, at the
             largest measured budget it keeps (None: it keeps less than
             any budget measured).
     """
@@ -163,8 +163,8 @@ def served_options(config: ch03.KVConfig, tokens: int, memory: int, *,
     bytes first, in groups whose records-found share is within
     ``tolerance`` of the group's best, each group by its step; those
     without evidence next; those that do not fit last, smallest first.
-    ``decode`` and ``forgetting`` are Chapters 5's and 7's saved runs;
-    ``task`` is the Chapter 7 task whose records found rank the designs;
+    ``decode`` and ``forgetting`` are the benchmark and ch07 saved runs;
+    ``task`` is the ``ch07`` task whose records found rank the designs;
     ``menu`` maps each design to its names in the two runs (default
     ``EVIDENCE``). An evicting design that would keep every entry is the
     full cache and is left out; a windowed config's steps are read at the
