@@ -1,4 +1,4 @@
-"""The parallel scan against the loop (Chapter 4), and one SSM step against attention decode steps."""
+"""The parallel scan against the loop (Chapter 6), and one SSM step against attention decode steps."""
 
 from __future__ import annotations
 

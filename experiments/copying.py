@@ -1,10 +1,10 @@
-"""Chapter 4's selective-copying comparison over several seeds: python -m experiments copying.
+"""Chapter 6's selective-copying comparison over several seeds: python -m experiments copying.
 
 Trains every mixing layer of ``longctx.ch04.COPYING_MIXERS`` once per seed with
 ``longctx.ch04.copying_trial`` (the run the chapter makes live for seed 0) and records the
 accuracies, parameter counts and CPU seconds. The command line is experiments/__main__.py's,
 shared by the studies; the results go to ``experiments/results/copying-<device>.json``, and
-Chapter 4 reads the newest full run. Trials run ``--jobs`` at a time (default 2), each on one
+Chapter 6 reads the newest full run. Trials run ``--jobs`` at a time (default 2), each on one
 torch thread; a trial's numbers do not depend on how many run beside it.
 """
 

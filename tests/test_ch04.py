@@ -1,4 +1,4 @@
-"""Tests for Chapter 4 (efficient architectures): the chapter's numbers, its invariants, its errors."""
+"""Tests for Chapter 6 (efficient architectures): the chapter's numbers, its invariants, its errors."""
 
 from __future__ import annotations
 
@@ -315,7 +315,7 @@ def test_block_sparse_worked_numbers_count_causal_tiles_throughout():
     assert not gemma_tiles.triu(1).any()  # every marked tile is a causal tile
     assert round(100 * gemma_tiles.sum().item() / causal_tiles, 1) == 3.9  # the text
     mistral_tiles = ch04.sliding_window_block_mask(131_072, 4096, 128)
-    assert round(100 * mistral_tiles.sum().item() / ch01.attention_pairs(1024), 1) == 6.3  # Exercise 4.2
+    assert round(100 * mistral_tiles.sum().item() / ch01.attention_pairs(1024), 1) == 6.3  # Exercise 6.2
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -144,9 +144,9 @@ API_TABLE = r"\n((?:\|.*\|\n)+)\n: [^\n]*\{{#tbl-{module}-api\}}"
 
 
 def _opening_table_names(module: str) -> set[str] | None:
-    """The backticked names of a chapter's opening table of what it saves."""
-    text = next(CHAPTER_FILES.glob(f"{module}-*.qmd")).read_text()
-    table = re.search(API_TABLE.format(module=module), text)
+    """The backticked names of a chapter's opening table of what it saves (on one of its pages)."""
+    pages = [path.read_text() for path in sorted(CHAPTER_FILES.glob(f"{module}-*.qmd"))]
+    table = next(filter(None, (re.search(API_TABLE.format(module=module), text) for text in pages)), None)
     if table is None:
         return None
     return set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", table.group(1)))

@@ -189,3 +189,25 @@ def test_every_figure_caption_asks_its_question_and_gives_the_answer():
             if not mark or len(answer.strip()) < 15:
                 missing.append(f"{path.name}: {caption[:60]}")
     assert missing == []
+
+
+def test_exercises_carry_their_pages_chapter_number_and_every_typed_exercise_reference_exists():
+    """Exercises are numbered by hand: "**Exercise 12.2 (...)**" or "**9.2**", each with its "Solution 12.2".
+    A split page renumbers the book, so each page's exercises must run N.1, N.2, ... with N the chapter
+    number Quarto gives that page, and every "Exercise N.M" written anywhere must name one of them."""
+    from booktools.book import load_book
+    from booktools.numbering import compute_numbering
+
+    heading = re.compile(r"^\*\*(?:Exercise )?(\d+\.\d+)(?=[ *(.])", re.M)
+    numbering, found = compute_numbering(load_book(ROOT)), set()
+    for info in (info for info in numbering.chapters if info.number and not info.entry.appendix):
+        text = (ROOT / info.display).read_text(encoding="utf-8")
+        numbers = heading.findall(text)
+        assert numbers == [f"{info.number}.{k}" for k in range(1, len(numbers) + 1)], (info.display, numbers)
+        assert re.findall(r'title="Solution (\d+\.\d+)"', text) == numbers, info.display
+        found |= set(numbers)
+    assert len(found) > 30
+    written = [*ROOT.glob("chapters/*.qmd"), ROOT / "index.qmd", *ROOT.glob("tests/**/*.py")]
+    for path in written:
+        for number in re.findall(r"\bExercises? (\d+\.\d+)\b", path.read_text(encoding="utf-8")):
+            assert number in found, (path.name, number)

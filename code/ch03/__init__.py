@@ -1,6 +1,6 @@
-# Generated from chapters/ch03-long-context.qmd by `python -m booktools tangle`.
+# Generated from chapters/ch03-long-context.qmd and chapters/ch03-caches.qmd and chapters/ch03-windows.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-"""Positions That Stretch, Caches That Shrink: the code saved from chapters/ch03-long-context.qmd."""
+"""Positions That Stretch: the code saved from chapters/ch03-long-context.qmd and chapters/ch03-caches.qmd and chapters/ch03-windows.qmd."""
 
 from ._generated import (
     DTYPE_BYTES,

@@ -1,6 +1,6 @@
-# Generated from chapters/ch03-long-context.qmd by `python -m booktools tangle`.
+# Generated from chapters/ch03-long-context.qmd and chapters/ch03-caches.qmd and chapters/ch03-windows.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-"""Code saved from chapters/ch03-long-context.qmd ("Positions That Stretch, Caches That Shrink")."""
+"""Code saved from chapters/ch03-long-context.qmd ("Positions That Stretch") and chapters/ch03-caches.qmd ("Caches That Shrink: Shared Heads and a Short Latent") and chapters/ch03-windows.qmd ("Windows, Real Configs and Long-Context Claims")."""
 
 import json
 import math
@@ -25,7 +25,7 @@ from longctx.support import (
 )
 
 
-# chapters/ch03-long-context.qmd:208
+# chapters/ch03-long-context.qmd:209
 def apply_rope(vectors: Tensor, positions: Tensor | list[int],
                frequencies: Tensor, magnitude: float = 1.0) -> Tensor:
     """Return ``vectors`` (..., T, d_R) rotated by RoPE (Equation 3.1).
@@ -48,7 +48,7 @@ def apply_rope(vectors: Tensor, positions: Tensor | list[int],
     return turned.flatten(-2) * magnitude                  # (..., T, d_R)
 
 
-# chapters/ch03-long-context.qmd:351
+# chapters/ch03-long-context.qmd:352
 def interleaved_to_half_order(width: int) -> Tensor:
     """Return the order (0, 2, ..., 1, 3, ...) from interleaved to half."""
     return torch.cat((torch.arange(0, width, 2), torch.arange(1, width, 2)))
@@ -70,7 +70,7 @@ def apply_rope_rotate_half(vectors: Tensor, positions: Tensor | list[int],
     return turned[..., order]
 
 
-# chapters/ch03-long-context.qmd:491
+# chapters/ch03-long-context.qmd:492
 #: The config excerpts shipped in data/configs/, in the chapter's order.
 MODEL_CONFIG_NAMES = ("llama-2-7b", "llama-3.1-8b", "deepseek-v2-lite",
                       "mistral-7b-v0.1", "gemma-3-1b")
@@ -105,7 +105,7 @@ def merge_text_config(mapping: Mapping[str, Any]) -> dict[str, Any]:
     return {**mapping, **nested} if isinstance(nested, Mapping) else {**mapping}
 
 
-# chapters/ch03-long-context.qmd:667
+# chapters/ch03-long-context.qmd:668
 #: The RoPE constructions ``inverse_frequencies`` understands.
 ROPE_METHODS = ("rope", "pi", "ntk", "yarn", "llama3")
 
@@ -203,7 +203,7 @@ def _yarn_ramp(dim: int, base: float, original_context: int,
     return torch.clamp((band - low) / (high - low), 0.0, 1.0)      # gamma_j
 
 
-# chapters/ch03-long-context.qmd:862
+# chapters/ch03-long-context.qmd:863
 #: The ``rope_scaling`` types ``rope_from_config`` understands.
 ROPE_SCALING_TYPES = ("default", "linear", "yarn", "llama3")
 
@@ -316,7 +316,7 @@ def rope_from_config(mapping: Mapping[str, Any]) -> tuple[Tensor, float]:
     return bands, magnitude
 
 
-# chapters/ch03-long-context.qmd:1149
+# chapters/ch03-long-context.qmd:1150
 def retrieval_probe(method: str | tuple[Tensor, float], *,
                     seed: int = 1_813,            # one generator, all draws
                     trials: int = 192,            # per depth
@@ -441,10 +441,10 @@ def _probe_trials(draws: Tensor, needle_at: Tensor, frequencies: Tensor,
     return hit, weights.gather(2, at)[..., 0].double()
 
 
-# chapters/ch03-long-context.qmd:1584
+# chapters/ch03-caches.qmd:176
 @dataclass(frozen=True)
 class KVConfig:
-    """The architectural numbers that fix a KV cache's size (Equation 3.6).
+    """The architectural numbers that fix a KV cache's size (Equation 4.1).
 
     A standard layer caches ``2 * kv_heads * head_dim`` numbers per token.
     A latent (MLA) cache gives ``latent_rank`` instead of ``kv_heads`` and
@@ -553,7 +553,7 @@ class KVConfig:
 
 
 def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
-    """Payload bytes of an append-only, unquantized KV cache (Equation 3.6).
+    """Payload bytes of an append-only, unquantized KV cache (Equation 4.1).
 
     Global layers keep all ``tokens``; windowed layers keep
     ``min(tokens, window)``. Tensor payload only: allocator padding,
@@ -583,7 +583,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-long-context.qmd:1793
+# chapters/ch03-caches.qmd:385
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
@@ -631,11 +631,11 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-long-context.qmd:1930
+# chapters/ch03-caches.qmd:522
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
-    Query head ``h`` reads KV head ``h // groups`` (Equation 3.7). The
+    Query head ``h`` reads KV head ``h // groups`` (Equation 4.2). The
     copies are materialized; ``grouped_attention`` avoids them.
     """
     groups = check_int("groups", groups, minimum=1)   # -1 would copy nothing
@@ -670,7 +670,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-long-context.qmd:2001
+# chapters/ch03-caches.qmd:593
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -708,7 +708,7 @@ class GroupedQueryAttention(nn.Module):
 
     ``query_heads`` query heads share ``kv_heads`` key-value heads, and only
     those are cached, so the cache shrinks by ``kv_heads / query_heads``
-    (Equation 3.7) while the output shape stays the same. Call it as
+    (Equation 4.2) while the output shape stays the same. Call it as
     ``layer(x, cache)`` with ``x`` (B, T, d_model) and the cache the last
     call returned (None at first); it returns (output, cache).
 
@@ -760,7 +760,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-long-context.qmd:2309
+# chapters/ch03-caches.qmd:901
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -783,12 +783,12 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope_key_dim}
 
 
-# chapters/ch03-long-context.qmd:2434
+# chapters/ch03-caches.qmd:1026
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
     ``latent_down`` maps each token to a rank-``latent_rank`` latent, the
-    only thing cached (Equation 3.8); ``key_up`` and ``value_up`` rebuild
+    only thing cached (Equation 4.3); ``key_up`` and ``value_up`` rebuild
     per-head keys and values from it at read time. With ``rope_key_dim > 0``
     a decoupled rotary key (``rope_key``, shared by all heads) is rotated by
     ``apply_rope`` with bands of base ``rope_base`` and cached beside the
@@ -902,7 +902,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-long-context.qmd:2560
+# chapters/ch03-caches.qmd:1152
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -911,7 +911,7 @@ class AbsorbedLatentAttention(ToyLatentKVAttention):
     """``ch03``'s latent layer with a pass that builds no key or value.
 
     ``forward_absorbed`` returns ``forward``'s output and cache (Equation
-    3.9) with the up-projections merged into their neighbours, head by
+    4.4) with the up-projections merged into their neighbours, head by
     head: W_Q_h^T W_UK_h takes a token straight to head h's query in latent
     coordinates, and W_UV_h^T W_O_h^T takes a blend of latents straight to
     head h's share of the output. A decoupled rotary key (rope_key_dim > 0)
@@ -973,7 +973,7 @@ class AbsorbedLatentAttention(ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch03-long-context.qmd:2889
+# chapters/ch03-windows.qmd:82
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -1001,7 +1001,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-long-context.qmd:3002
+# chapters/ch03-windows.qmd:195
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -1042,7 +1042,7 @@ def read_window_fields(mapping: Mapping[str, Any],
     return {"window": window, "windowed_layers": windowed}
 
 
-# chapters/ch03-long-context.qmd:3162
+# chapters/ch03-windows.qmd:355
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -1081,9 +1081,9 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch03-long-context.qmd:3316
+# chapters/ch03-windows.qmd:509
 def window_reach(window: int, layers: int) -> int:
-    """Return L (W - 1), how far L windowed layers carry (Equation 3.10)."""
+    """Return L (W - 1), how far L windowed layers carry (Equation 5.1)."""
     window = check_int("window", window, minimum=1)
     return layers * (window - 1)
 
@@ -1094,12 +1094,12 @@ def hops_needed(distance: int, window: int) -> int:
     return -(-distance // (window - 1))  # ceil(D / (W - 1)), exactly
 
 
-# chapters/ch03-long-context.qmd:3481
+# chapters/ch03-windows.qmd:674
 def tokens_that_fit(config: KVConfig, budget: int,
                     batch: int = 1) -> int | None:
     """Return the most tokens T with kv_bytes(config, T, batch) <= budget.
 
-    Equation 3.6 turned around: while T < W every layer holds T tokens;
+    Equation 4.1 turned around: while T < W every layer holds T tokens;
     past the window only the global layers grow. ``None`` means that no
     length fills ``budget``: every layer is windowed, and the cache stops
     at W tokens a layer, below the budget.

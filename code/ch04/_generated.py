@@ -31,7 +31,7 @@ RUNNING_EXAMPLE = ch03.KVConfig(
 
 # chapters/ch04-efficient-architectures.qmd:128
 def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
-    """Return what the token at position T costs attention (Equation 4.1).
+    """Return what the token at position T costs attention (Equation 6.1).
 
     A dict with ``tokens``; ``keys_read``, the sum over layers of
     n(T) = T, or min(T, W) in a windowed layer; ``attention_flops`` for
@@ -64,7 +64,7 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
 # chapters/ch04-efficient-architectures.qmd:382
 def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
                                  scale_bytes: int = 2) -> int:
-    """Return the cache bytes per token at ``bits`` per number (Equation 4.3).
+    """Return the cache bytes per token at ``bits`` per number (Equation 6.3).
 
     Every stored vector costs its packed codes, rounded up to whole bytes,
     plus one scale: a standard cache stores 2 L H_kv vectors of d_h numbers
@@ -151,7 +151,7 @@ def receptive_field(mask: Tensor, layers: int) -> Tensor:
     """Return a bool (T, T) grid: True where input j reaches output i.
 
     ``mask`` is one layer's bool (T, T) visibility; ``layers`` layers
-    compose it with itself, a Boolean matrix power (Equation 4.4; 0
+    compose it with itself, a Boolean matrix power (Equation 6.4; 0
     layers: the identity).
     """
     step = mask.to(torch.float64)
@@ -184,7 +184,7 @@ def global_local_mask(seq_len: int, window: int,
 
 
 def strided_mask(seq_len: int, stride: int) -> Tensor:
-    """Return the causal strided mask of Equation 4.5, period p = stride.
+    """Return the causal strided mask of Equation 6.5, period p = stride.
 
     Query i reads the last ``stride`` keys and every stride-th key before.
     """
@@ -355,7 +355,7 @@ def linear_attention_weights(query: Tensor, key: Tensor) -> Tensor:
     """Return the causal (..., T, T) weights linear attention implies.
 
     Entry (i, j) is phi(q_i) . phi(k_j) for j <= i, each row scaled to sum
-    to 1 (the left side of Equation 4.6); query and key are (..., T, d).
+    to 1 (the left side of Equation 6.6); query and key are (..., T, d).
     """
     scores = feature_map(query) @ feature_map(key).transpose(-2, -1)  # (T, T)
     causal = ch01.causal_mask(query.shape[-2], device=query.device)
@@ -380,7 +380,7 @@ def linear_attention_recurrent(
     """Return (outputs, (S, z)): linear attention one token at a time.
 
     query, key: (..., T, d_k); value: (..., T, d_v). S sums phi(k_j) v_j^T
-    and z sums phi(k_j) (Equation 4.6); passing the returned state back in
+    and z sums phi(k_j) (Equation 6.6); passing the returned state back in
     continues the sequence, as generation does.
     """
     *lead, tokens, d_k = key.shape
@@ -406,7 +406,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     """Return linear attention in chunks, never building a T x T matrix.
 
     Inside a chunk the weights are a (c, c) causal block; earlier chunks
-    arrive through the running state (S, z) of Equation 4.6.
+    arrive through the running state (S, z) of Equation 6.6.
     """
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
     *lead, tokens, d_k = key.shape
@@ -465,7 +465,7 @@ def sharpness_comparison(query_scale: float, seed: int = 1813,
 
 # chapters/ch04-efficient-architectures.qmd:1852
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
-    """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 4.7).
+    """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 6.7).
 
     x: one channel of inputs (T,); A: (N, N); B, C: (N,), B being the
     equation's input map E. The recurrence runs step by step, one token at
@@ -480,7 +480,7 @@ def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
 
 
 def ssm_kernel(A: Tensor, B: Tensor, C: Tensor, length: int) -> Tensor:
-    """Return the kernel C A^k B for k = 0 .. length-1 (Equation 4.7).
+    """Return the kernel C A^k B for k = 0 .. length-1 (Equation 6.7).
 
     B is the equation's input map E.
     """
@@ -507,7 +507,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = alpha_t h_{t-1} + xi_t, with h = 0 before the start.
 
-    a, b: (..., T), time last, the steps' alpha_t and xi_t (Equation 4.9).
+    a, b: (..., T), time last, the steps' alpha_t and xi_t (Equation 6.9).
     The loop runs over time and updates all leading dimensions (channels,
     batch) together at each step; it is made of differentiable tensor
     operations, so gradients flow through it.
@@ -522,13 +522,13 @@ def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
 
 def step_sizes(markers: Tensor, sharpness: float = 12.0,
                bias: float = -7.0) -> Tensor:
-    """Return delta_t = softplus(sharpness * marker_t + bias) (Equation 4.8)."""
+    """Return delta_t = softplus(sharpness * marker_t + bias) (Equation 6.8)."""
     return F.softplus(sharpness * markers + bias)
 
 
 def discretize(delta: Tensor, a: float = -1.0,
                b: float = 1.0) -> tuple[Tensor, Tensor]:
-    """Return (A_bar, E_bar), the zero-order hold of Equation 4.8.
+    """Return (A_bar, E_bar), the zero-order hold of Equation 6.8.
 
     A_bar = e^(delta A) and E_bar = (e^(delta A) - 1) / A * E, for A < 0,
     with the equation's A and E given as a and b.
@@ -540,7 +540,7 @@ def discretize(delta: Tensor, a: float = -1.0,
 
 def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
                   *, readout: float = 1.0) -> Tensor:
-    """Return c h_t of a one-channel SSM with a delta_t per step (Equation 4.8).
+    """Return c h_t of a one-channel SSM with a delta_t per step (Equation 6.8).
 
     x, delta: (..., T), time last; the recurrence runs in ``sequential_scan``.
     """
@@ -561,7 +561,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return ``sequential_scan``'s states in ceil(log2 T) rounds.
 
     a, b: (..., T), time last, the steps' alpha_t and xi_t. In round j
-    every position merges (Equation 4.9) with the one 2^j places earlier,
+    every position merges (Equation 6.9) with the one 2^j places earlier,
     all at once; a position with nothing that far back keeps its step, as
     if merged with the do-nothing step (1, 0). After round j, position t
     holds the merge of steps t - 2^(j+1) + 1 .. t.
@@ -604,12 +604,12 @@ def gla_gates(logits: Tensor, temperature: float = 16.0) -> Tensor:
 
 def gated_linear_attention(query: Tensor, key: Tensor, value: Tensor,
                            gate: Tensor) -> tuple[Tensor, Tensor]:
-    """Return (outputs, S) of Equation 4.10, one token at a time.
+    """Return (outputs, S) of Equation 6.10, one token at a time.
 
     S_t = G_t * S_{t-1} + k_t v_t^T and o_t = S_t^T q_t. query, key:
     (..., T, d_k); value: (..., T, d_v); gate: keep factors that
     broadcast to key's shape, one per row of S (RetNet: (H, 1, 1); GLA:
-    (..., T, d_k); all ones: Equation 4.6's S). S: (..., d_k, d_v).
+    (..., T, d_k); all ones: Equation 6.6's S). S: (..., d_k, d_v).
     """
     query, key, value = (check_tensor(name, tensor, floating=True,
                                       min_dims=2)
@@ -631,8 +631,8 @@ def gated_linear_attention_scan(query: Tensor, key: Tensor, value: Tensor,
     """Return ``gated_linear_attention``'s outputs through ``parallel_scan``.
 
     Entry S[i, j] follows its own h_t = alpha_t h_{t-1} + xi_t (Equation
-    4.9) with alpha_t = G_t[i] and xi_t = k_t[i] v_t[j], so one scan over a
-    (..., d_k, d_v, T) stack returns every S_t of Equation 4.10 at once.
+    6.9) with alpha_t = G_t[i] and xi_t = k_t[i] v_t[j], so one scan over a
+    (..., d_k, d_v, T) stack returns every S_t of Equation 6.10 at once.
     """
     gate = torch.broadcast_to(gate, key.shape)
     keep = gate.transpose(-2, -1)[..., :, None, :]  # (..., d_k, 1, T)
@@ -646,7 +646,7 @@ def gated_linear_attention_scan(query: Tensor, key: Tensor, value: Tensor,
 # chapters/ch04-efficient-architectures.qmd:2635
 def delta_rule(query: Tensor, key: Tensor, value: Tensor,
                strength: Tensor) -> tuple[Tensor, Tensor]:
-    """Return (outputs, S) of the delta rule (Equation 4.11), o_t = S_t^T q_t.
+    """Return (outputs, S) of the delta rule (Equation 6.11), o_t = S_t^T q_t.
 
     Each step reads S_{t-1}^T k_t, what S holds under the key, and moves
     it towards v_t by eta_t. query, key: (..., T, d_k); value:
@@ -672,13 +672,13 @@ def delta_rule(query: Tensor, key: Tensor, value: Tensor,
 # chapters/ch04-efficient-architectures.qmd:2853
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
-    """Return y (batch, channels, length) of a selective SSM (Equation 4.12).
+    """Return y (batch, channels, length) of a selective SSM (Equation 6.12).
 
     Shapes and discretization follow Mamba's reference ``selective_scan_ref``:
     h_t[i, n] = exp(delta_t[i] A[i, n]) h_{t-1}[i, n] + delta_t[i] B_t[n]
     u_t[i] and y_t[i] = sum_n C_t[n] h_t[i, n] + D[i] u_t[i], B being
-    Equation 4.12's E. The input weight is delta B (the reference's
-    choice), not Equation 4.8's zero-order hold. The recurrence runs
+    Equation 6.12's E. The input weight is delta B (the reference's
+    choice), not Equation 6.8's zero-order hold. The recurrence runs
     through ``parallel_scan``.
 
     u, delta: (b, d, l); A: (d, n), negative for a decaying state; B, C:
@@ -699,7 +699,7 @@ class SelectiveSSMLayer(nn.Module):
     a gate z of the same width, and u = silu(x W_in). Each token computes
     its own step sizes delta = softplus(dt_proj(u W_dt)), one per channel,
     input weights B = u W_B and readout C = u W_C, N numbers each;
-    ``selective_scan`` (Equation 4.12) runs with a skip D; the result is
+    ``selective_scan`` (Equation 6.12) runs with a skip D; the result is
     gated by silu(z) and mapped back by ``out_proj``. A = -exp(A_log)
     starts at -(1, 2, ..., N) in every channel, Mamba's S4D-real start, and
     the step sizes start spread between 0.001 and 0.1.
@@ -936,7 +936,7 @@ def ssm_state_bytes(channels: int, state_size: int,
 def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
                        attention_layers: int, channels: int,
                        state_size: int = 16) -> int:
-    """Return a hybrid stack's cache bytes (Equation 4.13).
+    """Return a hybrid stack's cache bytes (Equation 6.13).
 
     Of ``config.layers`` layers, ``attention_layers`` are attention layers
     of ``config``'s head shape and keep all T tokens; each of the others
@@ -973,7 +973,7 @@ def cache_bytes_by_design(tokens: int, config: ch03.KVConfig, *,
     "as shipped" is ``kv_bytes(config, tokens)``; "every layer global"
     drops the config's window; "a state in each windowed layer" keeps the
     global layers and gives every windowed one a state of ``channels`` x
-    ``state_size`` numbers (Equation 4.13; the same as shipped when the
+    ``state_size`` numbers (Equation 6.13; the same as shipped when the
     config has no window); "a state in every layer" keeps no attention.
 
     Raises:

@@ -1,6 +1,6 @@
-# Generated from chapters/ch05-measured.qmd by `python -m booktools tangle`.
+# Generated from chapters/ch05-tiles.qmd and chapters/ch05-measured.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-"""What long context costs, measured: the code saved from chapters/ch05-measured.qmd."""
+"""Reading a long cache in tiles: the code saved from chapters/ch05-tiles.qmd and chapters/ch05-measured.qmd."""
 
 from ._generated import (
     KIVI_BITS,

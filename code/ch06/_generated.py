@@ -304,7 +304,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
                     progress: tqdm | None = None) -> list[float]:
-    """Train ``model`` in place by Equation 6.1; return each step's loss.
+    """Train ``model`` in place by Equation 9.1; return each step's loss.
 
     Each step draws ``batch_size`` windows of ``length`` bytes of ``text``;
     round(key_share * batch_size) of them carry records (``key_batch``,
@@ -488,7 +488,7 @@ def student_t_quantile(probability: float, dof: int) -> float:
 
 
 def seed_window_interval(values: Tensor) -> tuple[float, float, float]:
-    """Return (mean, low, high): Equation 6.2's 95% interval.
+    """Return (mean, low, high): Equation 9.2's 95% interval.
 
     ``values`` is (seeds S, windows W); with one seed, only the windows'
     part counts, on W - 1 degrees of freedom.
@@ -549,7 +549,7 @@ def turning_bands(head_dim: int, base: float, length: int) -> int:
 
 def matched_base(length: int, *, reference_base: float,
                  reference_length: int) -> float:
-    """Return the base b of Equation 6.3 for a trained length ``length``.
+    """Return the base b of Equation 9.3 for a trained length ``length``.
 
     With it the same fraction of the band index range turns within
     ``length`` as the reference's does within ``reference_length``.

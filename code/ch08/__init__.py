@@ -1,6 +1,6 @@
-# Generated from chapters/ch08-serving.qmd by `python -m booktools tangle`.
+# Generated from chapters/ch08-serving.qmd and chapters/ch08-sharing.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-"""Serving a long context: the code saved from chapters/ch08-serving.qmd."""
+"""Serving a long context: the code saved from chapters/ch08-serving.qmd and chapters/ch08-sharing.qmd."""
 
 from ._generated import (
     COST_TERMS,

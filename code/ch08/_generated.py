@@ -1,6 +1,6 @@
-# Generated from chapters/ch08-serving.qmd by `python -m booktools tangle`.
+# Generated from chapters/ch08-serving.qmd and chapters/ch08-sharing.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-"""Code saved from chapters/ch08-serving.qmd ("Serving a long context")."""
+"""Code saved from chapters/ch08-serving.qmd ("Serving a long context") and chapters/ch08-sharing.qmd ("Sharing a server's work: prefixes, chunks and drafts")."""
 
 import functools
 import heapq
@@ -398,7 +398,7 @@ def kernel_chunk_states(rows: Tensor, key: Tensor | ch05.QuantizedKV,
 def fused_decode(query: Tensor, key: Tensor | ch05.QuantizedKV,
                  value: Tensor | ch05.QuantizedKV, *,
                  chunk: int = 512) -> Tensor:
-    """Return one decode step by the C++ kernel (Equation 5.3).
+    """Return one decode step by the C++ kernel (Equation 7.2).
 
     query (B, H_q, 1, d) float32 on the CPU; key and value float32
     (B, H_kv, T, d), or QuantizedKV of the same bits, with H_kv dividing
@@ -703,7 +703,7 @@ def paged_decode(query: Tensor, key_pages: Tensor, value_pages: Tensor,
     query (B, H_q, 1, d); key_pages (pages, H_kv, P, d) and value_pages
     (pages, H_kv, P, d_v); tables[b] and lengths[b] are sequence b's
     block table (its page numbers in order) and length. The page states
-    of each sequence are merged by log-sum-exp (Equation 5.3). Returns
+    of each sequence are merged by log-sum-exp (Equation 7.2). Returns
     (B, H_q, 1, d_v), the output of ch05.split_kv_decode with chunk P on
     the same cache laid out contiguously.
     """
@@ -761,7 +761,7 @@ class PagedKVCache:
                             [self.pool.lengths[s] for s in sequences])
 
 
-# chapters/ch08-serving.qmd:2136
+# chapters/ch08-sharing.qmd:140
 @dataclass(eq=False)
 class RadixNode:
     """A node of a prefix tree: the edge into it, a whole number of pages.
@@ -897,7 +897,7 @@ class RadixCache:
         return freed
 
 
-# chapters/ch08-serving.qmd:2324
+# chapters/ch08-sharing.qmd:328
 class Turn(NamedTuple):
     """One turn of a conversation: when it comes, what it reads and writes.
 
@@ -1018,7 +1018,7 @@ def serve_conversations(turns: list[Turn], pages: int,
     return found
 
 
-# chapters/ch08-serving.qmd:2653
+# chapters/ch08-sharing.qmd:656
 def chunk_attention(query: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     """Return causal attention of a chunk's n queries over its prefix.
 
@@ -1074,7 +1074,7 @@ def mixed_step(chunk: Tensor, chunk_keys: Tensor, chunk_values: Tensor,
     return out[:, :length], out[0, length:].unsqueeze(1)
 
 
-# chapters/ch08-serving.qmd:2766
+# chapters/ch08-sharing.qmd:769
 def chunk_pairs(start: int, length: int) -> int:
     """Return the (query, key) pairs a causal chunk scores.
 
@@ -1141,7 +1141,7 @@ def fit_step_cost(points: Sequence[Mapping[str, float]]) -> StepCost:
     return StepCost(*(solution[:, 0] / scale).tolist())
 
 
-# chapters/ch08-serving.qmd:2905
+# chapters/ch08-sharing.qmd:909
 class Served(NamedTuple):
     """What serving a trace gave: each request's waits, and the machine's.
 
@@ -1281,7 +1281,7 @@ def serve_trace(trace: Sequence, cost: StepCost, *, chunk: int | None,
     return Served(first_token, per_token, gaps, busy / clock, steps)
 
 
-# chapters/ch08-serving.qmd:3378
+# chapters/ch08-sharing.qmd:1381
 def token_probabilities(logits: Tensor, temperature: float) -> Tensor:
     """Return the distribution (..., n_vocab) a sampler draws from.
 
@@ -1327,7 +1327,7 @@ def expected_speedup(alpha: float, k: int, cost: float) -> float:
     return expected_tokens(alpha, k) / (k * cost + 1)
 
 
-# chapters/ch08-serving.qmd:3430
+# chapters/ch08-sharing.qmd:1433
 def speculative_verify(target: Tensor, draft: Tensor, drafted: Tensor,
                        generator: torch.Generator) -> tuple[int, int]:
     """Return (kept, next token) for k drafted tokens.
@@ -1352,7 +1352,7 @@ def speculative_verify(target: Tensor, draft: Tensor, drafted: Tensor,
     return first, int(torch.multinomial(leftover, 1, generator=generator))
 
 
-# chapters/ch08-serving.qmd:3512
+# chapters/ch08-sharing.qmd:1515
 def truncate_cache(cache: ch02.KVCache, length: int) -> ch02.KVCache:
     """Cut every layer of ``cache`` back to its first ``length`` tokens.
 
@@ -1369,7 +1369,7 @@ def truncate_cache(cache: ch02.KVCache, length: int) -> ch02.KVCache:
     return cache
 
 
-# chapters/ch08-serving.qmd:3537
+# chapters/ch08-sharing.qmd:1540
 class SpeculativeRun(NamedTuple):
     """What speculative_generate wrote, and how each target step went.
 

@@ -1,4 +1,4 @@
-"""Chapter 4: the saved selective-copying run loads from anywhere and holds every trial."""
+"""Chapter 6: the saved selective-copying run loads from anywhere and holds every trial."""
 from longctx import support
 
 run, path = support.load_results("copying")
