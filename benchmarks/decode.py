@@ -1,6 +1,6 @@
 """One decode step of one Llama-3-8B-shaped attention layer against a cache of T tokens, per design.
 
-The designs are Chapter 8's steps: split-KV (Flash-Decoding) on every float cache of Chapters 3
+The designs are Chapter 10's steps: split-KV (Flash-Decoding) on every float cache of Chapters 3
 and 4, the integer dot-product route on the per-vector int8 and int4 caches, and the KIVI-style
 cache's own step. The baselines take the same step another way: torch's fused SDPA kernel, the
 sequential tile walk, a materialised repeat, Chapter 3's dense teaching code, a latent cache
@@ -237,7 +237,7 @@ def roofline_seconds(record: dict, floor: dict) -> tuple[float, float]:
 
 
 def add_roofline(record: dict, floors: dict) -> dict:
-    """Fill a record's floor and roofline fields from the run's floors (Equation 8.1).
+    """Fill a record's floor and roofline fields from the run's floors (Equation 10.1).
 
     The roofline time is max(bytes it must read / B, operations / F) with B the read floor and F the
     matmul floor; the share is roofline time / measured time, against the faster floors of the run

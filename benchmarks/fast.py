@@ -1,6 +1,6 @@
 """Benchmark-only kernels, each tested equal to the chapters' teaching versions (tests/test_benchmarks.py).
 
-The decode designs time Chapter 8's own flash-decoding; the kernels here are the baselines it is
+The decode designs time Chapter 10's own flash-decoding; the kernels here are the baselines it is
 compared with (torch's fused SDPA for a grouped cache, a latent cache rebuilt every step) and the
 prefill and state-space steps of the other benchmarks, written without Python loops or needless
 copies so that their times reflect the work the design must do.

@@ -1,4 +1,4 @@
-"""Prefill of n tokens: full causal attention three ways (torch SDPA, Chapter 1's teaching code, Chapter 8's
+"""Prefill of n tokens: full causal attention three ways (torch SDPA, Chapter 1's teaching code, Chapter 10's
 flash_prefill), the block-sparse and banded windows, and chunked linear attention; the peak memory of the
 three full-attention designs."""
 

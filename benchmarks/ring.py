@@ -1,4 +1,4 @@
-"""Chapter 8's ring attention and sharded decode on gloo processes: agreement with full attention, bytes
+"""Chapter 10's ring attention and sharded decode on gloo processes: agreement with full attention, bytes
 held and sent, and the overlap condition (a block's compute time against its transfer time)."""
 
 from __future__ import annotations

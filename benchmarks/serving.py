@@ -1,6 +1,6 @@
 """Command line: python -m benchmarks.serving [--quick] [--parts ...] [--out PATH] [--threads N].
 
-Chapter 11's measurements ("Serving a long context"): one layer's whole decode step (``step``), the
+Chapter 13's measurements ("Serving a long context"): one layer's whole decode step (``step``), the
 paged cache's step and gather (``paged``), and the chapter's own C++ decode kernel (``kernel``).
 Each part is a module ``benchmarks/serving_<part>.py`` with ``FULL`` and ``QUICK`` settings and
 ``run(settings, *, threads, progress) -> dict``. Every comparison is timed as interleaved rounds

@@ -1,14 +1,14 @@
-"""Part ``kernel`` of ``python -m benchmarks.serving``: Chapter 11's C++ decode kernel against Chapter 8's steps.
+"""Part ``kernel`` of ``python -m benchmarks.serving``: Chapter 13's C++ decode kernel against Chapter 10's steps.
 
-At Chapter 8's GQA-8 shape (32 query heads over 8 KV heads of width 128, batch 1, float32) and
-each length, six steps are timed cold in interleaved rounds: Chapter 8's float32 split-KV step
+At Chapter 10's GQA-8 shape (32 query heads over 8 KV heads of width 128, batch 1, float32) and
+each length, six steps are timed cold in interleaved rounds: Chapter 10's float32 split-KV step
 (``ch05.split_kv_decode``, chunks of 512, the reference), the kernel (``ch08.fused_decode``) on
-a float32, an int8 and an int4 cache, and Chapter 8's integer route (``ch05.int8_decode``) on the
+a float32, an int8 and an int4 cache, and Chapter 10's integer route (``ch05.int8_decode``) on the
 same int8 and int4 caches. Each step rotates through distinct copies of its cache that together
-fill ``COLD_FACTOR`` times the last-level cache, as Chapter 8's decode benchmark does.
+fill ``COLD_FACTOR`` times the last-level cache, as Chapter 10's decode benchmark does.
 
 Where a target is missed the part says where the kernel's time goes, cache kind by cache kind
-at the longest lengths: the C++ chunk states alone (cold), Chapter 8's merge of them, and the
+at the longest lengths: the C++ chunk states alone (cold), Chapter 10's merge of them, and the
 kernel warm, on a cache short enough to stay in the CPU's caches, whose time per token is what
 the arithmetic alone costs. The read and matmul floors are the runner's (``results["floors"]``);
 the chapter turns bytes and operations into shares of them.
@@ -162,7 +162,7 @@ def breakdown(query: torch.Tensor, copies: dict[str, list], settings: dict, thre
 
 
 def agreement(tokens: int = 1000, chunk: int = 96, seed: int = 1) -> dict[str, float]:
-    """Return the kernel's largest difference from Chapter 8's steps at the GQA-8 shape, per cache kind.
+    """Return the kernel's largest difference from Chapter 10's steps at the GQA-8 shape, per cache kind.
 
     float32 against ch05.split_kv_decode; int8 and int4 against ch05.decode_reference on the codes
     (dequantise, then attend), and, for scale, ch05.int8_decode's own difference from that reference.
@@ -205,7 +205,7 @@ def run(settings: dict, *, threads: int, progress) -> dict:
     if kernel.module is None:
         raise RuntimeError(f"the kernel part needs the C++ kernel: {kernel.reason}")
     gaps = agreement()
-    progress("kernel against Chapter 8: " + ", ".join(f"{name} {gap:.1e}" for name, gap in gaps.items()))
+    progress("kernel against Chapter 10: " + ", ".join(f"{name} {gap:.1e}" for name, gap in gaps.items()))
     records = []
     for tokens in settings["tokens"]:
         records.append(measure_length(tokens, settings, threads))

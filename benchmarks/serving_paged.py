@@ -1,7 +1,7 @@
-"""Chapter 11's paged cache: the paged decode step against the contiguous one, and prefill over a cached prefix.
+"""Chapter 13's paged cache: the paged decode step against the contiguous one, and prefill over a cached prefix.
 
-Decode: one step of the GQA-8 shape Chapter 8 times (32 query heads over 8 KV heads, d = 128, float32)
-against T cached tokens, in interleaved rounds: Chapter 8's split-KV step on a contiguous cache with
+Decode: one step of the GQA-8 shape Chapter 10 times (32 query heads over 8 KV heads, d = 128, float32)
+against T cached tokens, in interleaved rounds: Chapter 10's split-KV step on a contiguous cache with
 the page as its chunk (``contiguous``); ``ch08.paged_decode`` on the same keys and values scattered
 over a pool of pages through a shuffled block table, each page read where it lies (``paged``); and
 the copy of those pages, in table order, into one block (``gather``): what a step that gathered
@@ -32,7 +32,7 @@ PREFILL_MODEL = {"vocab_size": 256, "context_length": 4096, "d_model": 256, "lay
 
 FULL = {
     "tokens": [4096, 8192, 16384, 32768, 65536],
-    "page_size": 512,  # Chapter 8's chunk: the contiguous step is then Chapter 8's own
+    "page_size": 512,  # Chapter 10's chunk: the contiguous step is then Chapter 10's own
     "sweep_tokens": 32768,
     "sweep_page_sizes": [64, 128, 256, 512, 1024, 2048],
     "rounds": 7,

@@ -1,4 +1,4 @@
-"""Chapter 11, part ``step``: one Llama-3.1-8B-shaped layer's step, weights against cache.
+"""Chapter 13, part ``step``: one Llama-3.1-8B-shaped layer's step, weights against cache.
 
 ``decode`` rows: at each batch B and length T, three contenders timed in interleaved rounds
 (``measure.interleaved``): the weight products alone (``ch08.project_qkv`` and ``ch08.finish_layer``,

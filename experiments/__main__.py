@@ -1,8 +1,8 @@
 """python -m experiments {copying,extension,forgetting,speculative} [--size full|tiny] [--jobs N] [--seeds S ...]
 [--out PATH] [--quiet]
 
-Runs one study (``copying``: Chapter 6's selective copying; ``extension``: Chapter 9's context
-extension; ``forgetting``: Chapter 10's cache policies; ``speculative``: Chapter 11's drafted decoding) at its ``full`` size (the run the chapter
+Runs one study (``copying``: Chapter 6's selective copying; ``extension``: Chapter 11's context
+extension; ``forgetting``: Chapter 12's cache policies; ``speculative``: Chapter 13's drafted decoding) at its ``full`` size (the run the chapter
 reads) or its ``tiny`` one (seconds), ``--jobs`` jobs at a time, each a process of one torch
 thread. The results, headed by a record of the machine, the date, the load average before and
 after and the wall and CPU time of every process, go to

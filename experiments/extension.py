@@ -1,4 +1,4 @@
-"""Chapter 9's experiment: python -m experiments extension [--size full|tiny] [--jobs N] [--seeds S ...].
+"""Chapter 11's experiment: python -m experiments extension [--size full|tiny] [--jobs N] [--seeds S ...].
 
 For every seed, one job (``run_job``) trains a rotary TinyGPT on planted records and text, first
 at ``short_length`` and then at the trained length T_0, with the matched RoPE base (the first of
@@ -25,7 +25,7 @@ windows differ from seed to seed (seed ``EVALUATION_SEED + seed``).
 
 The command line is experiments/__main__.py's, shared by the studies; the results go to
 ``experiments/results/extension-<device>.json`` (``-tiny`` appended for a tiny run), and
-Chapter 9 reads the newest full run. Jobs run ``--jobs`` at a time (default 2), each in a
+Chapter 11 reads the newest full run. Jobs run ``--jobs`` at a time (default 2), each in a
 fresh process of one torch thread; a job's numbers do not depend on what runs beside it.
 """
 
@@ -256,7 +256,7 @@ def evaluate(model: ch06.RotaryGPT, text: torch.Tensor, batches: dict,
 @torch.no_grad()
 def validation_scores(model: ch06.RotaryGPT, text: torch.Tensor, settings: ExtensionSettings,
                       seed: int, length: int) -> dict:
-    """Equation 9.1 on the validation split at ``length``, with the bands as set.
+    """Equation 11.1 on the validation split at ``length``, with the bands as set.
 
     The text term over ``windows`` windows, the answers' term over the trials of both tasks,
     and the single-record share found (the gate's measure at T_0).

@@ -1,6 +1,6 @@
-"""Chapter 10's experiment: python -m experiments forgetting [--size full|tiny] [--jobs N] [--seeds S ...].
+"""Chapter 12's experiment: python -m experiments forgetting [--size full|tiny] [--jobs N] [--seeds S ...].
 
-For every seed, one job (``run_job``) trains Chapter 9's rotary TinyGPT on key-free text with
+For every seed, one job (``run_job``) trains Chapter 11's rotary TinyGPT on key-free text with
 planted records in one format (``ch06.train_with_keys``: half the keyed windows one record, half
 ``keys``; first at a short length, then at the measured length T), then, for every cache policy of
 ``ch07.POLICIES`` and every budget of ``ch07.BUDGETS`` (the quantized caches at their own size),
@@ -16,10 +16,10 @@ measures on held-out windows drawn for that seed alone:
 * for one window (asked record mid-prompt), which positions each policy keeps in each layer and head.
 
 A seed passes the skill gate (``passes_gate``) if its full cache finds at least ``gate`` of the
-lone records (the one-record task); only passing seeds enter Chapter 10's comparisons, and
+lone records (the one-record task); only passing seeds enter Chapter 12's comparisons, and
 every seed is saved. The command line is experiments/__main__.py's, shared by the studies; the
 results go to ``experiments/results/forgetting-<device>.json`` (``-tiny`` appended for a tiny
-run), and Chapter 10 reads the newest full run. Jobs run ``--jobs`` at a time (default 2), each in a
+run), and Chapter 12 reads the newest full run. Jobs run ``--jobs`` at a time (default 2), each in a
 fresh process of one torch thread.
 """
 
@@ -157,7 +157,7 @@ def kinds_text(batch: ch06.KeyBatch, guesses: torch.Tensor) -> str:
 
 def passes_gate(run: dict, settings: ForgettingSettings) -> bool:
     """Whether a seed's full cache found at least ``settings.gate`` of the lone records (the
-    "single" task): the skill gate Chapter 10 states before its results. Only passing seeds enter
+    "single" task): the skill gate Chapter 12 states before its results. Only passing seeds enter
     the comparisons."""
     full = [e for e in run["entries"] if e["policy"] == "full"]
     if len(full) != 1:

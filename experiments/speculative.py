@@ -1,4 +1,4 @@
-"""Chapter 11's experiment: python -m experiments speculative [--size full|tiny] [--jobs N] [--seeds S ...].
+"""Chapter 13's experiment: python -m experiments speculative [--size full|tiny] [--jobs N] [--seeds S ...].
 
 For every seed, one job (``run_job``) trains two TinyGPTs of Chapter 2 on the novel's first nine
 tenths (Chapter 2's split and ``ch02.train``): a small draft and a larger target. It then measures,
@@ -34,7 +34,7 @@ interleaved rounds, with the machine's read and multiply floors measured before 
 after the seeds' jobs, alone.
 
 The command line is experiments/__main__.py's; the results go to
-``experiments/results/speculative-<device>.json`` (``-tiny`` appended for a tiny run), and Chapter 11
+``experiments/results/speculative-<device>.json`` (``-tiny`` appended for a tiny run), and Chapter 13
 reads the newest full run. No weights are saved.
 """
 
@@ -176,7 +176,7 @@ def texts() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def passes_gate(run: dict, settings: SpeculativeSettings) -> bool:
-    """Whether a seed's two models are fit to compare: the gate Chapter 11 states before the run.
+    """Whether a seed's two models are fit to compare: the gate Chapter 13 states before the run.
 
     The target's held-out loss is at least ``gate_margin`` below the draft's, and the draft's at
     least ``gate_baseline`` below the unigram entropy (so the target's is too).

@@ -9,7 +9,7 @@
   saying so; in CI (the `CI` environment variable set) they fail instead.
 - `executed_book` (session scope): just that folder of executed notebooks (`<stem>.ipynb`).
 
-Every test that executes chapters, renders, builds Chapter 11's C++ kernel (a compiler's processes),
+Every test that executes chapters, renders, builds Chapter 13's C++ kernel (a compiler's processes),
 trains a model or runs a benchmark is marked `slow`: `make test-fast` leaves them out.
 """
 

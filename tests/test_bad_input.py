@@ -254,7 +254,7 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
         "ch07.read_with_cache": Valid(lambda: dict(model=_rotary_model(), tokens=_byte_text(24).view(2, 12),
                                                    cache=_ch("ch07").make_cache(_rotary_model(), "h2o", 0.5,
                                                                                 prompt_tokens=12))),
-        # the chapter's small case, which Exercise 10.2 builds again
+        # the chapter's small case, which Exercise 12.2 builds again
         "ch07.toy_seen": Valid(lambda: dict(entries=6, window=2, seed=0), accepts={"seed": {"zero"}}),
     },
     # ---------------------------------------------------------------- ch08: serving (the layer step, the kernel, pages, drafts)
@@ -329,18 +329,18 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
 
 
 def _small_layer():
-    """A Llama-style layer small enough to build in a test (Chapter 11's step)."""
+    """A Llama-style layer small enough to build in a test (Chapter 13's step)."""
     return _ch("ch08").LayerShape(d_model=16, query_heads=4, kv_heads=2, head_dim=4, hidden=24, eps=1e-5)
 
 
 def _step_points() -> list[dict]:
-    """Five measured-looking steps for Chapter 11's cost model: rows, cached tokens, pairs, seconds."""
+    """Five measured-looking steps for Chapter 13's cost model: rows, cached tokens, pairs, seconds."""
     return [{"rows": r, "cached": c, "pairs": p, "seconds": 0.01 + 1e-3 * r + 1e-8 * c + 1e-8 * p}
             for r, c, p in ((1, 1024, 0), (64, 65536, 0), (256, 0, 32896), (300, 4096, 10**6), (16, 0, 0))]
 
 
 def _saved(prefix: str) -> dict:
-    """A saved run the chapters read (Chapter 13 reads three of them)."""
+    """A saved run the chapters read (Chapter 15 reads three of them)."""
     from longctx import support
 
     return support.load_results(prefix)[0]
@@ -369,7 +369,7 @@ def _qkv(tokens: int = 4, width: int = 8) -> tuple[torch.Tensor, torch.Tensor, t
 
 
 def _key_batch():
-    """Two windows of 24 bytes of filler, one planted record each (Chapter 9's task)."""
+    """Two windows of 24 bytes of filler, one planted record each (Chapter 11's task)."""
     return _ch("ch06").key_batch(_byte_text(), torch.tensor([0.0, 1.0], dtype=torch.float64), 24,
                                  torch.Generator().manual_seed(0))
 
@@ -380,7 +380,7 @@ def _latent_layer():
 
 
 def _seen():
-    """What two heads saw of 12 cached entries, with the rows of the 4 newest queries (Chapter 10)."""
+    """What two heads saw of 12 cached entries, with the rows of the 4 newest queries (Chapter 12)."""
     weights = _randn(1, 2, 4, 12).softmax(-1)
     return _ch("ch07").Seen(torch.arange(12).expand(1, 2, 12), weights.sum(-2), weights)
 
@@ -432,7 +432,7 @@ SILENT: list[Silent] = [
     Silent("ch04", "17 bits through quantize_kv", lambda: _ch("ch04").quantize_kv(_randn(3, 8), 17), "bits"),
     Silent("ch04", "0 bits in the cache's bytes",
            lambda: _ch("ch04").quantized_kv_bytes_per_token(_kv_config(), 0), "bits"),
-    # Chapter 8
+    # Chapter 10
     Silent("ch05", "3 bits for the nibble/byte packer", lambda: _ch("ch05").quantize_cache(_randn(1, 2, 5, 4), 3),
            "bits"),
     Silent("ch05", "16 bits for the nibble/byte packer", lambda: _ch("ch05").quantize_cache(_randn(1, 2, 5, 4), 16),
@@ -455,7 +455,7 @@ SILENT: list[Silent] = [
     Silent("ch05", "zero parts", lambda: _ch("ch05").partition_bounds(8, 0), "parts"),
     Silent("ch05", "more parts than tokens (an empty rank)", lambda: _ch("ch05").partition_bounds(3, 5), "seq_len"),
     Silent("ch05", "zero ring parts", lambda: _ch("ch05").ring_attention(*_qkv(), 0), "parts"),
-    # Chapter 9
+    # Chapter 11
     Silent("ch06", "zero keys in a batch",
            lambda: _ch("ch06").key_batch(_byte_text(), torch.zeros(1, dtype=torch.float64), 16,
                                          torch.Generator().manual_seed(0), keys=0), "keys"),
@@ -464,7 +464,7 @@ SILENT: list[Silent] = [
     Silent("ch06", "a zero extension factor", lambda: _rotary_model().set_rope("pi", 0.0), "factor"),
     Silent("ch06", "a NaN extension factor", lambda: _rotary_model().set_rope("yarn", math.nan), "factor"),
     Silent("ch06", "a zero rotary base", lambda: _ch("ch06").RotaryGPT(_tiny_config(), base=0.0), "base"),
-    # Chapter 11
+    # Chapter 13
     Silent("ch08", "a trace whose prompts cannot fit the longest context",
            lambda: _ch("ch08").request_trace(4, max_tokens=1), "max_tokens"),
     # -- step
@@ -516,13 +516,13 @@ SILENT: list[Silent] = [
                _tiny_model(), _ch("ch02").TinyGPT(_ch("ch02").GPTConfig(vocab_size=8, context_length=8, d_model=8,
                                                                          layers=1, heads=2)),
                [1], 2, k=1, temperature=0), "draft"),
-    # Chapter 13
+    # Chapter 15
     Silent("ch09", "a negative memory (nothing would fit, without a word)",
            lambda: _ch("ch09").served_options(_ch("ch03").KVConfig("toy", layers=2, query_heads=4, head_dim=8,
                                                                     bytes_per_scalar=2, kv_heads=2),
                                               1_024, -1, decode=_saved("benchmarks"),
                                               forgetting=_saved("forgetting")), "memory"),
-    # Chapter 10
+    # Chapter 12
     Silent("ch07", "a budget that keeps only the sinks",
            lambda: _ch("ch07").make_cache(_rotary_model(), "sinks", 0.1, prompt_tokens=40), "budget"),
     Silent("ch07", "a budget for a cache its bits size",

@@ -367,7 +367,7 @@ def test_summary_table_names_machine_floor_and_crossovers():
 
 
 def test_results_files_hold_every_figure():
-    files = sorted(common.RESULTS_DIR.glob("benchmarks-*.json"))  # Chapter 8's; serving-*.json are Chapter 11's
+    files = sorted(common.RESULTS_DIR.glob("benchmarks-*.json"))  # Chapter 10's; serving-*.json are Chapter 13's
     assert files, "ship at least one results file in benchmarks/results/"
     assert {path.name.split("-")[0] for path in common.RESULTS_DIR.glob("*.json")} <= {"benchmarks", "serving"}
     for path in files:

@@ -8,7 +8,7 @@ MIN_DIAGRAM_TEXT_PX high on the screen; no raw Quarto syntax and no Markdown pri
 characters; every internal link resolving to a file and an id; code blocks of at most 80
 characters a line shown whole at 1280 px; and the page never scrolling sideways (wide tables,
 code, equations and diagrams scroll inside their own boxes); and no chapter page longer than
-PAGE_SCREENS screens at 1280 px (the LONG_PAGES, not yet split, no longer than they were). A
+PAGE_SCREENS screens at 1280 px (a longer chapter is split into pages along its lesson). A
 screenshot of each page at both widths goes to tests/artifacts/screenshots/ (git-ignored): the
 first screenful by default, the whole page when LONGCTX_FULL_SCREENSHOTS=1 (for reading the book
 as it renders).
@@ -59,10 +59,6 @@ MIN_DIAGRAM_TEXT_PX = 9
 WIDTHS = ((1280, 900), (390, 844))
 PAGE_SCREENS = 40
 """The most screens (900 px at 1280 px) a page may take: a page a reader can finish (issue 36)."""
-LONG_PAGES = {"ch03-long-context": 82, "ch04-efficient-architectures": 83, "ch05-measured": 63,
-              "ch06-extension": 42, "ch08-serving": 72}
-"""Pages still longer than PAGE_SCREENS, each held to about its height when measured (2026-12-02: 79.9,
-81.0, 61.0, 40.9 and 70.5 screens): they wait on being split along their lessons, and may not grow."""
 
 
 @pytest.fixture(scope="session")
@@ -399,11 +395,11 @@ def test_page_reads_cleanly(name, book_dir, server, browser, screenshots):
                 problems.append(f"the page scrolls sideways by {wide} px at {width} px: {_overflowing(page)}")
             if width == 1280:
                 screens = page.evaluate("() => document.documentElement.scrollHeight") / height
-                limit = LONG_PAGES.get(Path(name).stem, PAGE_SCREENS)
                 # chapters only: the appendices are reference pages
-                if re.match(r"ch\d\d-", Path(name).stem) and screens > limit:
+                if re.match(r"ch\d\d-", Path(name).stem) and screens > PAGE_SCREENS:
                     problems.append(f"the page is {screens:.1f} screens of {height} px long at 1280 px (at most "
-                                    f"{limit}): move its method detail to an appendix or split it along its lesson")
+                                    f"{PAGE_SCREENS}): move its method detail to an appendix or split it along "
+                                    "its lesson")
                 _screenshot(page, screenshots / f"{stem}.png")
                 problems += _long_code_problems(page)
             else:

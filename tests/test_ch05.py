@@ -1,4 +1,4 @@
-"""Tests for Chapter 8's saved code (longctx.ch05).
+"""Tests for Chapter 10's saved code (longctx.ch05).
 
 The tiled walk and split-KV decoding equal dense attention (a float64 reference built from
 Chapters 1 and 3) for every cache design, at random shapes, with windows and sinks; the KIVI-style

@@ -1,4 +1,4 @@
-"""Tests for Chapter 9 (chapters/ch06-extension.qmd): the rotary TinyGPT, the planted-key task, the
+"""Tests for Chapter 11 (chapters/ch06-extension.qmd): the rotary TinyGPT, the planted-key task, the
 measurements, the experiment and its command line, and every refusal of bad input."""
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ def test_train_with_keys_is_reproducible_and_learns():
 
 
 def test_train_with_keys_loss_is_text_mean_plus_answer_mean():
-    """Equation 9.1, recomputed from the first batch the loop draws."""
+    """Equation 11.1, recomputed from the first batch the loop draws."""
     model = rotary(context=32, d_model=16, heads=2)
     reference = copy.deepcopy(model).train()
     data = TRAIN_TEXT[:10_000]

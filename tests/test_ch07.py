@@ -1,4 +1,4 @@
-"""Tests for Chapter 10 (chapters/ch07-forgetting.qmd): the eviction policies, the quantized
+"""Tests for Chapter 12 (chapters/ch07-forgetting.qmd): the eviction policies, the quantized
 caches, the decode loop, the byte budgets, and the refusals of bad input."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Chapter 11's shared request trace, and the serving benchmark's interleaved ratios and their intervals."""
+"""Chapter 13's shared request trace, and the serving benchmark's interleaved ratios and their intervals."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Tests for Chapter 11's decode kernel (chapters/ch08-serving.qmd, "A decode kernel of our own"): the C++
-kernel equals Chapter 8's steps on every cache kind, grouped heads, ragged lengths and batches; its
-states are Chapter 8's chunk states; the path without a compiler says why; the benchmark part runs."""
+"""Tests for Chapter 13's decode kernel (chapters/ch08-serving.qmd, "A decode kernel of our own"): the C++
+kernel equals Chapter 10's steps on every cache kind, grouped heads, ragged lengths and batches; its
+states are Chapter 10's chunk states; the path without a compiler says why; the benchmark part runs."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_the_kernel_equals_chapter_5_split_kv_on_a_float32_cache(kernel, batch, 
 @pytest.mark.parametrize(("batch", "query_heads", "kv_heads", "tokens", "chunk", "width"), SHAPES)
 def test_the_kernel_equals_dequantise_then_attend_on_the_codes(kernel, bits, batch, query_heads, kv_heads,
                                                               tokens, chunk, width):
-    """The kernel reads the codes where they lie and is exact on them: Chapter 8's dense step on the
+    """The kernel reads the codes where they lie and is exact on them: Chapter 10's dense step on the
     dequantised cache, to float32 rounding."""
     query, key, value = step(batch, query_heads, kv_heads, tokens, width, seed=1)
     cache = [ch05.quantize_cache(t, bits) for t in (key, value)]
@@ -64,7 +64,7 @@ def test_the_kernel_equals_dequantise_then_attend_on_the_codes(kernel, bits, bat
 @pytest.mark.parametrize("bits", [8, 4])
 def test_the_kernel_agrees_with_chapter_5_integer_route_within_its_rounding(kernel, bits):
     """ch05.int8_decode rounds the query and the weights; the kernel does not, so it lies within that
-    route's own error of it (Chapter 8 measures under 2 % of the largest entry) and closer to the exact
+    route's own error of it (Chapter 10 measures under 2 % of the largest entry) and closer to the exact
     answer than the route does."""
     query, key, value = step(2, 32, 8, 3000, 128, seed=2)
     cache = [ch05.quantize_cache(t, bits) for t in (key, value)]

@@ -1,5 +1,5 @@
-"""Tests for Chapter 11's pages and shared prefixes (chapters/ch08-serving.qmd): the page pool's books,
-the paged decode step against Chapter 8's contiguous one, copy-on-write, the radix tree of prefixes,
+"""Tests for Chapter 13's pages and shared prefixes (chapters/ch08-serving.qmd): the page pool's books,
+the paged decode step against Chapter 10's contiguous one, copy-on-write, the radix tree of prefixes,
 the serving replays and the benchmark's prefill stand-in."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests for Chapter 11's drafted tokens (chapters/ch08-serving.qmd, "Drafted tokens, verified in one
+"""Tests for Chapter 13's drafted tokens (chapters/ch08-serving.qmd, "Drafted tokens, verified in one
 step"): the accept rule on hand-made distributions, the papers' expectations, the cache rollback,
 the whole loop's output distribution against the target's, and the experiment's driver."""
 

@@ -1,4 +1,4 @@
-"""Chapter 11, the layer's step and chunked prefill: the layer read from its config, its decode step
+"""Chapter 13, the layer's step and chunked prefill: the layer read from its config, its decode step
 against a whole pass, chunks and mixed steps against their parts, the cost model's fit, the scheduler's
 bookkeeping, and the benchmark part at a tiny layer."""
 

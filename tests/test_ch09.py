@@ -1,4 +1,4 @@
-"""Chapter 13: the saved runs read back, and the ranking on requests whose answer is decided by construction."""
+"""Chapter 15: the saved runs read back, and the ranking on requests whose answer is decided by construction."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ GIB = 2**30
 
 
 def _decode_run(seconds_at_1k: dict[str, float], shares: dict[str, float]) -> dict:
-    """A made-up Chapter 8 run: each design's step grows linearly with length from 1K to 64K."""
+    """A made-up Chapter 10 run: each design's step grows linearly with length from 1K to 64K."""
     rows = []
     for design, seconds in seconds_at_1k.items():
         for tokens in (1_024, 4_096, 65_536):
@@ -24,7 +24,7 @@ def _decode_run(seconds_at_1k: dict[str, float], shares: dict[str, float]) -> di
 
 
 def _forgetting_run(found: dict[tuple[str, float | None], float], trials: int = 20) -> dict:
-    """A made-up Chapter 10 run of one seed whose policies find exactly the given shares."""
+    """A made-up Chapter 12 run of one seed whose policies find exactly the given shares."""
     entries = [{"policy": policy, "budget": budget,
                 "single": "1" * round(share * trials) + "0" * (trials - round(share * trials))}
                for (policy, budget), share in found.items()]
@@ -123,7 +123,7 @@ def test_served_options_refuses_a_bad_request_by_name(argument, value, error):
 
 
 def _serving_run(reference: str = "chapter5-float32") -> dict:
-    """A made-up Chapter 11 kernel part: two lengths, the kernel's three steps and one other comparison."""
+    """A made-up Chapter 13 kernel part: two lengths, the kernel's three steps and one other comparison."""
     lengths = [{"tokens": tokens, "ratios": [
         {"of": "kernel-float32", "to": reference, "ratio": 0.6 + tokens / 1e6},
         {"of": "kernel-int8", "to": reference, "ratio": 0.3},
@@ -147,4 +147,4 @@ def test_the_saved_kernel_run_gives_every_kernel_design_at_every_timed_length():
     shares = ch09.kernel_step_shares(saved)
     lengths = {record["tokens"] for record in saved["kernel"]["lengths"]}
     assert set(shares) == {(design, tokens) for design in ch09.KERNEL_STEPS for tokens in lengths}
-    assert all(0 < share < 1 for share in shares.values())  # the kernel beats Chapter 8's float step everywhere
+    assert all(0 < share < 1 for share in shares.values())  # the kernel beats Chapter 10's float step everywhere

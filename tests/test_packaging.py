@@ -349,7 +349,7 @@ def test_jedi_goes_to_kvconfigs_definition_in_the_generated_module(tmp_path):
 @pytest.mark.slow  # starts another Python process
 @pytest.mark.parametrize("folder", ["root", "chapters", "outside"])
 def test_chapter_5s_setup_runs_from_any_folder(folder, tmp_path):
-    """Chapter 8 imports the repository's benchmarks package without touching sys.path: make env
+    """Chapter 10 imports the repository's benchmarks package without touching sys.path: make env
     installs benchmarks/ and experiments/ in the book's environment (tools/pyproject.toml), not in the
     readers' package, so the chapter's first cell runs from the book's root, from chapters/ (where
     Jupyter starts a kernel for a chapter) and from a folder outside the repository alike, and reads

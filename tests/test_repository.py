@@ -192,7 +192,7 @@ def test_every_figure_caption_asks_its_question_and_gives_the_answer():
 
 
 def test_exercises_carry_their_pages_chapter_number_and_every_typed_exercise_reference_exists():
-    """Exercises are numbered by hand: "**Exercise 12.2 (...)**" or "**9.2**", each with its "Solution 12.2".
+    """Exercises are numbered by hand: "**Exercise 14.2 (...)**" or "**9.2**", each with its "Solution 14.2".
     A split page renumbers the book, so each page's exercises must run N.1, N.2, ... with N the chapter
     number Quarto gives that page, and every "Exercise N.M" written anywhere must name one of them."""
     from booktools.book import load_book

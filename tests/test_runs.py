@@ -164,7 +164,7 @@ def test_the_package_finds_the_saved_runs_in_the_repository():
 @pytest.mark.slow  # starts another Python process
 def test_every_saved_run_loads_outside_the_repository(tmp_path):
     """A reader's folder far from the repository: each run the chapters read loads, and it is the
-    repository's file; Chapter 8's floors and decode times (Exercises 8.1 and 5.2) among them."""
+    repository's file; Chapter 10's floors and decode times (Exercises 10.1 and 5.2) among them."""
     script = textwrap.dedent(
         f"""
         import json

@@ -149,8 +149,8 @@ def inverse_frequencies(dim: int,                      # d_R, even
     """Return (band frequencies (dim/2,) float64, magnitude) for one method.
 
     ``rope``: omega_j = base^(-2j/dim) (Equation 3.1). ``pi``: every band
-    divided by ``factor``. ``ntk``: the bands of ``ntk_base`` (Equation
-    3.5). ``yarn``: the ramp of Equation 3.4, with magnitude
+    divided by ``factor``. ``ntk``: the bands of ``ntk_base``
+    (Equation 3.5). ``yarn``: the ramp of Equation 3.4, with magnitude
     0.1 ln(factor) + 1. ``llama3``: the wavelength bands of Equation 3.3.
     Checked against Hugging Face transformers 5.23.0
     (``modeling_rope_utils``): the same bands for the same width, base,
@@ -910,8 +910,8 @@ LatentCache = Tensor
 class AbsorbedLatentAttention(ToyLatentKVAttention):
     """``ch03``'s latent layer with a pass that builds no key or value.
 
-    ``forward_absorbed`` returns ``forward``'s output and cache (Equation
-    4.4) with the up-projections merged into their neighbours, head by
+    ``forward_absorbed`` returns ``forward``'s output and cache
+    (Equation 4.4) with the up-projections merged into their neighbours, head by
     head: W_Q_h^T W_UK_h takes a token straight to head h's query in latent
     coordinates, and W_UV_h^T W_O_h^T takes a blend of latents straight to
     head h's share of the output. A decoupled rotary key (rope_key_dim > 0)

@@ -1,6 +1,6 @@
-# Generated from chapters/ch04-efficient-architectures.qmd by `python -m booktools tangle`.
+# Generated from chapters/ch04-efficient-architectures.qmd and chapters/ch04-states.qmd and chapters/ch04-hybrids.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-"""Efficient architectures: windows, sums, states and compressed caches: the code saved from chapters/ch04-efficient-architectures.qmd."""
+"""Efficient architectures: compressed caches, windows and sparse tiles: the code saved from chapters/ch04-efficient-architectures.qmd and chapters/ch04-states.qmd and chapters/ch04-hybrids.qmd."""
 
 from ._generated import (
     COPYING_MIXERS,

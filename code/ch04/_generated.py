@@ -1,6 +1,6 @@
-# Generated from chapters/ch04-efficient-architectures.qmd by `python -m booktools tangle`.
+# Generated from chapters/ch04-efficient-architectures.qmd and chapters/ch04-states.qmd and chapters/ch04-hybrids.qmd by `python -m booktools tangle`.
 # Do not edit: change the chapter's `# @save` cells, then tangle again.
-"""Code saved from chapters/ch04-efficient-architectures.qmd ("Efficient architectures: windows, sums, states and compressed caches")."""
+"""Code saved from chapters/ch04-efficient-architectures.qmd ("Efficient architectures: compressed caches, windows and sparse tiles") and chapters/ch04-states.qmd ("States Instead of Caches: Linear Attention and State Spaces") and chapters/ch04-hybrids.qmd ("Trained, Mixed and Compared: Copying, Hybrids, Every Design")."""
 
 import math
 from dataclasses import replace
@@ -20,7 +20,7 @@ from longctx.support import (
     check_type,
 )
 
-# chapters/ch04-efficient-architectures.qmd:92
+# chapters/ch04-efficient-architectures.qmd:93
 #: Gemma 3 1B's attention with all 26 layers global (the shipped model
 #: windows 22 of them): 4 query heads, 1 KV head of 256, bf16.
 RUNNING_EXAMPLE = ch03.KVConfig(
@@ -29,7 +29,7 @@ RUNNING_EXAMPLE = ch03.KVConfig(
 )
 
 
-# chapters/ch04-efficient-architectures.qmd:128
+# chapters/ch04-efficient-architectures.qmd:129
 def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     """Return what the token at position T costs attention (Equation 6.1).
 
@@ -61,7 +61,7 @@ def context_cost(tokens: int, config: ch03.KVConfig | None = None) -> dict:
     }
 
 
-# chapters/ch04-efficient-architectures.qmd:382
+# chapters/ch04-efficient-architectures.qmd:383
 def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
                                  scale_bytes: int = 2) -> int:
     """Return the cache bytes per token at ``bits`` per number (Equation 6.3).
@@ -81,7 +81,7 @@ def quantized_kv_bytes_per_token(config: ch03.KVConfig, bits: int, *,
     return vectors * (-(-width * bits // 8) + scale_bytes)
 
 
-# chapters/ch04-efficient-architectures.qmd:462
+# chapters/ch04-efficient-architectures.qmd:463
 def quantize_kv(x: Tensor, bits: int, *,
                 per: str = "token") -> tuple[Tensor, Tensor]:
     """Return (codes, scale) for cached keys or values (..., T, d).
@@ -96,7 +96,7 @@ def quantize_kv(x: Tensor, bits: int, *,
     return ch02.quantize(x, bits, dim=-1 if per == "token" else -2)
 
 
-# chapters/ch04-efficient-architectures.qmd:484
+# chapters/ch04-efficient-architectures.qmd:485
 def quantized_cache_error(bits: int, *, keys_per: str = "token",
                           tokens: int = 512, dim: int = 256,
                           outlier_channels: int = 0,
@@ -141,7 +141,7 @@ def quantized_cache_error(bits: int, *, keys_per: str = "token",
             / torch.linalg.norm(exact)).item()
 
 
-# chapters/ch04-efficient-architectures.qmd:679
+# chapters/ch04-efficient-architectures.qmd:680
 def pairs_computed(mask: Tensor) -> int:
     """Return how many query-key scores a bool mask asks for: its True cells."""
     return int(mask.sum())
@@ -161,7 +161,7 @@ def receptive_field(mask: Tensor, layers: int) -> Tensor:
     return heard.bool()
 
 
-# chapters/ch04-efficient-architectures.qmd:789
+# chapters/ch04-efficient-architectures.qmd:790
 def global_local_mask(seq_len: int, window: int,
                       global_tokens: tuple[int, ...] = (0,), *,
                       causal: bool = True) -> Tensor:
@@ -193,7 +193,7 @@ def strided_mask(seq_len: int, stride: int) -> Tensor:
     return (distance >= 0) & ((distance < stride) | (distance % stride == 0))
 
 
-# chapters/ch04-efficient-architectures.qmd:1039
+# chapters/ch04-efficient-architectures.qmd:1040
 def tiles_touched(token_mask: Tensor, block_size: int) -> Tensor:
     """Return the bool (n, n) tiles of a (T, T) mask, n = ceil(T / block_size).
 
@@ -272,7 +272,7 @@ def block_sparse_attention(query: Tensor, key: Tensor, value: Tensor,
     return output
 
 
-# chapters/ch04-efficient-architectures.qmd:1257
+# chapters/ch04-efficient-architectures.qmd:1258
 def chosen_blocks_mask(query: Tensor, key: Tensor, block_size: int,
                        top: int) -> Tensor:
     """Return MoBA's choice as a bool token mask (..., T, T).
@@ -345,7 +345,7 @@ def quest_decode(query: Tensor, keys: Tensor, values: Tensor, page: int,
     return output[..., 0, :], chosen.sort(dim=-1).values
 
 
-# chapters/ch04-efficient-architectures.qmd:1518
+# chapters/ch04-states.qmd:154
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -355,7 +355,7 @@ def linear_attention_weights(query: Tensor, key: Tensor) -> Tensor:
     """Return the causal (..., T, T) weights linear attention implies.
 
     Entry (i, j) is phi(q_i) . phi(k_j) for j <= i, each row scaled to sum
-    to 1 (the left side of Equation 6.6); query and key are (..., T, d).
+    to 1 (the left side of Equation 7.1); query and key are (..., T, d).
     """
     scores = feature_map(query) @ feature_map(key).transpose(-2, -1)  # (T, T)
     causal = ch01.causal_mask(query.shape[-2], device=query.device)
@@ -380,7 +380,7 @@ def linear_attention_recurrent(
     """Return (outputs, (S, z)): linear attention one token at a time.
 
     query, key: (..., T, d_k); value: (..., T, d_v). S sums phi(k_j) v_j^T
-    and z sums phi(k_j) (Equation 6.6); passing the returned state back in
+    and z sums phi(k_j) (Equation 7.1); passing the returned state back in
     continues the sequence, as generation does.
     """
     *lead, tokens, d_k = key.shape
@@ -406,7 +406,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     """Return linear attention in chunks, never building a T x T matrix.
 
     Inside a chunk the weights are a (c, c) causal block; earlier chunks
-    arrive through the running state (S, z) of Equation 6.6.
+    arrive through the running state (S, z) of Equation 7.1.
     """
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
     *lead, tokens, d_k = key.shape
@@ -428,7 +428,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-efficient-architectures.qmd:1762
+# chapters/ch04-states.qmd:398
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -463,9 +463,9 @@ def sharpness_comparison(query_scale: float, seed: int = 1813,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-efficient-architectures.qmd:1852
+# chapters/ch04-states.qmd:488
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
-    """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 6.7).
+    """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 7.2).
 
     x: one channel of inputs (T,); A: (N, N); B, C: (N,), B being the
     equation's input map E. The recurrence runs step by step, one token at
@@ -480,7 +480,7 @@ def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
 
 
 def ssm_kernel(A: Tensor, B: Tensor, C: Tensor, length: int) -> Tensor:
-    """Return the kernel C A^k B for k = 0 .. length-1 (Equation 6.7).
+    """Return the kernel C A^k B for k = 0 .. length-1 (Equation 7.2).
 
     B is the equation's input map E.
     """
@@ -503,11 +503,11 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-efficient-architectures.qmd:2051
+# chapters/ch04-states.qmd:687
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = alpha_t h_{t-1} + xi_t, with h = 0 before the start.
 
-    a, b: (..., T), time last, the steps' alpha_t and xi_t (Equation 6.9).
+    a, b: (..., T), time last, the steps' alpha_t and xi_t (Equation 7.4).
     The loop runs over time and updates all leading dimensions (channels,
     batch) together at each step; it is made of differentiable tensor
     operations, so gradients flow through it.
@@ -522,13 +522,13 @@ def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
 
 def step_sizes(markers: Tensor, sharpness: float = 12.0,
                bias: float = -7.0) -> Tensor:
-    """Return delta_t = softplus(sharpness * marker_t + bias) (Equation 6.8)."""
+    """Return delta_t = softplus(sharpness * marker_t + bias) (Equation 7.3)."""
     return F.softplus(sharpness * markers + bias)
 
 
 def discretize(delta: Tensor, a: float = -1.0,
                b: float = 1.0) -> tuple[Tensor, Tensor]:
-    """Return (A_bar, E_bar), the zero-order hold of Equation 6.8.
+    """Return (A_bar, E_bar), the zero-order hold of Equation 7.3.
 
     A_bar = e^(delta A) and E_bar = (e^(delta A) - 1) / A * E, for A < 0,
     with the equation's A and E given as a and b.
@@ -540,7 +540,7 @@ def discretize(delta: Tensor, a: float = -1.0,
 
 def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
                   *, readout: float = 1.0) -> Tensor:
-    """Return c h_t of a one-channel SSM with a delta_t per step (Equation 6.8).
+    """Return c h_t of a one-channel SSM with a delta_t per step (Equation 7.3).
 
     x, delta: (..., T), time last; the recurrence runs in ``sequential_scan``.
     """
@@ -548,7 +548,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-efficient-architectures.qmd:2238
+# chapters/ch04-states.qmd:874
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -561,7 +561,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return ``sequential_scan``'s states in ceil(log2 T) rounds.
 
     a, b: (..., T), time last, the steps' alpha_t and xi_t. In round j
-    every position merges (Equation 6.9) with the one 2^j places earlier,
+    every position merges (Equation 7.4) with the one 2^j places earlier,
     all at once; a position with nothing that far back keeps its step, as
     if merged with the do-nothing step (1, 0). After round j, position t
     holds the merge of steps t - 2^(j+1) + 1 .. t.
@@ -581,7 +581,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-efficient-architectures.qmd:2502
+# chapters/ch04-states.qmd:1138
 def retention_decays(heads: int) -> Tensor:
     """Return RetNet's keep factor per head, gamma_h = 1 - 2^(-5-h).
 
@@ -604,12 +604,12 @@ def gla_gates(logits: Tensor, temperature: float = 16.0) -> Tensor:
 
 def gated_linear_attention(query: Tensor, key: Tensor, value: Tensor,
                            gate: Tensor) -> tuple[Tensor, Tensor]:
-    """Return (outputs, S) of Equation 6.10, one token at a time.
+    """Return (outputs, S) of Equation 7.5, one token at a time.
 
     S_t = G_t * S_{t-1} + k_t v_t^T and o_t = S_t^T q_t. query, key:
     (..., T, d_k); value: (..., T, d_v); gate: keep factors that
     broadcast to key's shape, one per row of S (RetNet: (H, 1, 1); GLA:
-    (..., T, d_k); all ones: Equation 6.6's S). S: (..., d_k, d_v).
+    (..., T, d_k); all ones: Equation 7.1's S). S: (..., d_k, d_v).
     """
     query, key, value = (check_tensor(name, tensor, floating=True,
                                       min_dims=2)
@@ -630,9 +630,10 @@ def gated_linear_attention_scan(query: Tensor, key: Tensor, value: Tensor,
                                 gate: Tensor) -> Tensor:
     """Return ``gated_linear_attention``'s outputs through ``parallel_scan``.
 
-    Entry S[i, j] follows its own h_t = alpha_t h_{t-1} + xi_t (Equation
-    6.9) with alpha_t = G_t[i] and xi_t = k_t[i] v_t[j], so one scan over a
-    (..., d_k, d_v, T) stack returns every S_t of Equation 6.10 at once.
+    Entry S[i, j] follows its own h_t = alpha_t h_{t-1} + xi_t
+    (Equation 7.4) with alpha_t = G_t[i] and xi_t = k_t[i] v_t[j], so one
+    scan over a (..., d_k, d_v, T) stack returns every S_t of Equation 7.5
+    at once.
     """
     gate = torch.broadcast_to(gate, key.shape)
     keep = gate.transpose(-2, -1)[..., :, None, :]  # (..., d_k, 1, T)
@@ -643,10 +644,10 @@ def gated_linear_attention_scan(query: Tensor, key: Tensor, value: Tensor,
     return read.sum(dim=-3).transpose(-2, -1)  # (..., T, d_v)
 
 
-# chapters/ch04-efficient-architectures.qmd:2635
+# chapters/ch04-states.qmd:1272
 def delta_rule(query: Tensor, key: Tensor, value: Tensor,
                strength: Tensor) -> tuple[Tensor, Tensor]:
-    """Return (outputs, S) of the delta rule (Equation 6.11), o_t = S_t^T q_t.
+    """Return (outputs, S) of the delta rule (Equation 7.6), o_t = S_t^T q_t.
 
     Each step reads S_{t-1}^T k_t, what S holds under the key, and moves
     it towards v_t by eta_t. query, key: (..., T, d_k); value:
@@ -669,16 +670,16 @@ def delta_rule(query: Tensor, key: Tensor, value: Tensor,
     return torch.stack(outputs, dim=-2), state
 
 
-# chapters/ch04-efficient-architectures.qmd:2853
+# chapters/ch04-states.qmd:1490
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
-    """Return y (batch, channels, length) of a selective SSM (Equation 6.12).
+    """Return y (batch, channels, length) of a selective SSM (Equation 7.7).
 
     Shapes and discretization follow Mamba's reference ``selective_scan_ref``:
     h_t[i, n] = exp(delta_t[i] A[i, n]) h_{t-1}[i, n] + delta_t[i] B_t[n]
     u_t[i] and y_t[i] = sum_n C_t[n] h_t[i, n] + D[i] u_t[i], B being
-    Equation 6.12's E. The input weight is delta B (the reference's
-    choice), not Equation 6.8's zero-order hold. The recurrence runs
+    Equation 7.7's E. The input weight is delta B (the reference's
+    choice), not Equation 7.3's zero-order hold. The recurrence runs
     through ``parallel_scan``.
 
     u, delta: (b, d, l); A: (d, n), negative for a decaying state; B, C:
@@ -691,7 +692,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-efficient-architectures.qmd:2993
+# chapters/ch04-states.qmd:1630
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
@@ -699,7 +700,7 @@ class SelectiveSSMLayer(nn.Module):
     a gate z of the same width, and u = silu(x W_in). Each token computes
     its own step sizes delta = softplus(dt_proj(u W_dt)), one per channel,
     input weights B = u W_B and readout C = u W_C, N numbers each;
-    ``selective_scan`` (Equation 6.12) runs with a skip D; the result is
+    ``selective_scan`` (Equation 7.7) runs with a skip D; the result is
     gated by silu(z) and mapped back by ``out_proj``. A = -exp(A_log)
     starts at -(1, 2, ..., N) in every channel, Mamba's S4D-real start, and
     the step sizes start spread between 0.001 and 0.1.
@@ -766,7 +767,7 @@ class SelectiveSSMLayer(nn.Module):
         return self.out_proj(y.transpose(1, 2) * F.silu(gate))
 
 
-# chapters/ch04-efficient-architectures.qmd:3086
+# chapters/ch04-hybrids.qmd:56
 def selective_copying_batch(
     batch_size: int, length: int, copies: int, symbols: int,
     generator: torch.Generator,
@@ -922,7 +923,7 @@ def copying_trial(mixer: str, seed: int, *, steps: int = 800,
     return result
 
 
-# chapters/ch04-efficient-architectures.qmd:3429
+# chapters/ch04-hybrids.qmd:399
 def ssm_state_bytes(channels: int, state_size: int,
                     bytes_per_scalar: int = 2) -> int:
     """Return the bytes one SSM layer carries between tokens, at any length."""
@@ -936,7 +937,7 @@ def ssm_state_bytes(channels: int, state_size: int,
 def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
                        attention_layers: int, channels: int,
                        state_size: int = 16) -> int:
-    """Return a hybrid stack's cache bytes (Equation 6.13).
+    """Return a hybrid stack's cache bytes (Equation 8.1).
 
     Of ``config.layers`` layers, ``attention_layers`` are attention layers
     of ``config``'s head shape and keep all T tokens; each of the others
@@ -964,7 +965,7 @@ def hybrid_cache_bytes(tokens: int, config: ch03.KVConfig, *,
     return attention + (config.layers - attention_layers) * state
 
 
-# chapters/ch04-efficient-architectures.qmd:3600
+# chapters/ch04-hybrids.qmd:570
 def cache_bytes_by_design(tokens: int, config: ch03.KVConfig, *,
                           channels: int,
                           state_size: int = 16) -> dict[str, int]:
@@ -973,7 +974,7 @@ def cache_bytes_by_design(tokens: int, config: ch03.KVConfig, *,
     "as shipped" is ``kv_bytes(config, tokens)``; "every layer global"
     drops the config's window; "a state in each windowed layer" keeps the
     global layers and gives every windowed one a state of ``channels`` x
-    ``state_size`` numbers (Equation 6.13; the same as shipped when the
+    ``state_size`` numbers (Equation 8.1; the same as shipped when the
     config has no window); "a state in every layer" keeps no attention.
 
     Raises:

@@ -26,7 +26,7 @@ from longctx.support import (
 )
 
 
-# chapters/ch05-tiles.qmd:162
+# chapters/ch05-tiles.qmd:142
 class OnlineState(NamedTuple):
     """The state of an online softmax over the keys read so far, (m, l, a).
 
@@ -58,7 +58,7 @@ def online_softmax_start(rows: tuple[int, ...], value_width: int,
 
 def online_softmax_update(state: OnlineState, scores: Tensor,
                           values) -> OnlineState:
-    """Return (m', l', a') after one tile of keys (Equation 7.1).
+    """Return (m', l', a') after one tile of keys (Equation 9.1).
 
     scores (..., R, n) are scaled, -inf where a row may not see a key;
     values are (..., n, d_v), or a function turning the weights
@@ -79,7 +79,7 @@ def merge_states(state: OnlineState, dim: int) -> OnlineState:
     """Return one state from states stacked along ``dim`` (log-sum-exp).
 
     Each part is moved onto the largest m and the parts are added: the
-    same rescaling as Equation 7.1, with a whole state as the tile.
+    same rescaling as Equation 9.1, with a whole state as the tile.
     """
     running_max, running_sum, accumulator = state
     top = running_max.amax(dim, keepdim=True)
@@ -97,7 +97,7 @@ def finish_online_softmax(state: OnlineState) -> Tensor:
                        0.0)
 
 
-# chapters/ch05-tiles.qmd:247
+# chapters/ch05-tiles.qmd:227
 def visible_ranges(tokens: int, window: int | None = None,
                    sinks: int = 0) -> list[tuple[int, int]]:
     """Return the [start, stop) position runs the newest query may read.
@@ -131,7 +131,7 @@ def tile_ranges(ranges: list[tuple[int, int]],
             for begin in range(start, stop, tile)]
 
 
-# chapters/ch05-tiles.qmd:321
+# chapters/ch05-tiles.qmd:301
 #: The bit widths the per-vector cache holds (the integer route's 4 and 8).
 PACKED_BITS = (4, 8)
 #: The bit widths the packer holds: 8/b codes of b bits share a byte.
@@ -263,7 +263,7 @@ def read_tile(cache: Tensor | QuantizedKV, start: int, stop: int,
     return out.mul_(cache.scale[..., start:stop, :])  # codes * scale
 
 
-# chapters/ch05-tiles.qmd:470
+# chapters/ch05-tiles.qmd:450
 def stacked_rows(query: Tensor, kv_heads: int, scale: float | None) -> Tensor:
     """Return the scaled query (B, H_q, 1, d) as rows (B, H_kv, G, d).
 
@@ -284,7 +284,7 @@ def tiled_decode(query: Tensor, key: Tensor | QuantizedKV,
 
     query (B, H_q, 1, d); key (B, H_kv, T, d) and value (B, H_kv, T, d_v),
     floats or QuantizedKV. Each tile of the positions visible_ranges
-    returns is folded into a running softmax (Equation 7.1). Returns
+    returns is folded into a running softmax (Equation 9.1). Returns
     (B, H_q, 1, d_v), equal to decode_reference up to rounding.
     """
     batch, kv_heads, tokens, _ = key.shape
@@ -326,7 +326,7 @@ def decode_reference(query: Tensor, key: Tensor | QuantizedKV,
     return ch03.grouped_attention(query, keys, values, mask)
 
 
-# chapters/ch05-tiles.qmd:596
+# chapters/ch05-tiles.qmd:576
 def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
                  chunk: int) -> OnlineState:
     """Return the state (m, l, a) of every chunk of ``chunk`` keys at once.
@@ -347,7 +347,7 @@ def chunk_states(rows: Tensor, keys: Tensor, values: Tensor,
 def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
                     chunk: int = 512, window: int | None = None,
                     sinks: int = 0, scale: float | None = None) -> Tensor:
-    """Return one decode step by Flash-Decoding's split-KV (Equation 7.2).
+    """Return one decode step by Flash-Decoding's split-KV (Equation 9.2).
 
     query (B, H_q, 1, d); key (B, H_kv, T, d), value (B, H_kv, T, d_v).
     The visible positions are cut into chunks whose states are computed
@@ -370,7 +370,7 @@ def split_kv_decode(query: Tensor, key: Tensor, value: Tensor, *,
     return out.reshape(query.shape[:-1] + (value.shape[-1],))
 
 
-# chapters/ch05-tiles.qmd:743
+# chapters/ch05-tiles.qmd:723
 def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Return int8 codes and float32 scales of each row of x (..., n)."""
     return ch02.quantize(x.float(), 8, dim=-1)
@@ -405,7 +405,7 @@ def code_halves(codes: Tensor, bits: int) -> list[tuple[Tensor, int]]:
 
 def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
                 tile: int = 8192, scale: float | None = None) -> Tensor:
-    """Return one decode step from integer codes (Equation 7.3).
+    """Return one decode step from integer codes (Equation 9.3).
 
     query (B, H_q, 1, d); key and value QuantizedKV (B, H_kv, T, .) of 8
     or 4 bits. Scores: the key codes times int8 query rows, summed in
@@ -451,7 +451,7 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-tiles.qmd:888
+# chapters/ch05-tiles.qmd:868
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -630,7 +630,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-tiles.qmd:1117
+# chapters/ch05-tiles.qmd:1097
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:
@@ -653,14 +653,14 @@ def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
     return mixed @ value_up.transpose(-2, -1)  # (B, H, 1, d_h)
 
 
-# chapters/ch05-measured.qmd:647
+# chapters/ch05-measured.qmd:669
 def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
                   query_tile: int = 256, key_tile: int = 256) -> Tensor:
     """Return causal attention (B, H, n, d_v), FlashAttention's way.
 
     query, key (B, H, n, d), value (B, H, n, d_v). For each tile of
     ``query_tile`` rows the key tiles up to the diagonal are folded into
-    a running softmax (Equation 7.1); tiles wholly in the future are
+    a running softmax (Equation 9.1); tiles wholly in the future are
     skipped, and no score tile is larger than query_tile x key_tile.
     """
     tokens, width = query.shape[-2:]
@@ -683,7 +683,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:1071
+# chapters/ch05-measured.qmd:1093
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -716,7 +716,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:1125
+# chapters/ch05-measured.qmd:1147
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -768,7 +768,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:1222
+# chapters/ch05-measured.qmd:1244
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -829,7 +829,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:1303
+# chapters/ch05-measured.qmd:1325
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -932,7 +932,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:1522
+# chapters/ch05-measured.qmd:1544
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -973,7 +973,7 @@ def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
     return block.nbytes / seconds.item()
 
 
-# chapters/ch05-measured.qmd:1641
+# chapters/ch05-measured.qmd:1663
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor) -> None:

@@ -196,7 +196,7 @@ class RotaryGPT(ch02.TinyGPT):
         return self.lm_head(self.final_norm(x))  # (B, T, V)
 
 
-# chapters/ch06-extension.qmd:394
+# chapters/ch06-extension.qmd:396
 #: The byte that opens a record and, at the end of a window, the question.
 KEY_MARK = "#"
 #: The byte that closes the question; the answer is the byte after it.
@@ -299,12 +299,12 @@ def key_batch(text: Tensor, depths: Tensor, length: int,
                     symbols[values])
 
 
-# chapters/ch06-extension.qmd:552
+# chapters/ch06-extension.qmd:554
 def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
                     batch_size: int, length: int, key_share: float,
                     learning_rate: float, seed: int, max_keys: int = 1,
                     progress: tqdm | None = None) -> list[float]:
-    """Train ``model`` in place by Equation 9.1; return each step's loss.
+    """Train ``model`` in place by Equation 11.1; return each step's loss.
 
     Each step draws ``batch_size`` windows of ``length`` bytes of ``text``;
     round(key_share * batch_size) of them carry records (``key_batch``,
@@ -374,7 +374,7 @@ def train_with_keys(model: RotaryGPT, text: Tensor, *, steps: int,
     return losses
 
 
-# chapters/ch06-extension.qmd:664
+# chapters/ch06-extension.qmd:666
 @torch.no_grad()
 def position_losses(model: RotaryGPT, text: Tensor, *, length: int,
                     windows: int, span: int | None = None) -> Tensor:
@@ -460,7 +460,7 @@ def key_hits(model: RotaryGPT, text: Tensor, *, length: int,
     return (guesses == batch.values[:, 0]).view(len(depths), trials)
 
 
-# chapters/ch06-extension.qmd:790
+# chapters/ch06-extension.qmd:792
 @functools.cache
 def student_t_quantile(probability: float, dof: int) -> float:
     """Return t with P(T <= t) = ``probability``, ``dof`` degrees of freedom.
@@ -488,7 +488,7 @@ def student_t_quantile(probability: float, dof: int) -> float:
 
 
 def seed_window_interval(values: Tensor) -> tuple[float, float, float]:
-    """Return (mean, low, high): Equation 9.2's 95% interval.
+    """Return (mean, low, high): Equation 11.2's 95% interval.
 
     ``values`` is (seeds S, windows W); with one seed, only the windows'
     part counts, on W - 1 degrees of freedom.
@@ -537,7 +537,7 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
-# chapters/ch06-extension.qmd:908
+# chapters/ch06-extension.qmd:910
 def turning_bands(head_dim: int, base: float, length: int) -> int:
     """Return how many of the d_h / 2 bands turn fully within ``length``.
 
@@ -549,7 +549,7 @@ def turning_bands(head_dim: int, base: float, length: int) -> int:
 
 def matched_base(length: int, *, reference_base: float,
                  reference_length: int) -> float:
-    """Return the base b of Equation 9.3 for a trained length ``length``.
+    """Return the base b of Equation 11.3 for a trained length ``length``.
 
     With it the same fraction of the band index range turns within
     ``length`` as the reference's does within ``reference_length``.

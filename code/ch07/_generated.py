@@ -22,7 +22,7 @@ class Seen(NamedTuple):
     Attributes:
         positions: (B, H, n) int: where each of the n entries sits in the
             text.
-        accumulated: (B, H, n): A_j of Equation 10.1, over every query so
+        accumulated: (B, H, n): A_j of Equation 12.1, over every query so
             far.
         recent: (B, H, w, n): the attention rows of the w newest queries,
             from which nu_j is summed.
@@ -74,7 +74,7 @@ def keep_heavy(seen: Seen, keep: int, recent_share: float = 0.5) -> Tensor:
 def snap_votes(seen: Seen, window: int, pool: int) -> Tensor:
     """Return SnapKV's votes (B, H, n - window), pooled along the cache.
 
-    nu_j of Equation 10.1 over the newest ``window`` queries, for the
+    nu_j of Equation 12.1 over the newest ``window`` queries, for the
     n - window entries before them (the window's own columns are sliced
     off, as in SnapKV's code: the window is kept whatever its votes),
     averaged over ``pool`` neighbouring entries (odd, so that each entry

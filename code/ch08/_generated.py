@@ -398,7 +398,7 @@ def kernel_chunk_states(rows: Tensor, key: Tensor | ch05.QuantizedKV,
 def fused_decode(query: Tensor, key: Tensor | ch05.QuantizedKV,
                  value: Tensor | ch05.QuantizedKV, *,
                  chunk: int = 512) -> Tensor:
-    """Return one decode step by the C++ kernel (Equation 7.2).
+    """Return one decode step by the C++ kernel (Equation 9.2).
 
     query (B, H_q, 1, d) float32 on the CPU; key and value float32
     (B, H_kv, T, d), or QuantizedKV of the same bits, with H_kv dividing
@@ -703,7 +703,7 @@ def paged_decode(query: Tensor, key_pages: Tensor, value_pages: Tensor,
     query (B, H_q, 1, d); key_pages (pages, H_kv, P, d) and value_pages
     (pages, H_kv, P, d_v); tables[b] and lengths[b] are sequence b's
     block table (its page numbers in order) and length. The page states
-    of each sequence are merged by log-sum-exp (Equation 7.2). Returns
+    of each sequence are merged by log-sum-exp (Equation 9.2). Returns
     (B, H_q, 1, d_v), the output of ch05.split_kv_decode with chunk P on
     the same cache laid out contiguously.
     """

@@ -158,7 +158,7 @@ def served_options(config: ch03.KVConfig, tokens: int, memory: int, *,
                    ) -> list[Option]:
     """Return the designs of ``menu`` for one request, best first.
 
-    The procedure of Section 13.2: each design's bytes for ``tokens`` per
+    The procedure of Section 15.2: each design's bytes for ``tokens`` per
     sequence and ``batch`` sequences of ``config``; those within ``memory``
     bytes first, in groups whose records-found share is within
     ``tolerance`` of the group's best, each group by its step; those

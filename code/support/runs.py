@@ -1,6 +1,6 @@
 """Measured runs: the one timer, the record of the machine, and saved runs written and read.
 
-Chapter 2 and Chapter 8 time a call with ``time_call``, and so does every benchmark. A
+Chapter 2 and Chapter 10 time a call with ``time_call``, and so does every benchmark. A
 saved run (``python -m benchmarks``, ``python -m experiments ...``) is a JSON file headed
 by ``machine_record``, timed by ``timed_run`` and written by ``write_results``; the
 chapters read it back with ``load_results``. The saved runs the chapters read are
@@ -262,8 +262,8 @@ def load_results(prefix: str, folder: str | pathlib.Path | None = None) -> tuple
     """Return the newest saved run named ``<prefix>-*.json`` and its path.
 
     ``prefix`` is ``"copying"``, ``"extension"``, ``"forgetting"`` or ``"speculative"`` for the
-    experiments of Chapter 6, 6, 7 and 8, ``"benchmarks"`` for Chapter 8's measurements and
-    ``"serving"`` for Chapter 11's. Of the files whose
+    experiments of Chapter 6, 6, 7 and 8, ``"benchmarks"`` for Chapter 10's measurements and
+    ``"serving"`` for Chapter 13's. Of the files whose
     machine record says ``mode: full`` it takes the newest by the record's date, else the
     newest of any mode.
 

@@ -13,7 +13,7 @@ import warnings
 # The book's colours, in the order plots use them: blue, rust, green, violet, ochre, slate.
 PALETTE: tuple[str, ...] = ("#1f5f8b", "#c4512d", "#4f8a3c", "#7a4fa0", "#c99a12", "#5c6670")
 
-# One colour per cache design, wherever a figure draws it (Chapter 8, 7, 8 and 9): the full
+# One colour per cache design, wherever a figure draws it (Chapter 10, 7, 8 and 9): the full
 # cache slate, and the caches that store fewer heads in lighter and darker slates beside it (MHA
 # darker, MQA lighter, GQA-8 the full cache itself), the latent cache in rose; the caches that
 # keep every entry in fewer bits in blues, greens and violets; the evicting ones in warm colours

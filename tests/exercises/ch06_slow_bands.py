@@ -1,4 +1,4 @@
-"""Exercise 9.2: the saved run's settings give T_0, the base and the head width; count the slow bands."""
+"""Exercise 11.2: the saved run's settings give T_0, the base and the head width; count the slow bands."""
 import math
 
 from longctx import ch06, support

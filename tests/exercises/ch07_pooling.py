@@ -1,4 +1,4 @@
-"""Exercise 10.2: SnapKV on the chapter's twelve-entry case, with and without pooling."""
+"""Exercise 12.2: SnapKV on the chapter's twelve-entry case, with and without pooling."""
 from longctx import ch07
 
 toy = ch07.toy_seen()

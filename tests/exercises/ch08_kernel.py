@@ -1,5 +1,5 @@
-"""Exercise 11.1: the decode kernel's chunk. Every chunk gives Chapter 8's step; the saved run's
-kernel reads an int4 cache faster than Chapter 8's float32 step."""
+"""Exercise 13.1: the decode kernel's chunk. Every chunk gives Chapter 10's step; the saved run's
+kernel reads an int4 cache faster than Chapter 10's float32 step."""
 import torch
 from longctx import ch05, ch08, support
 

@@ -1,4 +1,4 @@
-"""Exercise 12.2: what the page size costs a prefix cache, on the chapter's conversation trace."""
+"""Exercise 14.2: what the page size costs a prefix cache, on the chapter's conversation trace."""
 from longctx import ch03, ch08
 
 llama = ch03.KVConfig.from_hf_config(ch03.load_model_config("llama-3.1-8b"))

@@ -1,4 +1,4 @@
-"""Exercise 12.3: why a rejected draft is replaced from the leftover max(0, P - P_hat), not from P."""
+"""Exercise 14.3: why a rejected draft is replaced from the leftover max(0, P - P_hat), not from P."""
 import torch
 from longctx import ch08
 

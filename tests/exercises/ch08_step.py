@@ -1,4 +1,4 @@
-"""Exercise 12.1: the chapter's scheduler priced as an H100 at its datasheet peaks, against this CPU's fitted costs."""
+"""Exercise 14.1: the chapter's scheduler priced as an H100 at its datasheet peaks, against this CPU's fitted costs."""
 import statistics
 
 from longctx import ch03, ch08, support

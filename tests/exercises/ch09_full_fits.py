@@ -1,4 +1,4 @@
-"""Exercise 13.1: the memory at which Llama 3.1 8B's full cache stops fitting a 32K request."""
+"""Exercise 15.1: the memory at which Llama 3.1 8B's full cache stops fitting a 32K request."""
 from longctx import ch03, ch09, support
 
 decode, _ = support.load_results("benchmarks")
