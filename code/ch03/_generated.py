@@ -441,7 +441,7 @@ def _probe_trials(draws: Tensor, needle_at: Tensor, frequencies: Tensor,
     return hit, weights.gather(2, at)[..., 0].double()
 
 
-# chapters/ch03-caches.qmd:176
+# chapters/ch03-caches.qmd:175
 @dataclass(frozen=True)
 class KVConfig:
     """The architectural numbers that fix a KV cache's size (Equation 4.1).
@@ -583,7 +583,7 @@ def kv_bytes(config: KVConfig, tokens: int, batch: int = 1) -> int:
     return batch * kept * width * config.bytes_per_scalar
 
 
-# chapters/ch03-caches.qmd:385
+# chapters/ch03-caches.qmd:384
 #: Bytes per number for the ``torch_dtype`` strings of config.json files.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2,
                "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
@@ -631,7 +631,7 @@ def read_head_fields(mapping: Mapping[str, Any],
                 bytes_per_scalar=bytes_per_scalar or DTYPE_BYTES[dtype])
 
 
-# chapters/ch03-caches.qmd:522
+# chapters/ch03-caches.qmd:521
 def repeat_kv(x: Tensor, groups: int) -> Tensor:
     """Return (B, H_kv*groups, T, d_h): each KV head copied for its group.
 
@@ -670,7 +670,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor,
     return out.reshape(batch, query_heads, query_len, value.size(-1))
 
 
-# chapters/ch03-caches.qmd:593
+# chapters/ch03-caches.qmd:592
 #: A layer's cache: (keys, values), each (B, H_kv, T, d_h).
 KVPair = tuple[Tensor, Tensor]
 
@@ -760,7 +760,7 @@ class GroupedQueryAttention(nn.Module):
         return self.output(ch01.merge_heads(out)), (k, v)
 
 
-# chapters/ch03-caches.qmd:901
+# chapters/ch03-caches.qmd:900
 def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     """Return latent_rank and rope_key_dim of a latent (MLA) cache, or {}.
 
@@ -783,7 +783,7 @@ def read_latent_fields(mapping: Mapping[str, Any]) -> dict[str, int]:
     return {"latent_rank": rank, "rope_key_dim": rope_key_dim}
 
 
-# chapters/ch03-caches.qmd:1026
+# chapters/ch03-caches.qmd:1025
 class ToyLatentKVAttention(nn.Module):
     """Causal attention that caches one low-rank latent per token (MLA).
 
@@ -902,7 +902,7 @@ class ToyLatentKVAttention(nn.Module):
         return apply_rope(per_head, positions, self.rotary_bands())
 
 
-# chapters/ch03-caches.qmd:1152
+# chapters/ch03-caches.qmd:1151
 LatentCache = Tensor
 """A latent cache: (B, T, r + d_R), the stored latents plus any rotary keys."""
 
@@ -973,7 +973,7 @@ class AbsorbedLatentAttention(ToyLatentKVAttention):
         return output, latent
 
 
-# chapters/ch03-windows.qmd:82
+# chapters/ch03-windows.qmd:81
 def visibility_mask(seq_len: int,               # T
                     window: int | None = None,  # W; None = full causal
                     sinks: int = 0, *,
@@ -1001,7 +1001,7 @@ def visibility_mask(seq_len: int,               # T
     return visible & ((query - key < window) | (key < sinks))     # (T_q, T)
 
 
-# chapters/ch03-windows.qmd:195
+# chapters/ch03-windows.qmd:194
 def read_window_fields(mapping: Mapping[str, Any],
                        layers: int) -> dict[str, int]:
     """Return window and windowed_layers for a config's sliding window, or {}.
@@ -1042,7 +1042,7 @@ def read_window_fields(mapping: Mapping[str, Any],
     return {"window": window, "windowed_layers": windowed}
 
 
-# chapters/ch03-windows.qmd:355
+# chapters/ch03-windows.qmd:354
 def rolling_buffer_slots(tokens_seen: int, window: int) -> list[int]:
     """Return the token in each of ``window`` ring slots (-1 = still empty).
 
@@ -1081,7 +1081,7 @@ def sliding_window_decode(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2), most
 
 
-# chapters/ch03-windows.qmd:509
+# chapters/ch03-windows.qmd:508
 def window_reach(window: int, layers: int) -> int:
     """Return L (W - 1), how far L windowed layers carry (Equation 5.1)."""
     window = check_int("window", window, minimum=1)
@@ -1094,7 +1094,7 @@ def hops_needed(distance: int, window: int) -> int:
     return -(-distance // (window - 1))  # ceil(D / (W - 1)), exactly
 
 
-# chapters/ch03-windows.qmd:674
+# chapters/ch03-windows.qmd:673
 def tokens_that_fit(config: KVConfig, budget: int,
                     batch: int = 1) -> int | None:
     """Return the most tokens T with kv_bytes(config, T, batch) <= budget.

@@ -761,7 +761,7 @@ class PagedKVCache:
                             [self.pool.lengths[s] for s in sequences])
 
 
-# chapters/ch08-sharing.qmd:140
+# chapters/ch08-sharing.qmd:138
 @dataclass(eq=False)
 class RadixNode:
     """A node of a prefix tree: the edge into it, a whole number of pages.
@@ -897,7 +897,7 @@ class RadixCache:
         return freed
 
 
-# chapters/ch08-sharing.qmd:328
+# chapters/ch08-sharing.qmd:326
 class Turn(NamedTuple):
     """One turn of a conversation: when it comes, what it reads and writes.
 
@@ -1018,7 +1018,7 @@ def serve_conversations(turns: list[Turn], pages: int,
     return found
 
 
-# chapters/ch08-sharing.qmd:656
+# chapters/ch08-sharing.qmd:654
 def chunk_attention(query: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     """Return causal attention of a chunk's n queries over its prefix.
 
@@ -1074,7 +1074,7 @@ def mixed_step(chunk: Tensor, chunk_keys: Tensor, chunk_values: Tensor,
     return out[:, :length], out[0, length:].unsqueeze(1)
 
 
-# chapters/ch08-sharing.qmd:769
+# chapters/ch08-sharing.qmd:767
 def chunk_pairs(start: int, length: int) -> int:
     """Return the (query, key) pairs a causal chunk scores.
 
@@ -1141,7 +1141,7 @@ def fit_step_cost(points: Sequence[Mapping[str, float]]) -> StepCost:
     return StepCost(*(solution[:, 0] / scale).tolist())
 
 
-# chapters/ch08-sharing.qmd:909
+# chapters/ch08-sharing.qmd:907
 class Served(NamedTuple):
     """What serving a trace gave: each request's waits, and the machine's.
 
@@ -1281,7 +1281,7 @@ def serve_trace(trace: Sequence, cost: StepCost, *, chunk: int | None,
     return Served(first_token, per_token, gaps, busy / clock, steps)
 
 
-# chapters/ch08-sharing.qmd:1381
+# chapters/ch08-sharing.qmd:1379
 def token_probabilities(logits: Tensor, temperature: float) -> Tensor:
     """Return the distribution (..., n_vocab) a sampler draws from.
 
@@ -1327,7 +1327,7 @@ def expected_speedup(alpha: float, k: int, cost: float) -> float:
     return expected_tokens(alpha, k) / (k * cost + 1)
 
 
-# chapters/ch08-sharing.qmd:1433
+# chapters/ch08-sharing.qmd:1431
 def speculative_verify(target: Tensor, draft: Tensor, drafted: Tensor,
                        generator: torch.Generator) -> tuple[int, int]:
     """Return (kept, next token) for k drafted tokens.
@@ -1352,7 +1352,7 @@ def speculative_verify(target: Tensor, draft: Tensor, drafted: Tensor,
     return first, int(torch.multinomial(leftover, 1, generator=generator))
 
 
-# chapters/ch08-sharing.qmd:1515
+# chapters/ch08-sharing.qmd:1513
 def truncate_cache(cache: ch02.KVCache, length: int) -> ch02.KVCache:
     """Cut every layer of ``cache`` back to its first ``length`` tokens.
 
@@ -1369,7 +1369,7 @@ def truncate_cache(cache: ch02.KVCache, length: int) -> ch02.KVCache:
     return cache
 
 
-# chapters/ch08-sharing.qmd:1540
+# chapters/ch08-sharing.qmd:1538
 class SpeculativeRun(NamedTuple):
     """What speculative_generate wrote, and how each target step went.
 
