@@ -211,3 +211,26 @@ def test_exercises_carry_their_pages_chapter_number_and_every_typed_exercise_ref
     for path in written:
         for number in re.findall(r"\bExercises? (\d+\.\d+)\b", path.read_text(encoding="utf-8")):
             assert number in found, (path.name, number)
+
+
+def _formula_glyphs(latex: str) -> int:
+    """About how many glyphs an inline formula draws: a command is one glyph, braces, scripts' marks and
+    spacing draw none, and an inline `{python}` value counts as three digits."""
+    latex = re.sub(r"`\{python\}[^`]*`", "000", latex)
+    latex = re.sub(r"\\(?:boldsymbol|mathrm|mathbf|mathit|text|operatorname|big|Big|left|right|[;,!: ]|quad)", "", latex)
+    latex = re.sub(r"\\[a-zA-Z]+", "x", latex)
+    return len(re.sub(r"[{}_^\s]", "", latex))
+
+
+def test_no_inline_formula_is_wider_than_a_phone_line():
+    """MathJax does not break an inline formula, so one wider than a 390 px line pushes the page sideways
+    (a 30-glyph merge rule did, by 8 px): a long formula goes on its own line or in pieces."""
+    assert _formula_glyphs(r"(\boldsymbol{\alpha}_1, \xi_1) \circ (\alpha_2, \xi_2)") == 15
+    assert _formula_glyphs(r"e^{-`{python} f'{x:.0f}'`}") == 5
+    wide = []
+    for path in sorted([ROOT / "index.qmd", *ROOT.glob("chapters/*.qmd"), *ROOT.glob("appendices/*.qmd")]):
+        text = re.sub(r"```.*?```|\$\$.*?\$\$", "", path.read_text(encoding="utf-8"), flags=re.S)
+        for formula in re.findall(r"(?<![\\$])\$([^$]+?)\$", text):
+            if _formula_glyphs(formula) > 26:
+                wide.append(f"{path.name}: ${formula[:60]}$")
+    assert wide == []

@@ -670,7 +670,7 @@ def delta_rule(query: Tensor, key: Tensor, value: Tensor,
     return torch.stack(outputs, dim=-2), state
 
 
-# chapters/ch04-states.qmd:1485
+# chapters/ch04-states.qmd:1486
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 7.7).
@@ -692,7 +692,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-states.qmd:1625
+# chapters/ch04-states.qmd:1626
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 
