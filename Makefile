@@ -25,7 +25,7 @@ help:
 	@echo "make notebooks   notebooks/chNN-*.ipynb for Jupyter, with the outputs of make book's execution"
 	@echo "make check       book integrity: references, labels, captions, generated code current"
 	@echo "make lint        ruff on code/ (the generated modules' style), tools/, tests/, benchmarks/, experiments/"
-	@echo "make bench       the measured benchmarks (4 to 8 minutes on 2 quiet cores)"
+	@echo "make bench       the measured benchmarks and the ceilings study (10 to 15 minutes on 2 quiet cores)"
 	@echo "make bench-quick a smoke run of the benchmarks (about 3 minutes)"
 	@echo "make experiment  the trained-model runs of Chapters 4, 6 and 7, saved to experiments/results/ (about half an hour on 2 idle cores)"
 	@echo "make preview     Quarto's live preview, where Quarto is installed"
@@ -101,10 +101,12 @@ lint: $(ENV_STAMP)
 
 bench: $(ENV_STAMP)
 	$(PY) -m benchmarks
+	$(PY) -m benchmarks.ceilings
 	$(PY) -m benchmarks.serving
 
 bench-quick: $(ENV_STAMP)
 	$(PY) -m benchmarks --quick
+	$(PY) -m benchmarks.ceilings --quick
 	$(PY) -m benchmarks.serving --quick
 
 # Chapter 4's selective copying (5 seeds x 3 mixers, about a minute) and Chapter 6's extension study

@@ -13,6 +13,7 @@ from longctx.support.measure import cache_sizes, last_level_cache_bytes
 from longctx.support.runs import load_average, machine_record, write_results
 
 from . import decode, memory, prefill, ring, scan
+from .ceilings import measure_ceilings
 from .common import (
     DEVICE_CHOICES,
     Progress,
@@ -126,12 +127,13 @@ def main(argv=None) -> int:
     progress(f"benchmarks on {results['machine']['device_name']} ({device.type}), {threads} threads, "
              f"{results['machine']['mode']} run")
     results["floors"] = measure.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)
+    results["ceilings"] = measure_ceilings(device=device, threads=threads, quick=args.quick, progress=progress)
     mrt = sizes["min_run_time"]
-    if "decode" not in args.skip:  # the allocator's lesson first; every later step keeps freed memory
+    if "decode" not in args.skip and device.type == "cpu":  # the allocator's lesson first (glibc's, the CPU's)
         results["allocator"] = decode.run_allocator_control(sizes["allocator_control"], device=device,
                                                             threads=threads, progress=progress,
                                                             min_run_time=mrt)
-    results["machine"]["allocator"] = set_allocator(True)
+    results["machine"]["allocator"] = set_allocator(True, heap_only=True)
     if "decode" not in args.skip:
         results["warm_cold"] = decode.run_warm_cold(sizes["warm_cold"], device=device, threads=threads,
                                                     progress=progress, min_run_time=mrt)
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
     results["floors"] = measure.best_floors(results["floors"], final)
     if results.get("decode"):
         for record in results["decode"]:  # shares of the floor and the roofline, against the better floors
-            decode.add_roofline(record, results["floors"])
+            decode.add_roofline(record, results["floors"], results["ceilings"]["rates"])
         measured = sorted({r["tokens"] for r in results["decode"]})
         targets = [t for t in decode.TARGET_TOKENS if t in measured] or measured[-1:]
         results["targets"] = decode.target_report(results["decode"], targets)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from longctx.support.runs import device_slug
+from longctx.support.runs import device_slug, load_average, write_results
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 DEVICE_CHOICES = ("cpu", "cuda", "auto")
@@ -54,13 +54,14 @@ def _libc_malloc_trim() -> Callable[[], object] | None:
     return lambda: trim(0)
 
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's mallopt parameter numbers (malloc.h)
 RETURNED_THRESHOLD = 128 * 2**10  # glibc's starting mmap and trim thresholds
 KEPT_MMAP_THRESHOLD = 32 * 2**20  # the largest mmap threshold glibc accepts on 64-bit machines
 KEPT_TRIM_THRESHOLD = 2**30
+DEFAULT_MMAP_MAX = 65536  # glibc's default cap on the number of blocks mapped at once
 
 
-def set_allocator(keep: bool) -> dict | None:
+def set_allocator(keep: bool, *, heap_only: bool = False) -> dict | None:
     """Fix how glibc's malloc treats a freed block, and return the setting (None where malloc is not glibc's).
 
     keep=False fixes glibc's starting thresholds (128 KiB): every block larger than that is mapped
@@ -68,18 +69,25 @@ def set_allocator(keep: bool) -> dict | None:
     per 4 KiB. (Left alone, glibc raises the thresholds as it sees blocks freed, and trims the heap
     when its top is free, so which temporaries fault depends on the history of the process.)
     keep=True serves blocks up to 32 MiB from the heap and never trims it, so a step's temporaries
-    reuse pages that are already mapped, as a serving process's working memory would.
+    reuse pages that are already mapped, as a serving process's working memory would. glibc will not
+    raise the mmap threshold past 32 MiB, so a larger block is still mapped fresh every call;
+    heap_only=True (with keep) also sets M_MMAP_MAX to 0, so that no block is mapped and every one,
+    however large, is served from the kept heap.
     """
+    if heap_only and not keep:
+        raise ValueError("heap_only=True needs keep=True: a heap that is trimmed hands its blocks back anyway")
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
         return None
     mmap_threshold = KEPT_MMAP_THRESHOLD if keep else RETURNED_THRESHOLD
     trim_threshold = KEPT_TRIM_THRESHOLD if keep else RETURNED_THRESHOLD
-    if not (mallopt(M_MMAP_THRESHOLD, mmap_threshold) and mallopt(M_TRIM_THRESHOLD, trim_threshold)):
+    mmap_max = 0 if heap_only else DEFAULT_MMAP_MAX
+    if not (mallopt(M_MMAP_THRESHOLD, mmap_threshold) and mallopt(M_TRIM_THRESHOLD, trim_threshold)
+            and mallopt(M_MMAP_MAX, mmap_max)):
         return None  # mallopt returns 0 when it refuses a setting
     return {"allocator": "glibc malloc", "keep_freed": keep, "mmap_threshold": mmap_threshold,
-            "trim_threshold": trim_threshold}
+            "trim_threshold": trim_threshold, "mmap_max": mmap_max}
 
 
 def _status_bytes(*fields: str) -> dict[str, int]:
@@ -145,3 +153,15 @@ class Progress:
     def __call__(self, message: str) -> None:
         if self.enabled:
             print(f"[{time.monotonic() - self.start:6.1f} s] {message}", flush=True)
+
+
+def finish_run(results: dict, *, started: float, prefix: str, mode: str, out: pathlib.Path | None) -> pathlib.Path:
+    """Record the run's wall time and closing load average, write it to `out` (default
+    results/<prefix>-<device slug>[-<mode>].json) and say where; returns the path."""
+    results["machine"]["wall_seconds"] = time.monotonic() - started
+    results["machine"]["load_average_end"] = load_average()
+    suffix = "" if mode == "full" else f"-{mode}"
+    out = out or RESULTS_DIR / f"{prefix}-{results['machine']['device_slug']}{suffix}.json"
+    write_results(results, out)
+    print(f"wrote {out} ({results['machine']['wall_seconds']:.0f} s)", flush=True)
+    return out

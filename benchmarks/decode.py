@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from longctx import ch03, ch05
 from longctx.support import time_call
-from longctx.support.measure import attention_flops, cold_copies, last_level_cache_bytes
+from longctx.support.measure import arithmetic_seconds, attention_flops, cold_copies, last_level_cache_bytes
 
 from . import fast
 from .common import peak_extra_bytes, set_allocator
@@ -75,6 +75,7 @@ RECORD_FIELDS = ("design", "kind", "tokens", "seconds", "runs", "iqr_seconds", "
                  "rotated_bytes", "cache_bytes", "bytes_moved", "flops", "operations", "extra_bytes",
                  "bytes_per_s", "percent_of_floor", "roofline_seconds", "percent_of_roofline",
                  "roofline_range", "bound", "note")
+WORK_FIELDS = ("work", "implementation_work")  # in runs that measured the ceilings (results["ceilings"])
 FILL_BLOCK = 1024  # tokens of fresh random numbers; longer caches repeat them (timing does not depend on values)
 SLOW_DESIGN_LIMIT = {"gqa8-dense-teaching": 32768, "latent-expanded": 8192, "gqa8-materialised": 16384}
 
@@ -89,6 +90,8 @@ class DecodeCase:
     flops: int  # multiply-adds x 2 of the dot products
     operations: int  # flops plus the unpacking, converting and scaling a quantised step does per element
     copies: int  # distinct caches the step rotates through
+    work: dict  # the design's least work by kind ("float", "int", "convert", "shift", "scale")
+    implementation_work: dict  # what this implementation does, by kind; operations is its sum
 
 
 def check_design(design: str, tokens: int) -> None:
@@ -129,20 +132,24 @@ def _rotating(step: Callable, caches: list) -> Callable[[], torch.Tensor]:
 
 def decode_case(design: str, tokens: int, *, device: torch.device, seed: int = 0, cold: bool = True,
                 query_heads: int = QUERY_HEADS, head_dim: int = HEAD_DIM, latent_rank: int = LATENT_RANK,
-                window: int = WINDOW) -> DecodeCase:
+                window: int = WINDOW, chunk: int = CHUNK) -> DecodeCase:
     """Return the decode step of `design` against `tokens` cached tokens, with its byte and operation counts.
 
-    cold=True rotates through distinct copies of the cache filling COLD_FACTOR x the LLC; cold=False
-    re-reads one cache (warm: whatever of it the LLC holds is served from there).
+    cold=True rotates through distinct copies of the cache filling COLD_FACTOR x the LLC (a GPU's L2
+    on CUDA); cold=False re-reads one cache (warm: whatever of it the LLC holds is served from there).
+    `chunk` is the split-KV chunk of the float designs.
 
     Raises:
         ValueError: for an unknown design or tokens < 1.
     """
     check_design(design, tokens)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be an integer >= 1 (got {chunk!r})")
     generator = torch.Generator(device=device).manual_seed(seed)
     query = _randn(1, query_heads, 1, head_dim, generator=generator, device=device)
     if design.startswith("latent"):
-        return _latent_case(design, tokens, query, generator, device, query_heads, head_dim, latent_rank, cold)
+        return _latent_case(design, tokens, query, generator, device, query_heads, head_dim, latent_rank, cold,
+                            chunk)
     kv_heads = {"mha": query_heads, "mqa": 1}.get(design, GQA_KV_HEADS)
     kept = min(tokens, window) if design == "window-4k" else tokens
     key, value = (_randn(1, kv_heads, kept, head_dim, generator=generator, device=device) for _ in "kv")
@@ -153,51 +160,58 @@ def decode_case(design: str, tokens: int, *, device: torch.device, seed: int = 0
         cache = tuple(ch05.quantize_cache(t, bits) for t in (key, value))
         size = cache[0].nbytes + cache[1].nbytes
         if design == "int8-tiled":  # convert, scale: two passes over every code
-            return _case(lambda c: ch05.tiled_decode(query, *c, tile=TILE), cache, size, size,
-                         flops, flops + 2 * elements, cold)
-        # scores and mix as integer products (the mix twice: two digits of the weights), the scales applied
-        # once per score and weight, and at 4 bits two shifts per packed byte on each side
-        integer = flops + attention_flops(query_heads, kept, head_dim) // 2
-        scaling = 6 * query_heads * kept
+            work = {"float": flops, "convert": elements, "scale": elements}
+            return _case(lambda c: ch05.tiled_decode(query, *c, tile=TILE), cache, size, size, flops, work, work,
+                         cold, device)
+        # the design: scores and mix as integer products, two scales on a score and one on a weight, and
+        # at 4 bits one shift per code; this implementation mixes twice (two digits of the weights) and
+        # scales each score and weight twice more
         unpack = elements if bits == 4 else 0
-        return _case(lambda c: ch05.int8_decode(query, *c), cache, size, size, flops,
-                     integer + scaling + unpack, cold)
+        work = {"int": flops, "scale": 3 * query_heads * kept, "shift": unpack}
+        done = {"int": flops + flops // 2, "scale": 6 * query_heads * kept, "shift": unpack}
+        return _case(lambda c: ch05.int8_decode(query, *c), cache, size, size, flops, work, done, cold, device)
     if design.startswith("kivi"):
         bits = int(design.removeprefix("kivi"))
         cache = ch05.KiviCache.from_keys_values(key, value, bits=bits, group=KIVI_GROUP,
                                                 residual=KIVI_RESIDUAL)
-        converting = 2 * elements * (1 if bits == 8 else 2)  # unpack (below 8 bits) and convert every code
-        scaling = 2 * elements // KIVI_GROUP + 4 * query_heads * kept  # fold scales into rows, scale weights
-        return _case(lambda c: c.attend(query), cache, cache.nbytes, cache.nbytes, flops,
-                     flops + converting + scaling, cold)
+        # every code converted (and below 8 bits unpacked), its offset added; scales folded into the
+        # query rows group by group; weights scaled
+        work = {"float": flops, "convert": elements, "shift": elements if bits < 8 else 0,
+                "scale": elements + 2 * elements // KIVI_GROUP + 4 * query_heads * kept}
+        return _case(lambda c: c.attend(query), cache, cache.nbytes, cache.nbytes, flops, work, work, cold, device)
     size = key.nbytes + value.nbytes
     groups = query_heads // kv_heads
     cache = (key, value)
+    work = {"float": flops}
     if design in ("mha", "gqa8", "mqa"):
-        return _case(lambda c: ch05.split_kv_decode(query, *c, chunk=CHUNK), cache, size, size, flops, flops,
-                     cold)
+        return _case(lambda c: ch05.split_kv_decode(query, *c, chunk=chunk), cache, size, size, flops, work, work,
+                     cold, device)
     if design == "window-4k":  # the rolling buffer holds exactly the window: every slot is visible
-        return _case(lambda c: ch05.split_kv_decode(query, *c, chunk=CHUNK), cache, size, size, flops, flops,
-                     cold)
+        return _case(lambda c: ch05.split_kv_decode(query, *c, chunk=chunk), cache, size, size, flops, work, work,
+                     cold, device)
     if design == "gqa8-sdpa":
-        return _case(lambda c: fast.grouped_decode_attention(query, *c), cache, size, size, flops, flops, cold)
+        return _case(lambda c: fast.grouped_decode_attention(query, *c), cache, size, size, flops, work, work,
+                     cold, device)
     if design == "gqa8-tiled":
-        return _case(lambda c: ch05.tiled_decode(query, *c, tile=TILE), cache, size, size, flops, flops, cold)
+        return _case(lambda c: ch05.tiled_decode(query, *c, tile=TILE), cache, size, size, flops, work, work,
+                     cold, device)
     if design == "gqa8-materialised":
         def step(c):
             return F.scaled_dot_product_attention(query, ch03.repeat_kv(c[0], groups), ch03.repeat_kv(c[1], groups))
-        return _case(step, cache, size, size + 2 * groups * size, flops, flops, cold)
-    return _case(lambda c: ch05.decode_reference(query, *c), cache, size, size, flops, flops, cold)
+        return _case(step, cache, size, size + 2 * groups * size, flops, work, work, cold, device)
+    return _case(lambda c: ch05.decode_reference(query, *c), cache, size, size, flops, work, work, cold, device)
 
 
-def _case(step, cache, cache_bytes, bytes_moved, flops, operations, cold) -> DecodeCase:
+def _case(step, cache, cache_bytes, bytes_moved, flops, work, implementation_work, cold, device) -> DecodeCase:
     """Return a DecodeCase whose step rotates through enough copies of `cache` to be cold."""
-    copies = cold_copies(cache_bytes, cold)
+    copies = cold_copies(cache_bytes, cold, device)
     caches = [cache] + [_clone(cache) for _ in range(copies - 1)]
-    return DecodeCase(_rotating(step, caches), cache_bytes, bytes_moved, flops, operations, copies)
+    work, done = ({kind: n for kind, n in counts.items() if n} for counts in (work, implementation_work))
+    return DecodeCase(_rotating(step, caches), cache_bytes, bytes_moved, flops, sum(done.values()), copies,
+                      work, done)
 
 
-def _latent_case(design, tokens, query, generator, device, query_heads, head_dim, latent_rank, cold):
+def _latent_case(design, tokens, query, generator, device, query_heads, head_dim, latent_rank, cold, chunk):
     """The latent designs: a (1, T, r) cache and the two (H*d_h, r) up-projections."""
     latent = _randn(1, tokens, latent_rank, generator=generator, device=device)
     key_up, value_up = (torch.randn(query_heads * head_dim, latent_rank, generator=generator, device=device)
@@ -208,9 +222,10 @@ def _latent_case(design, tokens, query, generator, device, query_heads, head_dim
         rebuilt = 2 * tokens * query_heads * head_dim * 4
         flops = 2 * 2 * tokens * latent_rank * query_heads * head_dim + attention_flops(query_heads, tokens, head_dim)
         return _case(lambda c: fast.latent_decode_expanded(query, *c), cache, size,
-                     size + latent.nbytes + 2 * rebuilt, flops, flops, cold)
+                     size + latent.nbytes + 2 * rebuilt, flops, {"float": flops}, {"float": flops}, cold, device)
     flops = attention_flops(query_heads, tokens, latent_rank) + 2 * 2 * query_heads * head_dim * latent_rank
-    return _case(lambda c: ch05.latent_decode(query, *c, chunk=CHUNK), cache, size, size, flops, flops, cold)
+    return _case(lambda c: ch05.latent_decode(query, *c, chunk=chunk), cache, size, size, flops,
+                 {"float": flops}, {"float": flops}, cold, device)
 
 
 def measure_decode(design: str, tokens: int, *, device: torch.device, threads: int,
@@ -227,30 +242,36 @@ def measure_decode(design: str, tokens: int, *, device: torch.device, threads: i
             "warmup_seconds": timing["warmup_seconds"], "copies": case.copies,
             "rotated_bytes": case.copies * case.cache_bytes, "cache_bytes": case.cache_bytes,
             "bytes_moved": case.bytes_moved, "flops": case.flops, "operations": case.operations,
+            "work": case.work, "implementation_work": case.implementation_work,
             "extra_bytes": extra, "bytes_per_s": None, "percent_of_floor": None, "roofline_seconds": None,
             "percent_of_roofline": None, "roofline_range": None, "bound": None, "note": DESIGN_NOTES[design]}
 
 
-def roofline_seconds(record: dict, floor: dict) -> tuple[float, float]:
-    """Return (memory time, arithmetic time): the bytes over the read floor B, the operations over F."""
-    return record["cache_bytes"] / floor["bytes_per_s"], record["operations"] / floor["flop_per_s"]
+def roofline_seconds(record: dict, floor: dict, rates: dict | None = None) -> tuple[float, float]:
+    """Return (memory time, arithmetic time): the bytes over the read floor B, and the operations over F,
+    or where `rates` (``measure.ceilings``) are given, the design's work kind by kind over its own ceiling."""
+    if rates is None:
+        return record["cache_bytes"] / floor["bytes_per_s"], record["operations"] / floor["flop_per_s"]
+    rates = {**rates, "float": floor["flop_per_s"]}
+    return record["cache_bytes"] / floor["bytes_per_s"], arithmetic_seconds(record["work"], rates)
 
 
-def add_roofline(record: dict, floors: dict) -> dict:
+def add_roofline(record: dict, floors: dict, rates: dict | None = None) -> dict:
     """Fill a record's floor and roofline fields from the run's floors (Equation 10.1).
 
     The roofline time is max(bytes it must read / B, operations / F) with B the read floor and F the
     matmul floor; the share is roofline time / measured time, against the faster floors of the run
     (`floors["bytes_per_s"]`, `floors["flop_per_s"]`). `roofline_range` holds the lowest and highest
     share any one of the run's floor measurements (`floors["measured"]`, start and end) gives.
+    With `rates`, the arithmetic time is the design's work over the separate ceilings of each kind.
     """
-    memory, arithmetic = roofline_seconds(record, floors)
+    memory, arithmetic = roofline_seconds(record, floors, rates)
     record["bytes_per_s"] = record["cache_bytes"] / record["seconds"]
     record["percent_of_floor"] = 100.0 * memory / record["seconds"]
     record["roofline_seconds"] = max(memory, arithmetic)
     record["percent_of_roofline"] = 100.0 * record["roofline_seconds"] / record["seconds"]
     record["bound"] = "memory" if memory >= arithmetic else "arithmetic"
-    shares = [100.0 * max(roofline_seconds(record, one)) / record["seconds"]
+    shares = [100.0 * max(roofline_seconds(record, one, rates)) / record["seconds"]
               for one in floors.get("measured", [floors])]
     record["roofline_range"] = [min(shares), max(shares)]
     return record
@@ -263,6 +284,9 @@ def run_decode(token_counts, designs=DESIGNS, *, device, threads, progress, min_
         for design in designs:
             if tokens > SLOW_DESIGN_LIMIT.get(design, tokens):
                 continue  # seconds per call, and its trend is plain by then
+            if device.type == "cuda" and design in INTEGER_ROUTE:
+                progress(f"decode {design} T={tokens}: skipped on cuda ({INTEGER_ROUTE_ON_CUDA})")
+                continue
             try:
                 record = measure_decode(design, tokens, device=device, threads=threads, min_run_time=min_run_time)
             except RuntimeError as error:  # e.g. out of memory on an accelerator: keep the rest of the run
@@ -274,6 +298,17 @@ def run_decode(token_counts, designs=DESIGNS, *, device, threads, progress, min_
             progress(f"decode {design:20s} T={tokens:6d}: {record['seconds'] * 1e3:9.2f} ms "
                      f"({record['copies']} caches rotated, {record['runs']} blocks)")
     return records
+
+
+INTEGER_ROUTE = ("int8", "int4")
+INTEGER_ROUTE_ON_CUDA = ("torch._int_mm on CUDA needs more than 16 rows and a multiple of 8 columns; the integer "
+                         "route's products have G = 4 columns (scores) and 2G = 8 rows (mix)")
+
+
+def cuda_int_mm_ok(rows: int, columns: int) -> bool:
+    """Return whether torch._int_mm on CUDA takes an (rows, k) @ (k, columns) product: rows > 16 and
+    columns a multiple of 8 (on the CPU it takes any shape)."""
+    return rows > 16 and columns % 8 == 0
 
 
 WARM_COLD = (("gqa8", 4096), ("gqa8", 65536), ("int8", 65536), ("int4", 65536))

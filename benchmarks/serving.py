@@ -21,9 +21,9 @@ import time
 import torch
 from longctx.support import measure
 from longctx.support.measure import cache_sizes, last_level_cache_bytes
-from longctx.support.runs import load_average, machine_record, write_results
+from longctx.support.runs import machine_record
 
-from .common import RESULTS_DIR, Progress, set_allocator
+from .common import Progress, finish_run, set_allocator
 
 PARTS = ("step", "paged", "kernel")
 
@@ -65,12 +65,7 @@ def main(argv=None) -> int:
             results[part] = module.run(settings, threads=threads, progress=progress)
     last = measure.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)
     results["floors"] = measure.best_floors(first, last)
-    results["machine"]["wall_seconds"] = time.monotonic() - started
-    results["machine"]["load_average_end"] = load_average()
-    suffix = "" if mode == "full" else f"-{mode}"
-    out = args.out or RESULTS_DIR / f"serving-{results['machine']['device_slug']}{suffix}.json"
-    write_results(results, out)
-    print(f"wrote {out} ({results['machine']['wall_seconds']:.0f} s)", flush=True)
+    finish_run(results, started=started, prefix="serving", mode=mode, out=args.out)
     return 0
 
 

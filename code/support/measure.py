@@ -52,12 +52,25 @@ def attention_flops(query_heads: int, tokens: int, width: int) -> int:
     return 4 * query_heads * tokens * width
 
 
-def cold_copies(cache_bytes: int, cold: bool) -> int:
-    """Return how many distinct caches to rotate through so that together they fill COLD_FACTOR x the LLC."""
+def device_cache_bytes(device: torch.device | None = None) -> int:
+    """Return the largest cache that could hold a step's operands, in bytes.
+
+    The CPU's LLC (sysfs), or on CUDA the device's L2 (``torch.cuda.get_device_properties``);
+    DEFAULT_LLC where neither says.
+    """
+    if device is not None and device.type == "cuda":
+        return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or DEFAULT_LLC
+    return last_level_cache_bytes() or DEFAULT_LLC
+
+
+def cold_copies(cache_bytes: int, cold: bool, device: torch.device | None = None) -> int:
+    """Return how many distinct caches to rotate through to fill COLD_FACTOR x the device's cache.
+
+    The cache is ``device_cache_bytes``: the CPU's LLC, or a GPU's L2.
+    """
     if not cold:
         return 1
-    llc = last_level_cache_bytes() or DEFAULT_LLC
-    return max(2, min(MAX_COPIES, math.ceil(COLD_FACTOR * llc / cache_bytes)))
+    return max(2, min(MAX_COPIES, math.ceil(COLD_FACTOR * device_cache_bytes(device) / cache_bytes)))
 
 
 def bandwidth_floor(*, device: torch.device, threads: int, megabytes: int = 256, min_run_time: float = 0.3) -> dict:
@@ -102,6 +115,119 @@ def matmul_floor(*, device: torch.device, threads: int, size: int = 2048, dtype=
     timing = time_call(lambda: left @ right, threads=threads, min_run_time=min_run_time)
     return {"size": size, "dtype": str(dtype).removeprefix("torch."), "seconds": timing["seconds"],
             "flop_per_s": 2 * size**3 / timing["seconds"], "runs": timing["runs"]}
+
+
+def int_matmul_floor(*, device: torch.device, threads: int, size: int = 2048, min_run_time: float = 0.3) -> dict:
+    """Return square ``torch._int_mm`` throughput (int8 x int8 summed in int32), 2 n^3 operations per product.
+
+    The integer route's products run on the integer vector units (VNNI or AMX where the CPU has them),
+    whose rate is not the float32 matmul's; n is a multiple of 8 and above 16, as CUDA's kernel needs.
+    """
+    if size <= 16 or size % 8:
+        raise ValueError(f"size must be a multiple of 8 above 16, as torch._int_mm needs (got {size})")
+    generator = torch.Generator(device=device).manual_seed(2)
+    left, right = (torch.randint(-127, 128, (size, size), generator=generator, device=device, dtype=torch.int8)
+                   for _ in "ab")
+    out = torch.empty(size, size, device=device, dtype=torch.int32)
+    timing = time_call(lambda: torch._int_mm(left, right, out=out), threads=threads, min_run_time=min_run_time)
+    return {"size": size, "seconds": timing["seconds"], "op_per_s": 2 * size**3 / timing["seconds"],
+            "runs": timing["runs"]}
+
+
+ELEMENTWISE_KINDS = ("convert", "shift", "scale")  # the passes a quantised step makes over its numbers
+
+
+def elementwise_floor(*, device: torch.device, threads: int, cache_bytes: int | None = None,
+                      min_run_time: float = 0.2) -> dict:
+    """Return elements per second of the three passes a quantised step makes, on a buffer that stays in cache.
+
+    'convert' is int8 codes to float32, 'shift' a right shift of uint8 bytes (unpacking a packed code),
+    'scale' a float32 multiply in place. The buffer holds a quarter of `cache_bytes` (the L2, or 1 MiB)
+    in float32, and at least 256K numbers: held in cache, so that the rate measured is the units' and not
+    the memory's, and long enough that a call's fixed cost (a few microseconds) is a small part of it.
+    """
+    cache_bytes = cache_bytes or 2**20
+    elements = max(2**18, cache_bytes // 4 // 4)
+    generator = torch.Generator(device=device).manual_seed(3)
+    codes = torch.randint(-127, 128, (elements,), generator=generator, device=device, dtype=torch.int8)
+    packed = codes.view(torch.uint8)
+    floats, shifted = torch.empty(elements, device=device), torch.empty_like(packed)
+    passes = {"convert": lambda: floats.copy_(codes), "shift": lambda: torch.bitwise_right_shift(packed, 4, out=shifted),
+              "scale": lambda: floats.mul_(1.0)}
+    rates = {kind: elements / time_call(run, threads=threads, min_run_time=min_run_time)["seconds"]
+             for kind, run in passes.items()}
+    return {"elements": elements, **{f"{kind}_per_s": rate for kind, rate in rates.items()}}
+
+
+def ceilings(floors: dict, int_matmul: dict | None = None, elementwise: dict | None = None) -> dict[str, float]:
+    """Return the rate of each kind of work a step does, by kind.
+
+    'float' (FLOP/s of the floors' float32 matmul), 'int' (operations/s of the square integer product, ``int_matmul_floor``) and the elementwise passes
+    (elements/s, ``elementwise_floor``). Where a measurement is not given, its kinds take the float
+    matmul's rate, as a roofline with one arithmetic ceiling does.
+    """
+    rates = {"float": floors["flop_per_s"]}
+    rates["int"] = int_matmul["op_per_s"] if int_matmul else rates["float"]
+    for kind in ELEMENTWISE_KINDS:
+        rates[kind] = elementwise[f"{kind}_per_s"] if elementwise else rates["float"]
+    return rates
+
+
+def arithmetic_seconds(work: dict[str, int], rates: dict[str, float]) -> float:
+    """Return the time the counted work takes at its ceilings: the sum over kinds of count / rate.
+
+    A sum, not a maximum: the integer products, the conversions and the float products of one step
+    all issue from the same vector units, so one kind's time does not hide another's.
+    """
+    unknown = set(work) - set(rates)
+    if unknown:
+        raise ValueError(f"work has kinds without a ceiling: {sorted(unknown)}; known: {sorted(rates)}")
+    return sum(count / rates[kind] for kind, count in work.items())
+
+
+def read_bandwidth_sweep(*, device: torch.device, threads: int, sizes: list[int],
+                         min_run_time: float = 0.05) -> list[dict]:
+    """Return the read rate (bytes/s) over buffers of each size in `sizes` (bytes), re-read warm.
+
+    Each buffer is read by a matrix-vector product, the same read the floor uses; while the buffer
+    fits a cache level, re-reading it is served from there, so the rate falls in steps where the
+    machine's caches end (``effective_cache_bytes``).
+    """
+    rows = []
+    for size in sizes:
+        if size < 4096:
+            raise ValueError(f"every size must be at least 4096 bytes (got {size})")
+        generator = torch.Generator(device=device).manual_seed(4)
+        buffer = torch.rand(size // 4 // 1024, 1024, generator=generator, device=device)
+        weights = torch.rand(1024, generator=generator, device=device)
+        timing = time_call(lambda b=buffer, w=weights: b @ w, threads=threads, min_run_time=min_run_time)
+        rows.append({"bytes": buffer.nbytes, "bytes_per_s": buffer.nbytes / timing["seconds"]})
+    return rows
+
+
+def effective_cache_bytes(sweep: list[dict]) -> int | None:
+    """Return the largest buffer of a bandwidth sweep still read from cache, or None if none was.
+
+    Read from cache means at least the geometric mean of the sweep's fastest rate and its largest
+    buffer's rate (main memory's): halfway, on a log scale, from the memory plateau to the cache's.
+    A VM's share of a host's L3 shows here, where sysfs gives the whole host's size.
+    """
+    if len(sweep) < 2:
+        raise ValueError(f"a sweep needs at least two buffer sizes (got {len(sweep)})")
+    ordered = sorted(sweep, key=lambda row: row["bytes"])
+    memory = ordered[-1]["bytes_per_s"]
+    cut = math.sqrt(max(row["bytes_per_s"] for row in ordered) * memory)
+    cached = [row["bytes"] for row in ordered[:-1] if row["bytes_per_s"] >= cut]
+    return max(cached) if cached and cut > memory * 1.1 else None
+
+
+def sweep_sizes(largest: int) -> list[int]:
+    """Return buffer sizes from 256 KiB to `largest` bytes, two a doubling (x1 and x1.5)."""
+    sizes, size = [], 256 * 2**10
+    while size <= largest:
+        sizes += [size] + ([size * 3 // 2] if size * 3 // 2 <= largest else [])
+        size *= 2
+    return sizes
 
 
 def buffer_megabytes(device: torch.device, quick: bool) -> int:

@@ -262,8 +262,8 @@ def load_results(prefix: str, folder: str | pathlib.Path | None = None) -> tuple
     """Return the newest saved run named ``<prefix>-*.json`` and its path.
 
     ``prefix`` is ``"copying"``, ``"extension"``, ``"forgetting"`` or ``"speculative"`` for the
-    experiments of Chapter 6, 6, 7 and 8, ``"benchmarks"`` for Chapter 10's measurements and
-    ``"serving"`` for Chapter 13's. Of the files whose
+    experiments of Chapter 6, 6, 7 and 8, ``"benchmarks"`` for Chapter 10's measurements,
+    ``"ceilings"`` for its study of a machine's ceilings and ``"serving"`` for Chapter 13's. Of the files whose
     machine record says ``mode: full`` it takes the newest by the record's date, else the
     newest of any mode.
 

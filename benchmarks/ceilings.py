@@ -1,0 +1,263 @@
+"""Command line: python -m benchmarks.ceilings [--quick] [--out PATH] [--threads N].
+
+What a roofline and a claimed ratio need beyond the main run's two floors and its medians, saved as
+benchmarks/results/ceilings-<device>[-quick].json, one file per machine:
+
+- the arithmetic ceilings of each kind of work a decode step does (float32 products, int8 products,
+  conversions, shifts, scales), and for each quantised step which of them binds;
+- the read bandwidth across buffer sizes, and the largest buffer still read from cache;
+- the split-KV step's time across chunk sizes;
+- the ratios the chapter states, each timed in interleaved rounds, with a distribution-free interval;
+- the allocator's settings, each timed in a fresh process, in the order ABCD DCBA.
+
+The main run (``python -m benchmarks``) measures the same ceilings (``measure_ceilings``) and judges
+its decode rows against them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from longctx.support import measure
+from longctx.support.measure import (
+    ELEMENTWISE_KINDS,
+    cache_sizes,
+    effective_cache_bytes,
+    elementwise_floor,
+    int_matmul_floor,
+    interleaved,
+    last_level_cache_bytes,
+    median_interval,
+    ratio,
+    read_bandwidth_sweep,
+    sweep_sizes,
+)
+from longctx.support.runs import machine_record, time_call
+
+from . import decode
+from .common import Progress, finish_run, release_memory, resolve_device, set_allocator
+
+# the ratios the chapter states: (design, against, T)
+RATIO_PAIRS = (("gqa8", "gqa8-sdpa", 32768), ("gqa8", "gqa8-sdpa", 65536),
+               ("int8", "gqa8", 32768), ("int8", "gqa8", 65536), ("int4", "gqa8", 32768), ("int4", "gqa8", 65536),
+               ("gqa8", "mha", 65536), ("kivi4", "gqa8", 4096), ("kivi4", "gqa8", 65536))
+QUANTISED_STEPS = ("int8", "int4", "kivi4")
+ALLOCATOR_SETTINGS = ("default", "returned", "capped", "heap")
+FULL = {"int_sizes": (256, 512, 1024), "ratio_pairs": RATIO_PAIRS, "rounds": 9,
+        "chunks": (128, 256, 512, 1024, 2048, 4096, 8192), "chunk_tokens": (32768, 65536),
+        "allocator_pairs": (("gqa8-materialised", 16384), ("int8", 32768), ("kivi4", 65536)),
+        "min_run_time": 0.05}
+QUICK = {"int_sizes": (64, 128), "ratio_pairs": (("int8", "gqa8", 2048), ("gqa8", "mha", 2048)), "rounds": 5,
+         "chunks": (128, 512, 2048), "chunk_tokens": (2048,), "allocator_pairs": (("int8", 1024),),
+         "min_run_time": 0.02}
+
+
+def measure_ceilings(*, device: torch.device, threads: int, quick: bool, progress, sizes=None) -> dict:
+    """Return the arithmetic ceilings beside the float32 matmul floor: the square int8 product at its
+    best size (of `sizes`), and the elementwise passes on a buffer held in the L2; 'rates' holds the
+    kinds ``measure.arithmetic_seconds`` reads (the float rate is the floors' own)."""
+    sizes = sizes or (QUICK if quick else FULL)["int_sizes"]
+    tries = [int_matmul_floor(device=device, threads=threads, size=size, min_run_time=0.1 if quick else 0.3)
+             for size in sizes]
+    best = max(tries, key=lambda record: record["op_per_s"])
+    best["sizes_tried"] = {str(t["size"]): t["op_per_s"] for t in tries}
+    elementwise = elementwise_floor(device=device, threads=threads,
+                                    cache_bytes=cache_sizes().get(2) if device.type == "cpu" else None)
+    rates = measure.ceilings({"flop_per_s": float("nan")}, best, elementwise)
+    del rates["float"]
+    progress(f"ceilings: int8 products {best['op_per_s'] / 1e9:.1f} Gop/s (best of n = "
+             f"{', '.join(map(str, sizes))}); " + ", ".join(
+                 f"{kind} {elementwise[f'{kind}_per_s'] / 1e9:.1f} G/s" for kind in ELEMENTWISE_KINDS))
+    return {"int_matmul": best, "elementwise": elementwise, "rates": rates}
+
+
+def run_sweep(*, device: torch.device, threads: int, quick: bool, progress) -> dict:
+    """Return the read-bandwidth sweep from 256 KiB to four times the reported LLC (256 MiB to 2 GiB;
+    16 MiB in a quick run) and the largest buffer it still reads from cache."""
+    reported = last_level_cache_bytes() if device.type == "cpu" else measure.device_cache_bytes(device)
+    largest = 16 * 2**20 if quick else min(2**31, max(2**28, 4 * (reported or 0)))
+    rows = read_bandwidth_sweep(device=device, threads=threads, sizes=sweep_sizes(largest))
+    effective = effective_cache_bytes(rows)
+    progress(f"sweep: {len(rows)} buffers to {largest / 2**20:.0f} MiB; read from cache up to "
+             f"{effective / 2**20 if effective else 0:.1f} MiB (reported LLC {(reported or 0) / 2**20:.0f} MiB)")
+    return {"rows": rows, "effective_cache_bytes": effective, "reported_llc_bytes": reported}
+
+
+def _spread(values: list[float]) -> dict:
+    """Median, its distribution-free interval and the interquartile range of a list of seconds."""
+    middle, low, high, covered = median_interval(values)
+    quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {"seconds": middle, "low": low, "high": high, "coverage": covered,
+            "iqr_seconds": quartiles[2] - quartiles[0], "rounds": values}
+
+
+def run_chunks(token_counts, chunks, *, device, threads, rounds, min_run_time, progress) -> list[dict]:
+    """Return the cold GQA-8 split-KV step at each chunk size, the sizes timed in interleaved rounds,
+    with each one's time over the default chunk's (``decode.CHUNK``) per round."""
+    rows = []
+    for tokens in token_counts:
+        steps = {chunk: decode.decode_case("gqa8", tokens, device=device, chunk=chunk).step for chunk in chunks}
+        seconds = interleaved({str(c): s for c, s in steps.items()}, rounds=rounds, threads=threads,
+                              min_run_time=min_run_time)
+        base = str(decode.CHUNK) if decode.CHUNK in chunks else str(chunks[0])
+        for chunk in chunks:
+            against = ratio(seconds, str(chunk), base)
+            rows.append({"tokens": tokens, "chunk": chunk, "chunks_per_head": -(-tokens // chunk),
+                         "chunk_bytes": 2 * chunk * decode.HEAD_DIM * 4, **_spread(seconds[str(chunk)]),
+                         "ratio_to": int(base), "ratio": against["ratio"], "ratio_low": against["low"],
+                         "ratio_high": against["high"]})
+        best = min((r for r in rows if r["tokens"] == tokens), key=lambda r: r["seconds"])
+        progress(f"chunks T={tokens}: fastest {best['chunk']} ({best['ratio']:.2f} x chunk {base})")
+        del steps
+        release_memory(device)
+    return rows
+
+
+def quantised_roofline(case: decode.DecodeCase, seconds: float, floors: dict, rates: dict) -> dict:
+    """Return a quantised step's memory time and its arithmetic time three ways (every operation at the
+    float matmul's rate; the design's least work at each kind's ceiling; this implementation's work at
+    them), and which of memory or arithmetic binds at the separate ceilings."""
+    rates = {**rates, "float": floors["flop_per_s"]}
+    memory = case.cache_bytes / floors["bytes_per_s"]
+    design = measure.arithmetic_seconds(case.work, rates)
+    done = measure.arithmetic_seconds(case.implementation_work, rates)
+    return {"memory_seconds": memory, "one_ceiling_seconds": case.operations / floors["flop_per_s"],
+            "design_seconds": design, "implementation_seconds": done,
+            "bound": "memory" if memory >= design else "arithmetic", "work": case.work,
+            "implementation_work": case.implementation_work,
+            "percent_of_roofline": 100 * max(memory, design) / seconds}
+
+
+def run_ratios(pairs, *, device, threads, rounds, min_run_time, floors, rates, progress) -> dict:
+    """Return every ratio of `pairs` from interleaved rounds of the designs at its length, each design's
+    time with its interval and IQR, and for the quantised steps the roofline at the separate ceilings."""
+    out = {"ratios": [], "steps": [], "quantised": []}
+    for tokens in sorted({t for _, _, t in pairs}):
+        designs = sorted({d for a, b, t in pairs if t == tokens for d in (a, b)})
+        cases = {d: decode.decode_case(d, tokens, device=device) for d in designs}
+        seconds = interleaved({d: c.step for d, c in cases.items()}, rounds=rounds, threads=threads,
+                              min_run_time=min_run_time)
+        for design, case in cases.items():
+            out["steps"].append({"design": design, "tokens": tokens, "cache_bytes": case.cache_bytes,
+                                 **_spread(seconds[design])})
+            if design in QUANTISED_STEPS:
+                out["quantised"].append({"design": design, "tokens": tokens, **quantised_roofline(
+                    case, statistics.median(seconds[design]), floors, rates)})
+        for top, bottom, t in pairs:
+            if t == tokens:
+                line = ratio(seconds, top, bottom)
+                line.update(tokens=tokens, bytes_ratio=cases[top].cache_bytes / cases[bottom].cache_bytes)
+                out["ratios"].append(line)
+                progress(f"ratio {top}/{bottom} T={tokens}: {line['ratio']:.2f} "
+                         f"[{line['low']:.2f}, {line['high']:.2f}]")
+        del cases
+        release_memory(device)
+    return out
+
+
+def apply_setting(setting: str) -> dict | None:
+    """Set glibc's malloc as `setting` names: 'default' (untouched), 'returned' (128 KiB thresholds),
+    'capped' (blocks up to 32 MiB kept), 'heap' (every block from a kept heap: M_MMAP_MAX = 0)."""
+    if setting not in ALLOCATOR_SETTINGS:
+        raise ValueError(f"setting must be one of {', '.join(ALLOCATOR_SETTINGS)} (got {setting!r})")
+    if setting == "default":
+        return {"allocator": "glibc malloc", "setting": "default"}
+    record = set_allocator(setting != "returned", heap_only=setting == "heap")
+    return record and {**record, "setting": setting}
+
+
+def probe(setting: str, design: str, tokens: int, threads: int, min_run_time: float) -> dict:
+    """Time one cold step with the allocator set before anything is allocated (run in a fresh process)."""
+    allocator = apply_setting(setting)
+    torch.set_num_threads(threads)
+    case = decode.decode_case(design, tokens, device=torch.device("cpu"))
+    timing = time_call(case.step, threads=threads, min_run_time=min_run_time)
+    return {"setting": setting, "allocator": allocator, "seconds": timing["seconds"],
+            "iqr_seconds": timing["iqr_seconds"]}
+
+
+def run_allocator(pairs, *, threads, min_run_time, progress) -> list[dict]:
+    """Return, for each (design, T), the cold step under every allocator setting, each timing made in
+    its own fresh process (so that no setting inherits another's heap), in the order ABCD DCBA, and
+    each setting's time the mean of its two. [] where malloc is not glibc's."""
+    if set_allocator(True) is None:
+        return []
+    rows = []
+    for design, tokens in pairs:
+        times = {setting: [] for setting in ALLOCATOR_SETTINGS}
+        for setting in ALLOCATOR_SETTINGS + ALLOCATOR_SETTINGS[::-1]:
+            done = subprocess.run(
+                [sys.executable, "-m", "benchmarks.ceilings", "--probe", setting, design, str(tokens),
+                 "--threads", str(threads), "--min-run-time", str(min_run_time)],
+                capture_output=True, text=True, check=True, cwd=pathlib.Path(__file__).resolve().parent.parent)
+            times[setting].append(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
+        row = {"design": design, "tokens": tokens,
+               **{f"{s}_seconds": sum(times[s]) / 2 for s in ALLOCATOR_SETTINGS},
+               "each": times}
+        rows.append(row)
+        progress(f"allocator {design} T={tokens}: " + ", ".join(
+            f"{s} {row[f'{s}_seconds'] * 1e3:.2f} ms" for s in ALLOCATOR_SETTINGS))
+    return rows
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ceilings", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="where to run")
+    parser.add_argument("--out", type=pathlib.Path, default=None, help="results file")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    parser.add_argument("--probe", nargs=3, metavar=("SETTING", "DESIGN", "T"), default=None,
+                        help=argparse.SUPPRESS)  # one allocator timing, for run_allocator's fresh process
+    parser.add_argument("--min-run-time", type=float, default=0.05, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        print(f"error: --threads must be >= 1 (got {args.threads})", file=sys.stderr)
+        return 2
+    threads = args.threads or torch.get_num_threads()
+    if args.probe:
+        setting, design, tokens = args.probe
+        print(json.dumps(probe(setting, design, int(tokens), threads, args.min_run_time)), flush=True)
+        return 0
+    try:
+        device = resolve_device(args.device)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(threads)
+    sizes = QUICK if args.quick else FULL
+    progress, started = Progress(), time.monotonic()
+    mode = "quick" if args.quick else "full"
+    results = {"machine": machine_record(device, threads, mode), "sizes": sizes}
+    results["machine"]["allocator"] = set_allocator(True, heap_only=True)
+    floors = measure.measure_floors(device=device, threads=threads, quick=args.quick, progress=progress)
+    results["ceilings"] = measure_ceilings(device=device, threads=threads, quick=args.quick, progress=progress)
+    results["sweep"] = run_sweep(device=device, threads=threads, quick=args.quick, progress=progress)
+    timing = {"device": device, "threads": threads, "rounds": sizes["rounds"], "min_run_time": sizes["min_run_time"],
+              "progress": progress}
+    results["ratios"] = run_ratios(sizes["ratio_pairs"], floors=floors, rates=results["ceilings"]["rates"],
+                                   **timing)
+    results["chunks"] = run_chunks(sizes["chunk_tokens"], sizes["chunks"], **timing)
+    gc.collect()
+    results["allocator"] = (run_allocator(sizes["allocator_pairs"], threads=threads,
+                                          min_run_time=sizes["min_run_time"], progress=progress)
+                            if device.type == "cpu" else [])
+    results["floors"] = measure.best_floors(floors, measure.measure_floors(
+        device=device, threads=threads, quick=args.quick, progress=progress))
+    finish_run(results, started=started, prefix="ceilings", mode=mode, out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
