@@ -43,7 +43,7 @@ from longctx.support.measure import (
 from longctx.support.runs import machine_record, time_call
 
 from . import decode
-from .common import Progress, finish_run, release_memory, resolve_device, set_allocator
+from .common import Progress, finish_run, peak_extra_bytes, release_memory, resolve_device, set_allocator
 
 # the ratios the chapter states: (design, against, T)
 RATIO_PAIRS = (("gqa8", "gqa8-sdpa", 32768), ("gqa8", "gqa8-sdpa", 65536),
@@ -54,10 +54,10 @@ ALLOCATOR_SETTINGS = ("default", "returned", "capped", "heap")
 FULL = {"int_sizes": (256, 512, 1024), "ratio_pairs": RATIO_PAIRS, "rounds": 9,
         "chunks": (128, 256, 512, 1024, 2048, 4096, 8192), "chunk_tokens": (32768, 65536),
         "allocator_pairs": (("gqa8-materialised", 16384), ("int8", 32768), ("kivi4", 65536)),
-        "min_run_time": 0.05}
+        "kivi_tokens": 65536, "kivi_passes": (8, 16, 32, 64, 128), "min_run_time": 0.05}
 QUICK = {"int_sizes": (64, 128), "ratio_pairs": (("int8", "gqa8", 2048), ("gqa8", "mha", 2048)), "rounds": 5,
          "chunks": (128, 512, 2048), "chunk_tokens": (2048,), "allocator_pairs": (("int8", 1024),),
-         "min_run_time": 0.02}
+         "kivi_tokens": 2048, "kivi_passes": (4, 16), "min_run_time": 0.02}
 
 
 def measure_ceilings(*, device: torch.device, threads: int, quick: bool, progress, sizes=None) -> dict:
@@ -163,6 +163,23 @@ def run_ratios(pairs, *, device, threads, rounds, min_run_time, floors, rates, p
     return out
 
 
+def run_kivi_passes(tokens: int, passes, *, device, threads, rounds, min_run_time, progress) -> list[dict]:
+    """Return the cold KIVI-style 4-bit step at each groups_per_pass of `passes` (interleaved rounds),
+    with the extra memory one step holds and each pass's float tiles (keys and values, every KV head)."""
+    cases = {groups: decode.decode_case("kivi4", tokens, device=device, kivi_passes=groups) for groups in passes}
+    seconds = interleaved({str(g): c.step for g, c in cases.items()}, rounds=rounds, threads=threads,
+                          min_run_time=min_run_time)
+    rows = [{"tokens": tokens, "groups_per_pass": groups, "cache_bytes": case.cache_bytes,
+             "tile_bytes": 2 * decode.GQA_KV_HEADS * groups * decode.KIVI_GROUP * decode.HEAD_DIM * 4,
+             "extra_bytes": peak_extra_bytes(case.step) if device.type == "cpu" else None,
+             **_spread(seconds[str(groups)])} for groups, case in cases.items()]
+    del cases
+    release_memory(device)
+    best = min(rows, key=lambda row: row["seconds"])
+    progress(f"kivi4 passes T={tokens}: fastest {best['groups_per_pass']} groups a pass")
+    return rows
+
+
 def apply_setting(setting: str) -> dict | None:
     """Set glibc's malloc as `setting` names: 'default' (untouched), 'returned' (128 KiB thresholds),
     'capped' (blocks up to 32 MiB kept), 'heap' (every block from a kept heap: M_MMAP_MAX = 0)."""
@@ -249,6 +266,7 @@ def main(argv=None) -> int:
     results["ratios"] = run_ratios(sizes["ratio_pairs"], floors=floors, rates=results["ceilings"]["rates"],
                                    **timing)
     results["chunks"] = run_chunks(sizes["chunk_tokens"], sizes["chunks"], **timing)
+    results["kivi_passes"] = run_kivi_passes(sizes["kivi_tokens"], sizes["kivi_passes"], **timing)
     gc.collect()
     results["allocator"] = (run_allocator(sizes["allocator_pairs"], threads=threads,
                                           min_run_time=sizes["min_run_time"], progress=progress)

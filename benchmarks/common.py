@@ -86,8 +86,12 @@ def set_allocator(keep: bool, *, heap_only: bool = False) -> dict | None:
     if not (mallopt(M_MMAP_THRESHOLD, mmap_threshold) and mallopt(M_TRIM_THRESHOLD, trim_threshold)
             and mallopt(M_MMAP_MAX, mmap_max)):
         return None  # mallopt returns 0 when it refuses a setting
+    _current.update(keep=keep, heap_only=heap_only)
     return {"allocator": "glibc malloc", "keep_freed": keep, "mmap_threshold": mmap_threshold,
             "trim_threshold": trim_threshold, "mmap_max": mmap_max}
+
+
+_current: dict = {}  # the last setting set_allocator made, which peak_extra_bytes puts back
 
 
 def _status_bytes(*fields: str) -> dict[str, int]:
@@ -107,13 +111,18 @@ def peak_extra_bytes(fn: Callable[[], object]) -> int | None:
     kernel's record of the peak resident size is reset (writing 5 to /proc/self/clear_refs);
     the call then runs, and the result is its peak (VmHWM) minus the resident size before it.
     Memory the call allocates and frees again still counts, because the peak remembers it.
-    Returns None where /proc or glibc is not available (the measurement is Linux-only).
+    The call runs with freed blocks returned (``set_allocator(False)``), so that the peak is what
+    the call holds at once and not what a kept heap, fragmented, has not given back; the setting
+    before it is put back afterwards. Returns None where /proc or glibc is not available (the
+    measurement is Linux-only).
     """
     trim = _libc_malloc_trim()
     clear_refs = pathlib.Path("/proc/self/clear_refs")
     if trim is None or not clear_refs.exists():
         return None
+    previous = dict(_current)
     try:
+        set_allocator(False)
         fn()
         gc.collect()
         trim()
@@ -123,6 +132,9 @@ def peak_extra_bytes(fn: Callable[[], object]) -> int | None:
         return max(0, _status_bytes("VmHWM")["VmHWM"] - before)
     except (OSError, KeyError, ValueError):
         return None
+    finally:
+        if previous:
+            set_allocator(**previous)
 
 
 def release_memory(device: torch.device) -> None:

@@ -36,6 +36,7 @@ WINDOW = 4096
 CHUNK = 512  # split-KV chunk: a chunk of GQA-8 keys and values (512 KiB) stays in L2
 TILE = 4096  # the sequential walk's tile
 KIVI_GROUP, KIVI_RESIDUAL = 32, 32  # KIVI's key group G_t and full-precision residual R
+KIVI_PASSES = 32  # groups a KIVI-style pass converts: KiviCache.attend's default
 
 FLASH_DESIGNS = ("mha", "gqa8", "mqa", "window-4k", "latent-absorbed", "int8", "int4", "kivi8", "kivi4",
                  "kivi2")
@@ -132,12 +133,12 @@ def _rotating(step: Callable, caches: list) -> Callable[[], torch.Tensor]:
 
 def decode_case(design: str, tokens: int, *, device: torch.device, seed: int = 0, cold: bool = True,
                 query_heads: int = QUERY_HEADS, head_dim: int = HEAD_DIM, latent_rank: int = LATENT_RANK,
-                window: int = WINDOW, chunk: int = CHUNK) -> DecodeCase:
+                window: int = WINDOW, chunk: int = CHUNK, kivi_passes: int = KIVI_PASSES) -> DecodeCase:
     """Return the decode step of `design` against `tokens` cached tokens, with its byte and operation counts.
 
     cold=True rotates through distinct copies of the cache filling COLD_FACTOR x the LLC (a GPU's L2
     on CUDA); cold=False re-reads one cache (warm: whatever of it the LLC holds is served from there).
-    `chunk` is the split-KV chunk of the float designs.
+    `chunk` is the split-KV chunk of the float designs, `kivi_passes` the groups a KIVI-style pass reads.
 
     Raises:
         ValueError: for an unknown design or tokens < 1.
@@ -145,6 +146,8 @@ def decode_case(design: str, tokens: int, *, device: torch.device, seed: int = 0
     check_design(design, tokens)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be an integer >= 1 (got {chunk!r})")
+    if isinstance(kivi_passes, bool) or not isinstance(kivi_passes, int) or kivi_passes < 1:
+        raise ValueError(f"kivi_passes must be an integer >= 1 (got {kivi_passes!r})")
     generator = torch.Generator(device=device).manual_seed(seed)
     query = _randn(1, query_heads, 1, head_dim, generator=generator, device=device)
     if design.startswith("latent"):
@@ -178,7 +181,7 @@ def decode_case(design: str, tokens: int, *, device: torch.device, seed: int = 0
         # query rows group by group; weights scaled
         work = {"float": flops, "convert": elements, "shift": elements if bits < 8 else 0,
                 "scale": elements + 2 * elements // KIVI_GROUP + 4 * query_heads * kept}
-        return _case(lambda c: c.attend(query), cache, cache.nbytes, cache.nbytes, flops, work, work, cold, device)
+        return _case(lambda c: c.attend(query, groups_per_pass=kivi_passes), cache, cache.nbytes, cache.nbytes, flops, work, work, cold, device)
     size = key.nbytes + value.nbytes
     groups = query_heads // kv_heads
     cache = (key, value)

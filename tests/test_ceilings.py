@@ -149,6 +149,7 @@ def test_the_quick_study_saves_ceilings_sweeps_chunks_ratios_and_allocator_rows(
     chunks = [row["chunk"] for row in run["chunks"]]
     assert chunks == list(ceilings.QUICK["chunks"])
     assert next(row for row in run["chunks"] if row["chunk"] == decode.CHUNK)["ratio"] == 1.0
+    assert [row["groups_per_pass"] for row in run["kivi_passes"]] == list(ceilings.QUICK["kivi_passes"])
     for row in run["chunks"]:
         assert row["low"] <= row["seconds"] <= row["high"] and len(row["rounds"]) == ceilings.QUICK["rounds"]
     pairs = {(line["of"], line["to"], line["tokens"]) for line in run["ratios"]["ratios"]}
@@ -209,3 +210,23 @@ def test_every_saved_ceilings_run_holds_each_part_the_appendix_reads():
         assert measure.effective_cache_bytes(run["sweep"]["rows"]) == run["sweep"]["effective_cache_bytes"]
         for row in run["allocator"]:
             assert all(len(row["each"][s]) == 2 for s in ceilings.ALLOCATOR_SETTINGS), path.name
+
+
+def test_peak_extra_bytes_measures_with_freed_blocks_returned_and_puts_the_setting_back():
+    if common.set_allocator(True, heap_only=True) is None:
+        pytest.skip("malloc is not glibc's here: the allocator cannot be set")
+    try:
+        extra = common.peak_extra_bytes(lambda: torch.ones(8 * 2**20 // 4).sum())
+        assert extra is None or 7 * 2**20 < extra < 40 * 2**20  # the 8 MiB block, not a heap's history
+        assert common._current == {"keep": True, "heap_only": True}
+    finally:
+        common.set_allocator(True)
+
+
+def test_the_kivi_pass_size_reaches_the_step_and_is_checked():
+    with pytest.raises(ValueError, match="kivi_passes must be an integer >= 1"):
+        decode.decode_case("kivi4", 64, device=CPU, kivi_passes=0)
+    import inspect
+
+    from longctx import ch05
+    assert decode.KIVI_PASSES == inspect.signature(ch05.KiviCache.attend).parameters["groups_per_pass"].default

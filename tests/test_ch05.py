@@ -624,3 +624,38 @@ def test_unknown_block_order_raises():
     query, key, value = _qkv(6)
     with pytest.raises(ValueError, match="order"):
         ch05.blockwise_causal_attention(query, key, value, 2, order="random")
+
+
+KIVI_MEMORY_PROBE = """
+import json, torch
+from longctx import ch05
+from benchmarks.common import peak_extra_bytes
+generator = torch.Generator().manual_seed(7)
+block = torch.randn(1, 8, 4096, 128, generator=generator)
+key, value = block.repeat(1, 1, 16, 1), block.flip(-1).repeat(1, 1, 16, 1)  # 64K tokens
+query = torch.randn(1, 32, 1, 128, generator=generator)
+report = {}
+for bits in (8, 4, 2):
+    cache = ch05.KiviCache.from_keys_values(key, value, bits=bits, group=32, residual=32)
+    report[bits] = [peak_extra_bytes(lambda cache=cache: cache.attend(query)), cache.nbytes]
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.slow  # builds three 64K caches in a fresh process
+def test_kivi_step_holds_less_extra_memory_than_its_own_cache_at_64k():
+    """Each pass merges its groups' states before the next pass, so the step's temporaries are a pass's
+    float tiles and one state per pass, not one state per 32-token group (once some 500 B a token,
+    which at 64K tokens made the 2-bit step allocate eight times its cache). A fresh process, so that
+    no earlier test's heap is in the peak."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", KIVI_MEMORY_PROBE], capture_output=True, text=True,
+                          check=True, timeout=300)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if any(extra is None for extra, _ in report.values()):
+        pytest.skip("the peak resident size is Linux-only")
+    for bits, (extra, size) in report.items():
+        assert extra <= size, (bits, extra, size)

@@ -585,13 +585,14 @@ class KiviCache:
         return (torch.cat([keys, self.key_recent], dim=2),
                 torch.cat([values, self.value_recent], dim=2))
 
-    def attend(self, query: Tensor, *, groups_per_pass: int = 64,
+    def attend(self, query: Tensor, *, groups_per_pass: int = 32,
                scale: float | None = None) -> Tensor:
         """Return one decode step over the cache, query (B, H_q, 1, d).
 
         Split-KV with the key group as the chunk: each pass converts the
-        codes of ``groups_per_pass`` groups (never the whole cache) and
-        computes their states; the residual is one more chunk.
+        codes of ``groups_per_pass`` groups (never the whole cache),
+        computes their states and merges them into one, so the step holds
+        one small state per pass; the residual is one more chunk.
         """
         rows = stacked_rows(query.float(), self.key_recent.shape[1], scale)
         batch, heads, _, width = rows.shape
@@ -618,19 +619,20 @@ class KiviCache:
             mixed = ((weights * value_scale)
                      @ values.view(batch, heads, last - first, self.group, -1)
                      + (weights * value_offset).sum(-1, keepdim=True))
-            parts.append((top, weights.sum(-1, keepdim=True), mixed))
+            parts.append(merge_states(  # the pass's groups, (B, H, G, .)
+                (top, weights.sum(-1, keepdim=True), mixed), dim=2))
         recent = self.key_recent.shape[2]
         if recent:
-            parts.append(chunk_states(rows, self.key_recent,
-                                      self.value_recent, recent))
-        state = merge_states(tuple(torch.cat(piece, dim=2)
+            parts.append(merge_states(chunk_states(
+                rows, self.key_recent, self.value_recent, recent), dim=2))
+        state = merge_states(tuple(torch.stack(piece, dim=2)
                                    for piece in zip(*parts, strict=True)),
                              dim=2)
         out = finish_online_softmax(state)  # (B, H, G, d)
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-tiles.qmd:1097
+# chapters/ch05-tiles.qmd:1099
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:
