@@ -86,12 +86,8 @@ def set_allocator(keep: bool, *, heap_only: bool = False) -> dict | None:
     if not (mallopt(M_MMAP_THRESHOLD, mmap_threshold) and mallopt(M_TRIM_THRESHOLD, trim_threshold)
             and mallopt(M_MMAP_MAX, mmap_max)):
         return None  # mallopt returns 0 when it refuses a setting
-    _current.update(keep=keep, heap_only=heap_only)
     return {"allocator": "glibc malloc", "keep_freed": keep, "mmap_threshold": mmap_threshold,
             "trim_threshold": trim_threshold, "mmap_max": mmap_max}
-
-
-_current: dict = {}  # the last setting set_allocator made, which peak_extra_bytes puts back
 
 
 def _status_bytes(*fields: str) -> dict[str, int]:
@@ -104,37 +100,28 @@ def _status_bytes(*fields: str) -> dict[str, int]:
     return values
 
 
-def peak_extra_bytes(fn: Callable[[], object]) -> int | None:
-    """Return how far one call of `fn` raised the process's resident memory above where it started.
+def peak_extra_bytes(fn: Callable[[], object]) -> int:
+    """Return the most bytes of tensors one call of `fn` holds at once beyond those it started with.
 
-    After a warm-up call, freed memory is handed back to the system (malloc_trim) and the
-    kernel's record of the peak resident size is reset (writing 5 to /proc/self/clear_refs);
-    the call then runs, and the result is its peak (VmHWM) minus the resident size before it.
-    Memory the call allocates and frees again still counts, because the peak remembers it.
-    The call runs with freed blocks returned (``set_allocator(False)``), so that the peak is what
-    the call holds at once and not what a kept heap, fragmented, has not given back; the setting
-    before it is put back afterwards. Returns None where /proc or glibc is not available (the
-    measurement is Linux-only).
+    After a warm-up call, the call runs under torch.profiler with ``profile_memory=True``, which
+    records every allocation and free of a tensor's storage with its size and time; the result is
+    the highest running sum of those records. It counts what the algorithm holds, whatever the
+    allocator keeps or hands back, so it does not depend on the history of the process (a resident
+    size does: a kept heap that has fragmented stays resident). Scratch memory a library takes for
+    itself outside torch's allocator (a BLAS workspace) is not counted.
     """
-    trim = _libc_malloc_trim()
-    clear_refs = pathlib.Path("/proc/self/clear_refs")
-    if trim is None or not clear_refs.exists():
-        return None
-    previous = dict(_current)
-    try:
-        set_allocator(False)
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-        gc.collect()
-        trim()
-        clear_refs.write_text("5")  # reset VmHWM to the current resident size
-        before = _status_bytes("VmRSS")["VmRSS"]
-        fn()
-        return max(0, _status_bytes("VmHWM")["VmHWM"] - before)
-    except (OSError, KeyError, ValueError):
-        return None
-    finally:
-        if previous:
-            set_allocator(**previous)
+    changes = sorted((event.start_ns(), event.nbytes()) for event in prof.profiler.kineto_results.events()
+                     if event.name() == "[memory]")
+    held = peak = 0
+    for _, change in changes:
+        held += change
+        peak = max(peak, held)
+    return peak
 
 
 def release_memory(device: torch.device) -> None:

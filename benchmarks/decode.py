@@ -33,7 +33,7 @@ D_MODEL = QUERY_HEADS * HEAD_DIM
 GQA_KV_HEADS = 8
 LATENT_RANK = 512
 WINDOW = 4096
-CHUNK = 512  # split-KV chunk: a chunk of GQA-8 keys and values (512 KiB) stays in L2
+CHUNK = 512  # split-KV chunk: 128 chunks a head at 64K, a multiple of any thread count up to 128
 TILE = 4096  # the sequential walk's tile
 KIVI_GROUP, KIVI_RESIDUAL = 32, 32  # KIVI's key group G_t and full-precision residual R
 KIVI_PASSES = 32  # groups a KIVI-style pass converts: KiviCache.attend's default
@@ -314,7 +314,7 @@ def cuda_int_mm_ok(rows: int, columns: int) -> bool:
     return rows > 16 and columns % 8 == 0
 
 
-WARM_COLD = (("gqa8", 4096), ("gqa8", 65536), ("int8", 65536), ("int4", 65536))
+WARM_COLD = (("gqa8", 1024), ("gqa8", 4096), ("gqa8", 65536), ("int8", 65536), ("int4", 65536))
 ALLOCATOR_CONTROL = (("gqa8", 32768), ("int8", 32768), ("int4", 32768))
 
 

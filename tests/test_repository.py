@@ -209,7 +209,8 @@ def test_exercises_carry_their_pages_chapter_number_and_every_typed_exercise_ref
     assert len(found) > 30
     written = [*ROOT.glob("chapters/*.qmd"), ROOT / "index.qmd", *ROOT.glob("tests/**/*.py")]
     for path in written:
-        for number in re.findall(r"\bExercises? (\d+\.\d+)\b", path.read_text(encoding="utf-8")):
+        pairs = re.findall(r"\bExercises? (\d+\.\d+)\b(?:,? and (\d+\.\d+)\b)?", path.read_text(encoding="utf-8"))
+        for number in (number for pair in pairs for number in pair if number):
             assert number in found, (path.name, number)
 
 

@@ -128,7 +128,7 @@ def kernel_step_shares(serving: dict) -> dict[tuple[str, int], float]:
             if line["of"] in wanted and line["to"] == kernel["reference"]}
 
 
-# chapters/ch09-choosing.qmd:315
+# chapters/ch09-choosing.qmd:319
 class Option(NamedTuple):
     """One served cache for one request, as ``served_options`` ranks them.
 
