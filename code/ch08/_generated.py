@@ -188,7 +188,7 @@ def decode_step(x: Tensor, weights: LayerWeights, keys: Tensor,
     return finish_layer(x, mixed, weights, shape)
 
 
-# chapters/ch08-serving.qmd:670
+# chapters/ch08-serving.qmd:671
 #: The decode kernel in C++: the state of every chunk of a float32, int8
 #: or int4 cache in one pass per chunk (load_kernel compiles it).
 DECODE_KERNEL_SOURCE = r"""
@@ -319,7 +319,7 @@ std::vector<torch::Tensor> fused_chunk_states(
 """
 
 
-# chapters/ch08-serving.qmd:841
+# chapters/ch08-serving.qmd:842
 #: Optimise for this CPU, with OpenMP's threads and simd loops; -ffast-math
 #: lets the exponentials' loop call glibc's vector exp. It is a compile flag
 #: only: the linker never sees it, so the process's float mode is unchanged.
@@ -444,7 +444,7 @@ def fused_decode(query: Tensor, key: Tensor | ch05.QuantizedKV,
     return ch05.finish_online_softmax(state).reshape(query.shape)
 
 
-# chapters/ch08-serving.qmd:1331
+# chapters/ch08-serving.qmd:1332
 class Request(NamedTuple):
     """One request of a trace: when it arrives, and its lengths in tokens.
 
@@ -494,7 +494,7 @@ def request_trace(count: int, *, seed: int = 0, rate: float = 4.0,
             zip(gaps.cumsum(0), prompts, outputs, strict=True)]
 
 
-# chapters/ch08-serving.qmd:1418
+# chapters/ch08-serving.qmd:1419
 #: A layout's rule: the tokens of memory it holds for a request's
 #: sequence while the sequence has cached the given number of tokens.
 Reservation = Callable[[Request, int], int]
@@ -583,7 +583,7 @@ def replay_memory(trace: list[Request], budget: int, reserve: Reservation, *,
             "steps": steps, "preemptions": preemptions}
 
 
-# chapters/ch08-serving.qmd:1609
+# chapters/ch08-serving.qmd:1610
 class PagePool:
     """Pages of ``page_size`` tokens: a free list, counts, block tables.
 
@@ -672,7 +672,7 @@ class PagePool:
         del self.lengths[sequence]
 
 
-# chapters/ch08-serving.qmd:1767
+# chapters/ch08-serving.qmd:1768
 def page_states(rows: Tensor, key_pages: Tensor, value_pages: Tensor,
                 table: Sequence[int], tokens: int) -> ch05.OnlineState:
     """Return the state (m, l, a) of every page of one sequence.
