@@ -63,7 +63,7 @@ QUICK = {"int_sizes": (64, 128), "ratio_pairs": (("int8", "gqa8", 2048), ("gqa8"
 def measure_ceilings(*, device: torch.device, threads: int, quick: bool, progress, sizes=None) -> dict:
     """Return the arithmetic ceilings beside the float32 matmul floor: the square int8 product at its
     best size (of `sizes`), and the elementwise passes on a buffer held in the L2; 'rates' holds the
-    kinds ``measure.arithmetic_seconds`` reads (the float rate is the floors' own)."""
+    kinds ``measure.arithmetic_seconds`` reads beside 'float', which is the floors' own matmul rate."""
     sizes = sizes or (QUICK if quick else FULL)["int_sizes"]
     tries = [int_matmul_floor(device=device, threads=threads, size=size, min_run_time=0.1 if quick else 0.3)
              for size in sizes]
@@ -71,8 +71,7 @@ def measure_ceilings(*, device: torch.device, threads: int, quick: bool, progres
     best["sizes_tried"] = {str(t["size"]): t["op_per_s"] for t in tries}
     elementwise = elementwise_floor(device=device, threads=threads,
                                     cache_bytes=cache_sizes().get(2) if device.type == "cpu" else None)
-    rates = measure.ceilings({"flop_per_s": float("nan")}, best, elementwise)
-    del rates["float"]
+    rates = {"int": best["op_per_s"], **{kind: elementwise[f"{kind}_per_s"] for kind in ELEMENTWISE_KINDS}}
     progress(f"ceilings: int8 products {best['op_per_s'] / 1e9:.1f} Gop/s (best of n = "
              f"{', '.join(map(str, sizes))}); " + ", ".join(
                  f"{kind} {elementwise[f'{kind}_per_s'] / 1e9:.1f} G/s" for kind in ELEMENTWISE_KINDS))

@@ -252,7 +252,7 @@ def measure_decode(design: str, tokens: int, *, device: torch.device, threads: i
 
 def roofline_seconds(record: dict, floor: dict, rates: dict | None = None) -> tuple[float, float]:
     """Return (memory time, arithmetic time): the bytes over the read floor B, and the operations over F,
-    or where `rates` (``measure.ceilings``) are given, the design's work kind by kind over its own ceiling."""
+    or where `rates` (``ceilings.measure_ceilings``'s) are given, the design's work kind by kind over its own ceiling."""
     if rates is None:
         return record["cache_bytes"] / floor["bytes_per_s"], record["operations"] / floor["flop_per_s"]
     rates = {**rates, "float": floor["flop_per_s"]}

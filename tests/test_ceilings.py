@@ -25,14 +25,6 @@ def test_arithmetic_time_is_each_kinds_work_over_its_own_ceiling():
         measure.arithmetic_seconds({"dequant": 1}, rates)
 
 
-def test_ceilings_fall_back_to_the_float_rate_only_where_a_kind_was_not_measured():
-    floors = {"flop_per_s": 1e11}
-    assert set(measure.ceilings(floors).values()) == {1e11}
-    rates = measure.ceilings(floors, {"op_per_s": 3e9},
-                             {"convert_per_s": 6e9, "shift_per_s": 4e9, "scale_per_s": 5e9})
-    assert rates == {"float": 1e11, "int": 3e9, "convert": 6e9, "shift": 4e9, "scale": 5e9}
-
-
 def test_the_integer_floor_refuses_sizes_the_integer_product_cannot_take_and_times_one_it_can():
     for size in (16, 20):
         with pytest.raises(ValueError, match="multiple of 8 above 16"):

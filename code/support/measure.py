@@ -159,20 +159,6 @@ def elementwise_floor(*, device: torch.device, threads: int, cache_bytes: int | 
     return {"elements": elements, **{f"{kind}_per_s": rate for kind, rate in rates.items()}}
 
 
-def ceilings(floors: dict, int_matmul: dict | None = None, elementwise: dict | None = None) -> dict[str, float]:
-    """Return the rate of each kind of work a step does, by kind.
-
-    'float' (FLOP/s of the floors' float32 matmul), 'int' (operations/s of the square integer product, ``int_matmul_floor``) and the elementwise passes
-    (elements/s, ``elementwise_floor``). Where a measurement is not given, its kinds take the float
-    matmul's rate, as a roofline with one arithmetic ceiling does.
-    """
-    rates = {"float": floors["flop_per_s"]}
-    rates["int"] = int_matmul["op_per_s"] if int_matmul else rates["float"]
-    for kind in ELEMENTWISE_KINDS:
-        rates[kind] = elementwise[f"{kind}_per_s"] if elementwise else rates["float"]
-    return rates
-
-
 def arithmetic_seconds(work: dict[str, int], rates: dict[str, float]) -> float:
     """Return the time the counted work takes at its ceilings: the sum over kinds of count / rate.
 
