@@ -152,9 +152,67 @@ def test_the_quick_study_saves_ceilings_sweeps_chunks_ratios_and_allocator_rows(
     assert mha["bytes_ratio"] == decode.GQA_KV_HEADS / decode.QUERY_HEADS
     int8 = run["ratios"]["quantised"][0]
     assert int8["design"] == "int8" and int8["implementation_seconds"] > int8["design_seconds"] > 0
+    timed = {(s["design"], s["tokens"]) for s in run["ratios"]["steps"]}
+    assert {(d, t) for d in decode.FLOAT_DESIGNS for t in ceilings.QUICK["target_tokens"]} <= timed
+    assert {(line["target"], line["design"]) for line in run["targets"]} == {
+        *(("roofline", d) for d in decode.FLOAT_DESIGNS), ("mha-bandwidth", "gqa8"), ("ratio", "int8"),
+        ("prefill", "flash-prefill")}
+    for line in run["targets"]:
+        assert line["low"] <= line["value"] <= line["high"] and line["verdict"] in ("met", "missed", "not decided")
+    assert {row["form"] for row in run["shapes"]["rows"]} <= set(ceilings.SHAPE_FORMS)
+    if torch.backends.mkl.is_available():
+        assert set(run["shapes"]["kernels"]) == set(ceilings.SHAPE_FORMS) - {"step", "flex"}
+        assert all(calls and all(c.startswith("SGEMM") for c in calls) for calls in run["shapes"]["kernels"].values())
     if run["machine"]["allocator"] is not None:
         row = run["allocator"][0]
         assert all(len(row["each"][s]) == 2 and row[f"{s}_seconds"] > 0 for s in ceilings.ALLOCATOR_SETTINGS)
+
+
+def test_a_verdict_needs_the_whole_interval_on_one_side_of_the_goal():
+    verdict = ceilings.interval_verdict
+    assert [verdict(low, high, 1.0, at_most=True) for low, high in ((0.8, 0.99), (0.9, 1.1), (1.01, 1.2))] == [
+        "met", "not decided", "missed"]
+    assert [verdict(low, high, 60, at_most=False) for low, high in ((61, 70), (55, 65), (40, 59))] == [
+        "met", "not decided", "missed"]
+    assert verdict(0.5, 1.0, 1.0, at_most=True) == "met" and verdict(60, 70, 60, at_most=False) == "met"
+
+
+def test_interval_targets_turn_step_times_into_shares_and_time_ratios_into_bandwidth_ratios():
+    floors = {"bytes_per_s": 1e9, "flop_per_s": 1e12}
+    rates = {"int": 1e11, "convert": 1e10, "shift": 1e10, "scale": 1e10}
+    gqa = {"design": "gqa8", "tokens": 64, "cache_bytes": 10**7, "work": {"float": 10**6},
+           "seconds": 0.02, "low": 0.0125, "high": 0.025}  # roofline 10 ms: 50 % [40, 80]
+    ratios = {"steps": [gqa], "ratios": [
+        {"of": "gqa8", "to": "mha", "tokens": 64, "ratio": 0.5, "low": 0.4, "high": 0.625, "bytes_ratio": 0.25},
+        {"of": "int8", "to": "gqa8", "tokens": 64, "ratio": 0.3, "low": 0.2, "high": 0.45}]}
+    prefill = [{"of": "flash-prefill", "to": "full-sdpa", "tokens": 512, "ratio": 2.5, "low": 2.1, "high": 3.0}]
+    lines = {line["target"]: line for line in ceilings.interval_targets(ratios, prefill, floors, rates, (64,))}
+    assert set(lines) == {"roofline", "mha-bandwidth", "ratio", "prefill"}
+    roof = lines["roofline"]
+    assert (roof["value"], roof["low"], roof["high"]) == pytest.approx((50, 40, 80))
+    assert roof["verdict"] == "not decided"
+    bandwidth = lines["mha-bandwidth"]  # 0.25 of the bytes in 0.5 of the time: half MHA's rate
+    assert (bandwidth["value"], bandwidth["low"], bandwidth["high"]) == pytest.approx((0.5, 0.4, 0.625))
+    assert bandwidth["verdict"] == "missed"
+    assert lines["ratio"]["verdict"] == "met" and lines["prefill"]["verdict"] == "missed"
+
+
+def test_every_shape_form_computes_the_same_products_as_the_steps_form():
+    calls, read = ceilings.shape_calls(1024, device=CPU)
+    scores, one_row, left = calls["scores"](), calls["scores-one-row"](), calls["scores-left"]()
+    whole, left_whole = calls["scores-whole"](), calls["scores-left-whole"]()
+    # (1, H_kv, C, G, chunk) against (1, H_kv, G, T) and (1, H_kv, T, G): one layout apart
+    flat = scores.permute(0, 1, 3, 2, 4).reshape(whole.shape)
+    torch.testing.assert_close(flat, whole)
+    torch.testing.assert_close(flat, left_whole.transpose(-2, -1))
+    torch.testing.assert_close(left.transpose(-2, -1), scores)
+    torch.testing.assert_close(one_row, scores[..., :1, :])
+    values = calls["values"]()
+    torch.testing.assert_close(calls["values-left"]().transpose(-2, -1), values, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(calls["values-whole"](), values.sum(2), rtol=1e-4, atol=1e-4)
+    assert read["step"] == read["scores"] + read["values"] == 2 * 8 * 1024 * 128 * 4
+    with pytest.raises(ValueError, match="multiple of the chunk"):
+        ceilings.shape_calls(1000, device=CPU)
 
 
 def test_the_cuda_run_is_refused_with_a_message_where_there_is_no_cuda(capsys):
@@ -202,6 +260,9 @@ def test_every_saved_ceilings_run_holds_each_part_the_appendix_reads():
         assert measure.effective_cache_bytes(run["sweep"]["rows"]) == run["sweep"]["effective_cache_bytes"]
         for row in run["allocator"]:
             assert all(len(row["each"][s]) == 2 for s in ceilings.ALLOCATOR_SETTINGS), path.name
+        assert len(run["targets"]) == len(decode.TARGET_TOKENS) * (len(decode.FLOAT_DESIGNS) + 4) + len(
+            sizes["prefill_pairs"]), path.name
+        assert {row["form"] for row in run["shapes"]["rows"]} | {"flex"} == set(ceilings.SHAPE_FORMS)
 
 
 def test_peak_extra_bytes_counts_the_tensors_a_call_holds_at_once_whatever_the_allocator_keeps():
