@@ -11,6 +11,7 @@ benchmarks/results/ceilings-<device>[-quick].json, one file per machine:
   and every target judged by its interval (met, missed, or not decided);
 - the GQA-8 step's two products in other shapes, the kernel MKL runs for each, and compiled
   ``flex_attention`` beside the step, to say what holds the float step back;
+- the KIVI-style steps profiled with torch.profiler, at the pass size's length;
 - the allocator's settings, each timed in a fresh process, in the order ABCD DCBA.
 
 The main run (``python -m benchmarks``) measures the same ceilings (``measure_ceilings``) and judges
@@ -58,6 +59,7 @@ PREFILL_PAIRS = (("flash-prefill", "full-sdpa", 4096), ("flash-prefill", "full-s
 PREFILL_AIM = 2.0  # flash_prefill within twice SDPA's time
 MHA_BANDWIDTH_AIM = 1.0  # GQA-8's step reads its bytes at least as fast as MHA's
 QUANTISED_STEPS = ("int8", "int4", "kivi4")
+KIVI_PROFILED = ("kivi4", "kivi2")
 ALLOCATOR_SETTINGS = ("default", "returned", "capped", "heap")
 FULL = {"int_sizes": (256, 512, 1024), "ratio_pairs": RATIO_PAIRS, "rounds": 9,
         "target_tokens": decode.TARGET_TOKENS, "prefill_pairs": PREFILL_PAIRS, "shape_tokens": 65536,
@@ -483,6 +485,9 @@ def main(argv=None) -> int:
     results["shapes"] = run_shapes(sizes["shape_tokens"], **timing)
     results["chunks"] = run_chunks(sizes["chunk_tokens"], sizes["chunks"], **timing)
     results["kivi_passes"] = run_kivi_passes(sizes["kivi_tokens"], sizes["kivi_passes"], **timing)
+    results["kivi_profiles"] = [decode.profile_step(design, sizes["kivi_tokens"], device=device, threads=threads)
+                                for design in KIVI_PROFILED]  # where a KIVI-style step's time goes
+    progress(f"profiled {', '.join(KIVI_PROFILED)} at T={sizes['kivi_tokens']}")
     gc.collect()
     results["allocator"] = (run_allocator(sizes["allocator_pairs"], threads=threads,
                                           min_run_time=sizes["min_run_time"], progress=progress)

@@ -8,12 +8,17 @@ import time
 
 import torch
 from longctx import ch01
+from longctx.support import time_call
 
 RECORD_FIELDS = ("parts", "tokens", "heads", "head_dim", "max_abs_diff", "cache_bytes_per_rank",
                  "total_cache_bytes", "bytes_sent_per_rank", "formula_bytes_sent_per_step", "wall_seconds",
                  "block_bytes", "block_compute_seconds", "block_wait_seconds")
 SHARDED_FIELDS = ("parts", "tokens", "query_heads", "kv_heads", "head_dim", "max_abs_diff", "bytes_per_step",
-                  "ring_bytes_per_step", "cache_bytes")
+                  "ring_bytes_per_step", "cache_bytes", "repeats", "step_seconds", "compute_seconds",
+                  "one_process_seconds")
+SHARDED_REPEATS = 20  # steps each sharded run times, after a barrier each
+LATENCY_BYTES = 4  # the message that measures the link's per-message time
+LATENCY_REPEATS = 50
 
 
 def measure_ring(parts: int, tokens: int, *, heads: int = 4, head_dim: int = 64, seed: int = 0) -> dict:
@@ -51,21 +56,26 @@ def measure_ring(parts: int, tokens: int, *, heads: int = 4, head_dim: int = 64,
 
 
 def measure_sharded(parts: int, tokens: int, *, query_heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
-                    seed: int = 0) -> dict:
-    """Return one sharded decode step's record: max |sharded - dense|, bytes per step beside a ring's."""
+                    seed: int = 0, repeats: int = SHARDED_REPEATS) -> dict:
+    """Return one sharded decode step's record: max |sharded - dense|, bytes per step beside a ring's, and
+    its times: rank 0's median step (barrier to merged output), each rank's median compute, and the same
+    step in one process on one thread, as each rank runs (the whole cache as one chunk)."""
     from longctx import ch05
 
     generator = torch.Generator().manual_seed(seed)
     query = torch.randn(1, query_heads, 1, head_dim, generator=generator)
     key, value = (torch.randn(1, kv_heads, tokens, head_dim, generator=generator) for _ in "kv")
-    output, sent = ch05.sharded_decode(query, key, value, parts)
+    output, sent, seconds = ch05.sharded_decode(query, key, value, parts, repeats=repeats)
     cache = key.nbytes + value.nbytes
+    alone = time_call(lambda: ch05.split_kv_decode(query, key, value, chunk=tokens), threads=1,
+                      min_run_time=0.2)
     return {"parts": parts, "tokens": tokens, "query_heads": query_heads, "kv_heads": kv_heads,
             "head_dim": head_dim,
             "max_abs_diff": float((output - ch05.decode_reference(query, key, value)).abs().max()),
             "bytes_per_step": sum(sum(row) for row in sent),
             "ring_bytes_per_step": (parts - 1) * cache // parts,  # one rank, one pass: P - 1 blocks
-            "cache_bytes": cache}
+            "cache_bytes": cache, "repeats": repeats, "step_seconds": seconds[0][0],
+            "compute_seconds": [row[1] for row in seconds], "one_process_seconds": alone["seconds"]}
 
 
 def run_ring(parts_list, tokens: int, *, progress, overlap_tokens: int | None = None,
@@ -87,13 +97,19 @@ def run_ring(parts_list, tokens: int, *, progress, overlap_tokens: int | None = 
         progress(f"ring overlap P={parts} T={record['tokens']}: block {record['block_bytes'] / 2**20:.1f} MiB, "
                  f"compute {record['block_compute_seconds'] * 1e3:.2f} ms, wait {record['block_wait_seconds'] * 1e3:.2f} ms")
     block = overlap[0]["block_bytes"] if overlap else 2**20
-    link = ch05.link_bandwidth(block / 2**20)
-    progress(f"gloo link: {link / 1e9:.2f} GB/s for a {block / 2**20:.1f} MiB block")
+    block_seconds = ch05.link_seconds(block)
+    latency = ch05.link_seconds(LATENCY_BYTES, repeats=LATENCY_REPEATS)  # a message that is all latency
+    link = block / (block_seconds - latency) if block_seconds > latency else block / block_seconds
+    progress(f"gloo link: {block / block_seconds / 1e9:.2f} GB/s for a {block / 2**20:.1f} MiB block; "
+             f"latency {latency * 1e6:.0f} us ({LATENCY_BYTES} bytes); {link / 1e9:.2f} GB/s beyond it")
     sharded = []
     for parts in [p for p in parts_list if p > 1]:
         record = measure_sharded(parts, sharded_tokens)
         sharded.append(record)
         progress(f"sharded decode P={parts} T={sharded_tokens}: max diff {record['max_abs_diff']:.1e}, "
-                 f"{record['bytes_per_step']} bytes a step against {record['ring_bytes_per_step']} for a ring")
+                 f"{record['bytes_per_step']} bytes a step against {record['ring_bytes_per_step']} for a ring; "
+                 f"step {record['step_seconds'] * 1e3:.2f} ms, slowest rank's compute "
+                 f"{max(record['compute_seconds']) * 1e3:.2f} ms, one process {record['one_process_seconds'] * 1e3:.2f} ms")
     return {"runs": records, "overlap": overlap, "link_bytes_per_s": link, "link_block_bytes": block,
-            "sharded": sharded}
+            "link_block_seconds": block_seconds, "link_latency_seconds": latency,
+            "link_latency_bytes": LATENCY_BYTES, "sharded": sharded}

@@ -222,7 +222,7 @@ BOUNDARIES: dict[str, dict[str, Valid]] = {
                                                scale=torch.ones(1, 2, 5, 1), bits=8)),
         "ch05.sharded_decode": Valid(
             lambda: dict(query=_randn(1, 2, 1, 8), key=_randn(1, 2, 6, 8, seed=1), value=_randn(1, 2, 6, 8, seed=2),
-                         parts=1, timeout_s=60.0),
+                         parts=1, repeats=1, timeout_s=60.0),
         ),
     },
     # ---------------------------------------------------------------- ch06: the model, its recipe switch, the task's batches, the trainer and the results reader
@@ -452,6 +452,8 @@ SILENT: list[Silent] = [
     Silent("ch05", "3 bits for the KIVI cache's packer",
            lambda: _ch("ch05").KiviCache.from_keys_values(_randn(1, 2, 6, 4), _randn(1, 2, 6, 4), bits=3), "bits"),
     Silent("ch05", "zero shards", lambda: _ch("ch05").sharded_decode(*_decode_step(), 0), "parts"),
+    Silent("ch05", "zero sharded repeats", lambda: _ch("ch05").sharded_decode(*_decode_step(), 2, repeats=0),
+           "repeats"),
     Silent("ch05", "zero parts", lambda: _ch("ch05").partition_bounds(8, 0), "parts"),
     Silent("ch05", "more parts than tokens (an empty rank)", lambda: _ch("ch05").partition_bounds(3, 5), "seq_len"),
     Silent("ch05", "zero ring parts", lambda: _ch("ch05").ring_attention(*_qkv(), 0), "parts"),

@@ -319,7 +319,11 @@ def test_scan_and_ssm_records_have_every_field():
     for record in result["scan"]:
         assert set(scan.SCAN_RECORD_FIELDS) <= set(record)
     assert set(scan.SSM_RECORD_FIELDS) <= set(result["ssm_step"])
-    assert result["ssm_step"]["state_bytes"] == scan.SSM_INNER * scan.SSM_STATE * 4
+    ssm = result["ssm_step"]
+    assert ssm["state_bytes"] == scan.SSM_INNER * scan.SSM_STATE * 4 and ssm["read_bytes"] == 4 * ssm["state_bytes"]
+    # cold as the attention steps are: the copies it rotates through fill COLD_FACTOR x the cache
+    assert ssm["copies"] * ssm["read_bytes"] >= measure.COLD_FACTOR * measure.device_cache_bytes(CPU)
+    assert ssm["warm_seconds"] > 0 and ssm["seconds"] > 0
 
 
 @pytest.mark.slow  # runs a benchmark

@@ -152,6 +152,9 @@ def test_the_quick_study_saves_ceilings_sweeps_chunks_ratios_and_allocator_rows(
     assert mha["bytes_ratio"] == decode.GQA_KV_HEADS / decode.QUERY_HEADS
     int8 = run["ratios"]["quantised"][0]
     assert int8["design"] == "int8" and int8["implementation_seconds"] > int8["design_seconds"] > 0
+    assert [p["design"] for p in run["kivi_profiles"]] == list(ceilings.KIVI_PROFILED)
+    for profile in run["kivi_profiles"]:
+        assert profile["tokens"] == ceilings.QUICK["kivi_tokens"] and sum(profile["kinds"].values()) == pytest.approx(1)
     timed = {(s["design"], s["tokens"]) for s in run["ratios"]["steps"]}
     assert {(d, t) for d in decode.FLOAT_DESIGNS for t in ceilings.QUICK["target_tokens"]} <= timed
     assert {(line["target"], line["design"]) for line in run["targets"]} == {
@@ -263,6 +266,7 @@ def test_every_saved_ceilings_run_holds_each_part_the_appendix_reads():
         assert len(run["targets"]) == len(decode.TARGET_TOKENS) * (len(decode.FLOAT_DESIGNS) + 4) + len(
             sizes["prefill_pairs"]), path.name
         assert {row["form"] for row in run["shapes"]["rows"]} | {"flex"} == set(ceilings.SHAPE_FORMS)
+        assert [p["design"] for p in run["kivi_profiles"]] == list(ceilings.KIVI_PROFILED), path.name
 
 
 def test_peak_extra_bytes_counts_the_tensors_a_call_holds_at_once_whatever_the_allocator_keeps():

@@ -557,10 +557,11 @@ def test_sharded_decode_equals_dense_attention_and_moves_only_queries_and_states
     query = torch.randn(2, kv_heads * groups, 1, 8, generator=generator)
     key = torch.randn(2, kv_heads, tokens, 8, generator=generator)
     value = torch.randn(2, kv_heads, tokens, 5, generator=generator)
-    output, sent = ch05.sharded_decode(query, key, value, parts)
+    output, sent, seconds = ch05.sharded_decode(query, key, value, parts, repeats=3)
     assert (output - _dense(query.double(), key.double(), value.double()).float()).abs().max() < 1e-5
     state_bytes = 2 * kv_heads * groups * (2 + 5) * 4  # m, l and a of every query row
     assert sent == [[query.nbytes * (parts - 1), 0]] + [[0, state_bytes]] * (parts - 1)
+    assert len(seconds) == parts and all(step >= compute > 0 for step, compute in seconds)
 
 
 def test_sharded_decode_refuses_what_would_not_form_a_step():
@@ -574,12 +575,17 @@ def test_sharded_decode_refuses_what_would_not_form_a_step():
         ch05.sharded_decode(query.expand(1, 4, 2, 8), key, value, 2)
     with pytest.raises(TypeError, match="key"):
         ch05.sharded_decode(query, key.double(), value, 2)
+    with pytest.raises(ValueError, match="repeats"):
+        ch05.sharded_decode(query, key, value, 2, repeats=0)
 
 
 @pytest.mark.slow  # starts gloo processes
 def test_link_bandwidth_is_a_plausible_rate_between_two_local_ranks():
     # two processes on one machine: slower than memory (no 10 TB/s) and faster than a 1 Mb/s line
     assert 1e5 < ch05.link_bandwidth(0.25, repeats=2) < 1e13
+    assert 0 < ch05.link_seconds(4, repeats=3) < 1.0  # one number: the latency alone
+    with pytest.raises(ValueError, match="multiple of 4"):
+        ch05.link_seconds(6)
     with pytest.raises(ValueError, match="megabytes"):
         ch05.link_bandwidth(0)
 

@@ -345,7 +345,7 @@ def quest_decode(query: Tensor, keys: Tensor, values: Tensor, page: int,
     return output[..., 0, :], chosen.sort(dim=-1).values
 
 
-# chapters/ch04-states.qmd:149
+# chapters/ch04-states.qmd:155
 def feature_map(x: Tensor) -> Tensor:
     """Return phi(x) = elu(x) + 1 per entry: x + 1 above 0, e^x at or below."""
     return F.elu(x) + 1.0
@@ -428,7 +428,7 @@ def linear_attention_chunked(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch04-states.qmd:393
+# chapters/ch04-states.qmd:399
 def weight_sharpness(weights: Tensor, last_rows: int = 5) -> dict[str, float]:
     """Return how peaked the last rows of a (T, T) weight matrix are.
 
@@ -463,7 +463,7 @@ def sharpness_comparison(query_scale: float, seed: int = 1813,
             "weights": (softmax_weights, linear_weights)}
 
 
-# chapters/ch04-states.qmd:483
+# chapters/ch04-states.qmd:489
 def ssm_recurrent(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     """Return y_t = C h_t with h_t = A h_{t-1} + B x_t (Equation 7.2).
 
@@ -503,7 +503,7 @@ def ssm_convolution(x: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
     return torch.fft.irfft(spectrum, n=size)[:tokens]
 
 
-# chapters/ch04-states.qmd:682
+# chapters/ch04-states.qmd:688
 def sequential_scan(a: Tensor, b: Tensor) -> Tensor:
     """Return every h_t = alpha_t h_{t-1} + xi_t, with h = 0 before the start.
 
@@ -548,7 +548,7 @@ def selective_ssm(x: Tensor, delta: Tensor, a: float = -1.0, b: float = 1.0,
     return readout * sequential_scan(keep, write * x)  # keep h + write x
 
 
-# chapters/ch04-states.qmd:869
+# chapters/ch04-states.qmd:875
 def scan_rounds(length: int) -> int:
     """Return ceil(log2 T), the rounds a Hillis-Steele scan of T steps needs.
 
@@ -581,7 +581,7 @@ def parallel_scan(a: Tensor, b: Tensor) -> Tensor:
     return b
 
 
-# chapters/ch04-states.qmd:1133
+# chapters/ch04-states.qmd:1139
 def retention_decays(heads: int) -> Tensor:
     """Return RetNet's keep factor per head, gamma_h = 1 - 2^(-5-h).
 
@@ -644,7 +644,7 @@ def gated_linear_attention_scan(query: Tensor, key: Tensor, value: Tensor,
     return read.sum(dim=-3).transpose(-2, -1)  # (..., T, d_v)
 
 
-# chapters/ch04-states.qmd:1267
+# chapters/ch04-states.qmd:1273
 def delta_rule(query: Tensor, key: Tensor, value: Tensor,
                strength: Tensor) -> tuple[Tensor, Tensor]:
     """Return (outputs, S) of the delta rule (Equation 7.6), o_t = S_t^T q_t.
@@ -670,7 +670,7 @@ def delta_rule(query: Tensor, key: Tensor, value: Tensor,
     return torch.stack(outputs, dim=-2), state
 
 
-# chapters/ch04-states.qmd:1486
+# chapters/ch04-states.qmd:1492
 def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                    C: Tensor, D: Tensor | None = None) -> Tensor:
     """Return y (batch, channels, length) of a selective SSM (Equation 7.7).
@@ -692,7 +692,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor,
     return y if D is None else y + D[:, None] * u
 
 
-# chapters/ch04-states.qmd:1626
+# chapters/ch04-states.qmd:1632
 class SelectiveSSMLayer(nn.Module):
     """A Mamba-style mixing layer, (B, T, d_model) -> (B, T, d_model).
 

@@ -7,6 +7,7 @@ import importlib
 import math
 import os
 import socket
+import statistics
 import time
 from typing import NamedTuple
 
@@ -451,7 +452,7 @@ def int8_decode(query: Tensor, key: QuantizedKV, value: QuantizedKV, *,
     return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-tiles.qmd:878
+# chapters/ch05-tiles.qmd:942
 def asymmetric_codes(x: Tensor, bits: int,
                      dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
@@ -632,7 +633,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-tiles.qmd:1109
+# chapters/ch05-tiles.qmd:1209
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:
@@ -685,7 +686,7 @@ def flash_prefill(query: Tensor, key: Tensor, value: Tensor, *,
     return out
 
 
-# chapters/ch05-measured.qmd:1161
+# chapters/ch05-measured.qmd:1172
 def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     """Return the contiguous [start, stop) token range each of P ranks holds.
 
@@ -718,7 +719,7 @@ def partition_bounds(seq_len: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-# chapters/ch05-measured.qmd:1215
+# chapters/ch05-measured.qmd:1226
 def causal_block_scores(query: Tensor, key: Tensor, query_start: int,
                         key_start: int, scale: float) -> Tensor:
     """Return scaled scores (..., T_q, T_k) of a query block on a key block.
@@ -770,7 +771,7 @@ def blockwise_causal_attention(query: Tensor, key: Tensor, value: Tensor,
     return torch.cat(outputs, dim=-2)
 
 
-# chapters/ch05-measured.qmd:1312
+# chapters/ch05-measured.qmd:1323
 def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
                         bytes_sent: Tensor, cache_bytes: Tensor,
@@ -831,7 +832,7 @@ def ring_attention_rank(rank: int, parts: int, port: int, query: Tensor,
         dist.destroy_process_group()
 
 
-# chapters/ch05-measured.qmd:1393
+# chapters/ch05-measured.qmd:1404
 def free_local_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -934,7 +935,7 @@ def ring_attention(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
                       wait_seconds=seconds[..., 1].tolist())
 
 
-# chapters/ch05-measured.qmd:1612
+# chapters/ch05-measured.qmd:1634
 def link_rank(rank: int, parts: int, port: int, block: Tensor,
               repeats: int, seconds: Tensor) -> None:
     """Time ``block`` sent from rank 0 to rank 1 and back, ``repeats`` times.
@@ -959,32 +960,70 @@ def link_rank(rank: int, parts: int, port: int, block: Tensor,
         dist.destroy_process_group()
 
 
+def link_seconds(nbytes: int, *, repeats: int = 5,
+                 timeout_s: float = 60.0) -> float:
+    """Return the median seconds of a message from one gloo rank to another.
+
+    The message holds ``nbytes`` bytes, a multiple of 4.
+
+    Raises:
+        TypeError: if an argument has the wrong type.
+        ValueError: if nbytes is not a positive multiple of 4 or repeats < 1.
+    """
+    nbytes = check_int("nbytes", nbytes, minimum=4)
+    if nbytes % 4:
+        raise ValueError(f"nbytes must be a multiple of 4 (got {nbytes})")
+    repeats = check_int("repeats", repeats, minimum=1)
+    block = torch.zeros(nbytes // 4).share_memory_()
+    seconds = torch.zeros(1, dtype=torch.float64).share_memory_()
+    start_ranks("link_rank", 2, (block, repeats, seconds), timeout_s)
+    return seconds.item()
+
+
 def link_bandwidth(megabytes: float = 8.0, *, repeats: int = 5,
                    timeout_s: float = 60.0) -> float:
     """Return the bytes per second one gloo rank sends another, measured.
+
+    The rate is that of one message of ``megabytes`` MiB, latency included.
 
     Raises:
         TypeError: if an argument is not a number.
         ValueError: if megabytes <= 0 or repeats < 1.
     """
     megabytes = check_number("megabytes", megabytes, above=0)
-    repeats = check_int("repeats", repeats, minimum=1)
-    block = torch.zeros(int(megabytes * 2**20) // 4).share_memory_()
-    seconds = torch.zeros(1, dtype=torch.float64).share_memory_()
-    start_ranks("link_rank", 2, (block, repeats, seconds), timeout_s)
-    return block.nbytes / seconds.item()
+    nbytes = max(4, int(megabytes * 2**20) // 4 * 4)
+    return nbytes / link_seconds(nbytes, repeats=repeats, timeout_s=timeout_s)
 
 
-# chapters/ch05-measured.qmd:1731
+# chapters/ch05-measured.qmd:1782
+class ShardedStep(NamedTuple):
+    """A sharded decode step: its output, its traffic and its times.
+
+    Attributes:
+        output: The step's output (B, H_q, 1, d_v).
+        bytes_sent: Per rank, [bytes of query sent, bytes of state sent].
+        seconds: Per rank, [median step seconds, median compute seconds].
+    """
+
+    output: Tensor
+    bytes_sent: list
+    seconds: list
+
+
 def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
                         key: Tensor, value: Tensor, output: Tensor,
-                        bytes_sent: Tensor) -> None:
+                        bytes_sent: Tensor, seconds: Tensor,
+                        repeats: int) -> None:
     """Run rank ``rank`` of a sharded decode step, writing into shared tensors.
 
     The rank holds positions partition_bounds(T, P)[rank] of key and value
     (B, H_kv, T, .); rank 0 broadcasts the query (B, H_q, 1, d), every rank
     sends its state back, and rank 0 writes the merged step into output.
-    bytes_sent (P, 2): bytes of query and of state each rank sent.
+    The step runs ``repeats`` times, each after a barrier. bytes_sent
+    (P, 2): bytes of query and of state each rank sent; seconds (P, 2):
+    the median time from the barrier to the rank's last act of the step
+    (rank 0's: the merged output written), and the median time it spent
+    computing its state.
     """
     bounds = partition_bounds(key.shape[2], parts)
     torch.set_num_threads(1)  # P processes share the cores
@@ -995,39 +1034,52 @@ def sharded_decode_rank(rank: int, parts: int, port: int, query: Tensor,
         start, stop = bounds[rank]
         keys = key[..., start:stop, :].clone()  # this rank's slice only
         values = value[..., start:stop, :].clone()
-        row = query.clone() if rank == 0 else torch.empty_like(query)
-        dist.broadcast(row, src=0)
-        rows = stacked_rows(row, keys.shape[1], None)  # (B, H_kv, G, d)
-        state = chunk_states(rows, keys, values, stop - start)  # one chunk
-        packed = torch.cat(state, dim=-1)  # (B, H_kv, 1, G, 2 + d_v)
-        gathered = ([torch.empty_like(packed) for _ in range(parts)]
-                    if rank == 0 else None)
-        dist.gather(packed, gathered, dst=0)
+        steps, computes = [], []
+        for _ in range(repeats):
+            dist.barrier()  # every rank starts the step together
+            began = time.perf_counter()
+            row = query.clone() if rank == 0 else torch.empty_like(query)
+            dist.broadcast(row, src=0)
+            computed = time.perf_counter()
+            rows = stacked_rows(row, keys.shape[1], None)  # (B, H_kv, G, d)
+            state = chunk_states(rows, keys, values, stop - start)  # a chunk
+            packed = torch.cat(state, dim=-1)  # (B, H_kv, 1, G, 2 + d_v)
+            computes.append(time.perf_counter() - computed)
+            gathered = ([torch.empty_like(packed) for _ in range(parts)]
+                        if rank == 0 else None)
+            dist.gather(packed, gathered, dst=0)
+            if rank == 0:
+                stacked = torch.cat(gathered, dim=2)  # (B, H_kv, P, G, .)
+                merged = merge_states((stacked[..., :1], stacked[..., 1:2],
+                                       stacked[..., 2:]), dim=2)
+                output.copy_(finish_online_softmax(merged).reshape(
+                    output.shape))
+            steps.append(time.perf_counter() - began)
         bytes_sent[rank, 0] = row.nbytes * (parts - 1) if rank == 0 else 0
         bytes_sent[rank, 1] = packed.nbytes if rank else 0
-        if rank == 0:
-            stacked = torch.cat(gathered, dim=2)  # (B, H_kv, P, G, 2 + d_v)
-            merged = merge_states((stacked[..., :1], stacked[..., 1:2],
-                                   stacked[..., 2:]), dim=2)
-            output.copy_(finish_online_softmax(merged).reshape(output.shape))
+        seconds[rank, 0] = statistics.median(steps)
+        seconds[rank, 1] = statistics.median(computes)
     finally:
         dist.destroy_process_group()
 
 
 def sharded_decode(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
-                   timeout_s: float = 120.0) -> tuple[Tensor, list]:
+                   repeats: int = 1, timeout_s: float = 120.0) -> ShardedStep:
     """Return a decode step computed by P gloo ranks, each on 1/P of the cache.
 
     query (B, H_q, 1, d); key (B, H_kv, T, d) and value (B, H_kv, T, d_v)
-    float CPU tensors, T >= P. Returns the (B, H_q, 1, d_v) output and,
-    per rank, [bytes of query sent, bytes of state sent].
+    float CPU tensors, T >= P. The step runs ``repeats`` times; returns
+    its (B, H_q, 1, d_v) output and, per rank, the bytes it sent and its
+    median times (see sharded_decode_rank).
 
     Raises:
         TypeError: if an argument has the wrong type.
-        ValueError: if P < 1, T < P, or the shapes do not form a step.
+        ValueError: if P < 1, T < P, repeats < 1, or the shapes do not form
+            a step.
         TimeoutError: if the processes do not finish within timeout_s.
     """
     parts = check_int("parts", parts, minimum=1)
+    repeats = check_int("repeats", repeats, minimum=1)
     timeout_s = check_number("timeout_s", timeout_s, above=0)
     check_tensor("query", query, dims=4, floating=True, nonempty=True,
                  sizes={2: 1})
@@ -1044,6 +1096,7 @@ def sharded_decode(query: Tensor, key: Tensor, value: Tensor, parts: int, *,
     output = torch.zeros(query.shape[:-1] + (value.shape[-1],),
                          dtype=query.dtype).share_memory_()
     bytes_sent = torch.zeros(parts, 2, dtype=torch.int64).share_memory_()
-    start_ranks("sharded_decode_rank", parts, (*shared, output, bytes_sent),
-                timeout_s)
-    return output.clone(), bytes_sent.tolist()
+    seconds = torch.zeros(parts, 2, dtype=torch.float64).share_memory_()
+    start_ranks("sharded_decode_rank", parts,
+                (*shared, output, bytes_sent, seconds, repeats), timeout_s)
+    return ShardedStep(output.clone(), bytes_sent.tolist(), seconds.tolist())
