@@ -1,9 +1,9 @@
 """One decode step of one Llama-3-8B-shaped attention layer against a cache of T tokens, per design.
 
-The designs are Chapter 10's steps: split-KV (Flash-Decoding) on every float cache of Chapters 3
-and 4, the integer dot-product route on the per-vector int8 and int4 caches, and the KIVI-style
+The designs are Chapter 10's steps: split-KV (Flash-Decoding) on every float cache of Chapters 4
+and 5, the integer dot-product route on the per-vector int8 and int4 caches, and the KIVI-style
 cache's own step. The baselines take the same step another way: torch's fused SDPA kernel, the
-sequential tile walk, a materialised repeat, Chapter 3's dense teaching code, a latent cache
+sequential tile walk, a materialised repeat, Chapter 4's dense teaching code, a latent cache
 rebuilt every step, an int8 cache dequantised tile by tile.
 
 Every timed call reads a cache that is not in the last-level cache: each measurement builds
