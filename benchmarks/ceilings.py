@@ -132,6 +132,14 @@ def run_chunks(token_counts, chunks, *, device, threads, rounds, min_run_time, p
     return rows
 
 
+def chunk_spread(rows: list[dict]) -> dict[int, float]:
+    """Return, for each T of a chunk sweep (``run_chunks``' rows), the slowest chunk's median per-round
+    ratio to the default chunk over the fastest's."""
+    lengths = sorted({row["tokens"] for row in rows})
+    return {t: max(r["ratio"] for r in rows if r["tokens"] == t) / min(r["ratio"] for r in rows if r["tokens"] == t)
+            for t in lengths}
+
+
 def quantised_roofline(case: decode.DecodeCase, seconds: float, floors: dict, rates: dict) -> dict:
     """Return a quantised step's memory time and its arithmetic time three ways (every operation at the
     float matmul's rate; the design's least work at each kind's ceiling; this implementation's work at

@@ -171,6 +171,11 @@ def test_the_quick_study_saves_ceilings_sweeps_chunks_ratios_and_allocator_rows(
         assert all(len(row["each"][s]) == 2 and row[f"{s}_seconds"] > 0 for s in ceilings.ALLOCATOR_SETTINGS)
 
 
+def test_the_chunk_spread_is_the_slowest_ratio_over_the_fastest_at_each_length():
+    rows = [{"tokens": 8, "ratio": r} for r in (1.0, 1.2, 0.8)] + [{"tokens": 16, "ratio": r} for r in (1.0, 1.1)]
+    assert ceilings.chunk_spread(rows) == pytest.approx({8: 1.5, 16: 1.1})
+
+
 def test_a_verdict_needs_the_whole_interval_on_one_side_of_the_goal():
     verdict = ceilings.interval_verdict
     assert [verdict(low, high, 1.0, at_most=True) for low, high in ((0.8, 0.99), (0.9, 1.1), (1.01, 1.2))] == [
