@@ -62,7 +62,7 @@ DESIGN_NOTES = {
     "int4": "GQA-8 cache in int4 (two codes a byte), one scale per vector; ch05.int8_decode on the packed bytes, "
             "shifted tile by tile",
     "kivi8": (f"KIVI-style int8 cache: keys per channel in groups of {KIVI_GROUP}, values per token, "
-              f"float16 scales and offsets, last {KIVI_RESIDUAL}+ tokens in float32; ch05.KiviCache.attend"),
+              f"last {KIVI_RESIDUAL}+ tokens in float32; ch05.KiviCache.attend"),
     "kivi4": "the same KIVI-style cache at 4 bits; ch05.KiviCache.attend",
     "kivi2": "the same KIVI-style cache at 2 bits (KIVI's own), four codes a byte; ch05.KiviCache.attend",
     "gqa8-sdpa": "the gqa8 cache; torch's fused SDPA kernel, a group's 4 query heads stacked as rows",

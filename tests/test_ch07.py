@@ -319,8 +319,8 @@ def test_the_quantized_caches_bytes_are_counted_with_scales_and_residual(policy)
         quantized = 50 - recent
         assert 16 <= recent < 32 and quantized % 16 == 0
         code_bytes = 8 * int(policy[-1]) // 8  # 8 channels of 4 or 2 bits
-        per_head = (quantized * code_bytes + quantized // 16 * 8 * 4  # key codes; float16 scale, offset a group x channel
-                    + quantized * (code_bytes + 4)  # value codes; float16 scale and offset a token
+        per_head = (quantized * code_bytes + quantized // 16 * 8 * 8  # key codes; scale and offset a group x channel
+                    + quantized * (code_bytes + 8)  # value codes; scale and offset a token
                     + 2 * recent * 8 * 4)  # the full-precision residual of keys and values
         assert cache.nbytes() == 2 * 2 * per_head
 

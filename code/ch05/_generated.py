@@ -458,19 +458,15 @@ def asymmetric_codes(x: Tensor, bits: int,
     """Return (codes, scale, offset) with x ~ codes * scale + offset.
 
     The range [min, max] along ``dim`` is cut into 2^bits - 1 steps; the
-    scale and offset are stored in float16, as KIVI stores them, and the
-    codes are taken against those rounded values, so the rounding of the
-    scale and offset moves no code off its nearest level. Codes are
-    signed (shifted by 2^(bits-1)) so that they fit int8 and pack_codes;
-    the offset absorbs the shift. |x| must not pass float16's largest.
+    codes are stored signed (shifted by 2^(bits-1)) so that they fit
+    int8 and pack_codes, and the offset absorbs the shift.
     """
     low = x.amin(dim, keepdim=True)
-    levels, half = 2**bits - 1, 2 ** (bits - 1)
-    step = ((x.amax(dim, keepdim=True) - low) / levels).clamp_min(
-        torch.finfo(torch.float16).tiny).half()  # a constant range: 1 level
-    offset = (low + half * step.float()).half()
-    codes = torch.round((x - offset.float()) / step.float())
-    return codes.clamp(-half, half - 1).to(torch.int8), step, offset
+    levels = 2**bits - 1
+    step = ((x.amax(dim, keepdim=True) - low) / levels).clamp_min(1e-12)
+    half = 2 ** (bits - 1)
+    codes = torch.round((x - low) / step) - half  # in [-half, half - 1]
+    return codes.to(torch.int8), step, low + half * step
 
 
 #: The bit widths a KIVI-style cache holds: bytes, or codes packed in them.
@@ -487,8 +483,8 @@ class KiviCache:
         key_codes, value_codes: (B, H, T_q, d) int8, or packed by
             pack_codes, (B, H, T_q, d b/8) uint8 below 8 bits, for the T_q
             quantised tokens.
-        key_scale, key_offset: (B, H, T_q / G_t, d) float16, per group.
-        value_scale, value_offset: (B, H, T_q, 1) float16, per token.
+        key_scale, key_offset: (B, H, T_q / G_t, d) float32, per group.
+        value_scale, value_offset: (B, H, T_q, 1) float32, per token.
         key_recent, value_recent: (B, H, T_r, d) float32, R <= T_r < R + G_t
             once the cache holds R tokens.
     """
@@ -513,8 +509,7 @@ class KiviCache:
         Raises:
             TypeError: if an argument has the wrong type.
             ValueError: for bits other than 2, 4 or 8, group < 1,
-                residual < 0, key and value of different shapes, or an
-                entry float16 cannot scale (see append).
+                residual < 0, or key and value of different shapes.
         """
         check_tensor("key", key, dims=4, floating=True, nonempty=True)
         check_tensor("value", value, dims=4, floating=True,
@@ -525,9 +520,8 @@ class KiviCache:
         empty = key[..., :0, :].float()
         no_codes = torch.zeros(empty.shape, dtype=torch.int8)
         stored = no_codes if bits == 8 else pack_codes(no_codes, bits)
-        side = empty.half()  # scales and offsets
-        cache = cls(bits, group, residual, stored, side, side, stored,
-                    side[..., :1], side[..., :1], empty, empty)
+        cache = cls(bits, group, residual, stored, empty, empty, stored,
+                    empty[..., :1], empty[..., :1], empty, empty)
         cache.append(key, value)
         return cache
 
@@ -537,21 +531,7 @@ class KiviCache:
         return codes if self.bits == 8 else pack_codes(codes, self.bits)
 
     def append(self, key: Tensor, value: Tensor) -> None:
-        """Add tokens (B, H, n, d) and quantise every whole group past R.
-
-        Raises:
-            TypeError: for a key or value that is not a float tensor.
-            ValueError: for shapes other than the cache's (B, H, ., d), or
-                an entry that is not finite or whose magnitude passes
-                float16's largest, 65504, which no float16 scale reaches.
-        """
-        fits = torch.finfo(torch.float16).max
-        shape = dict(enumerate(self.key_recent.shape))
-        del shape[2]
-        check_tensor("key", key, dims=4, floating=True, sizes=shape,
-                     bound=fits)
-        check_tensor("value", value, dims=4, floating=True,
-                     sizes=dict(enumerate(key.shape)), bound=fits)
+        """Add tokens (B, H, n, d) and quantise every whole group past R."""
         self.key_recent = torch.cat([self.key_recent, key.float()], dim=2)
         self.value_recent = torch.cat([self.value_recent, value.float()],
                                       dim=2)
@@ -653,7 +633,7 @@ class KiviCache:
         return out.reshape(query.shape).to(query.dtype)
 
 
-# chapters/ch05-tiles.qmd:1228
+# chapters/ch05-tiles.qmd:1204
 def latent_decode(query: Tensor, latent: Tensor, key_up: Tensor,
                   value_up: Tensor, *, chunk: int = 512,
                   window: int | None = None, sinks: int = 0) -> Tensor:

@@ -161,15 +161,13 @@ def check_dtype(name: str, value: object) -> torch.dtype:
 
 def check_tensor(name: str, value: object, *, dims: int | tuple[int, ...] | None = None, min_dims: int | None = None,
                  floating: bool = False, dtype: torch.dtype | tuple[torch.dtype, ...] | None = None,
-                 nonempty: bool = False, sizes: Mapping[int, int] | None = None,
-                 bound: float | None = None) -> Tensor:
+                 nonempty: bool = False, sizes: Mapping[int, int] | None = None) -> Tensor:
     """Return ``value`` if it is a tensor of the kind asked for.
 
     ``dims``: the allowed numbers of dimensions, ``min_dims`` the fewest; ``floating``
     or ``dtype`` (one or a tuple) the dtype; ``nonempty`` refuses no elements; ``sizes``
-    maps dimensions to sizes (``{-1: 64}``); ``bound`` refuses an entry that is not finite
-    or whose magnitude exceeds it. A wrong kind or dtype is a TypeError, a wrong shape or
-    entry a ValueError.
+    maps dimensions to sizes (``{-1: 64}``). A wrong kind or dtype is a TypeError, a
+    wrong shape a ValueError.
     """
     if not isinstance(value, Tensor) or (floating and not value.is_floating_point()):
         raise TypeError(f"{name} must be {'a floating-point tensor' if floating else 'a tensor'} (got {describe(value)})")
@@ -186,10 +184,6 @@ def check_tensor(name: str, value: object, *, dims: int | tuple[int, ...] | None
     for dim, size in (sizes or {}).items():
         if not -value.dim() <= dim < value.dim() or shape[dim] != size:
             raise ValueError(f"{name} must have size {size} in dimension {dim} (got shape {shape})")
-    if bound is not None and value.numel():
-        largest = float(value.detach().abs().amax())
-        if not largest <= bound:  # NaN compares false
-            raise ValueError(f"{name} must be finite with every |entry| <= {bound:g} (got largest |entry| {largest:g})")
     return value
 
 
