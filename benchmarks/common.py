@@ -16,6 +16,9 @@ import torch
 from longctx.support.runs import device_slug, load_average, write_results
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+#: Runs from other machines, kept beside the chapters' own: support.load_results reads only RESULTS_DIR's
+#: top level, so a run saved here (--out) is read only where a chapter names this folder.
+OTHER_MACHINES_DIR = RESULTS_DIR / "other-machines"
 DEVICE_CHOICES = ("cpu", "cuda", "auto")
 
 
