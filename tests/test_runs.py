@@ -99,6 +99,16 @@ def test_the_record_names_the_kernels_this_cpu_can_run():
     assert runs.isa_flags("processor : 0\n") is None
 
 
+def test_the_record_tells_apart_two_cpus_of_one_name_by_their_signature():
+    machine = support.machine_record(torch.device("cpu"), 1, "tiny")
+    assert machine["cpu_signature"] is None or machine["cpu_signature"].startswith("family ")
+    zen5 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+            "model name\t: AMD EPYC\nstepping\t: 1\n\nprocessor\t: 1\ncpu family\t: 25\n")
+    assert runs.cpu_signature(zen5) == "family 26 model 2 stepping 1"  # the first processor's, not the second's
+    assert runs.cpu_signature(zen5.replace("stepping\t: 1", "stepping\t: unknown")) is None
+    assert runs.cpu_signature("processor : 0\nmodel name : Apple M2\n") is None  # no family: not x86
+
+
 def test_proc_stat_is_read_as_busy_and_stolen_seconds():
     tick = os.sysconf("SC_CLK_TCK")
     # user nice system idle iowait irq softirq steal guest guest_nice

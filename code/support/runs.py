@@ -133,6 +133,30 @@ def isa_flags(cpuinfo: str | None = None) -> list[str] | None:
     return None
 
 
+def cpu_signature(cpuinfo: str | None = None) -> str | None:
+    """Return the first CPU's family, model and stepping from /proc/cpuinfo, or None.
+
+    Two machines can report the same model name (a VM often shows "AMD EPYC" for any of its
+    generations); their signatures tell them apart, as "family 26 model 2 stepping 1".
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = pathlib.Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    fields = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first processor's block ends
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    parts = [(name, fields.get(key)) for name, key in (("family", "cpu family"), ("model", "model"),
+                                                        ("stepping", "stepping"))]
+    if any(value is None or not value.isdigit() for _, value in parts):
+        return None
+    return " ".join(f"{name} {value}" for name, value in parts)
+
+
 def math_libraries() -> dict[str, str | None]:
     """Return the MKL and oneDNN versions this torch was built with (from torch.__config__.show())."""
     config = torch.__config__.show()
@@ -181,6 +205,7 @@ def machine_record(device: torch.device, threads: int, mode: str) -> dict:
         "device_name": device_label(device),
         "device_slug": device_slug(device),
         "cpu_model": cpu_model(),
+        "cpu_signature": cpu_signature(),
         "threads": threads,
         "logical_cpus": os.cpu_count(),
         "torch_version": torch.__version__,
