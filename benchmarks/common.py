@@ -16,9 +16,14 @@ import torch
 from longctx.support.runs import device_slug, load_average, write_results
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
-#: Runs from other machines, kept beside the chapters' own: support.load_results reads only RESULTS_DIR's
-#: top level, so a run saved here (--out) is read only where a chapter names this folder.
+#: Runs from other machines, one folder each, kept beside the chapters' own: support.load_results reads
+#: only RESULTS_DIR's top level, so a run saved here (--out) is read only where a chapter names its folder.
 OTHER_MACHINES_DIR = RESULTS_DIR / "other-machines"
+
+
+def other_machine_folders() -> list[pathlib.Path]:
+    """Return the folders of OTHER_MACHINES_DIR, one per machine, sorted by name."""
+    return sorted(path for path in OTHER_MACHINES_DIR.iterdir() if path.is_dir())
 DEVICE_CHOICES = ("cpu", "cuda", "auto")
 
 

@@ -371,8 +371,11 @@ def test_summary_table_names_machine_floor_and_crossovers():
 def test_results_files_hold_every_figure():
     files = sorted(common.RESULTS_DIR.glob("benchmarks-*.json"))  # Chapter 10's; serving-*.json are Chapter 13's
     assert files, "ship at least one results file in benchmarks/results/"
-    files += sorted(common.OTHER_MACHINES_DIR.glob("benchmarks-*.json"))  # the appendix's second machine
-    for folder in (common.RESULTS_DIR, common.OTHER_MACHINES_DIR):
+    others = common.other_machine_folders()  # the appendix's other machines, one folder each
+    assert others and not list(common.OTHER_MACHINES_DIR.glob("*.json")), "a run there goes in its machine's folder"
+    for folder in others:
+        files += sorted(folder.glob("benchmarks-*.json"))
+    for folder in (common.RESULTS_DIR, *others):
         assert {path.name.split("-")[0] for path in folder.glob("*.json")} <= {"benchmarks", "serving", "ceilings"}
     for path in files:
         results = json.loads(path.read_text())

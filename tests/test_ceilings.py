@@ -254,7 +254,12 @@ def test_the_integer_routes_products_are_the_shapes_cudas_integer_product_refuse
 def test_every_saved_ceilings_run_holds_each_part_the_appendix_reads():
     files = sorted(common.RESULTS_DIR.glob("ceilings-*.json"))
     assert files, "ship the ceilings study's run in benchmarks/results/ (python -m benchmarks.ceilings)"
-    files += sorted(common.OTHER_MACHINES_DIR.glob("ceilings-*.json"))
+    for folder in common.other_machine_folders():
+        (main_run,) = folder.glob("benchmarks-*.json")  # one machine's folder: its main run and its study
+        (study,) = folder.glob("ceilings-*.json")
+        machines = [json.loads(path.read_text())["machine"] for path in (main_run, study)]
+        assert machines[0]["isa_flags"] == machines[1]["isa_flags"], folder.name  # one machine, not two
+        files.append(study)
     for path in files:
         run = json.loads(path.read_text())
         assert {"isa_flags", "cpu_capability", "load_average_start", "load_average_end"} <= set(run["machine"])
