@@ -21,6 +21,12 @@ RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 OTHER_MACHINES_DIR = RESULTS_DIR / "other-machines"
 
 
+#: Where a run goes unless --out says otherwise: a reader's own runs, beside the chapters' and never read
+#: in their place. The chapters' sentences are asserted against the runs they were written on (the top
+#: level of RESULTS_DIR); a run from another machine there would replace one and fail those asserts.
+YOURS_DIR = RESULTS_DIR / "yours"
+
+
 def other_machine_folders() -> list[pathlib.Path]:
     """Return the folders of OTHER_MACHINES_DIR, one per machine, sorted by name."""
     return sorted(path for path in OTHER_MACHINES_DIR.iterdir() if path.is_dir())
@@ -143,11 +149,12 @@ def release_memory(device: torch.device) -> None:
 
 
 def default_results_path(device: torch.device, mode: str) -> pathlib.Path:
-    """Return benchmarks/results/benchmarks-<device-slug>.json, with -<mode> before .json unless full.
+    """Return benchmarks/results/yours/benchmarks-<device-slug>.json, with -<mode> before .json unless full.
 
-    ``support.load_results("benchmarks")`` reads the newest full run of the folder.
+    The chapters read the runs of RESULTS_DIR's top level (``support.load_results("benchmarks")``),
+    so a default run never replaces theirs; ``load_results("benchmarks", folder=YOURS_DIR)`` reads it.
     """
-    return RESULTS_DIR / f"benchmarks-{device_slug(device)}{'' if mode == 'full' else '-' + mode}.json"
+    return YOURS_DIR / f"benchmarks-{device_slug(device)}{'' if mode == 'full' else '-' + mode}.json"
 
 
 class Progress:
@@ -164,11 +171,11 @@ class Progress:
 
 def finish_run(results: dict, *, started: float, prefix: str, mode: str, out: pathlib.Path | None) -> pathlib.Path:
     """Record the run's wall time and closing load average, write it to `out` (default
-    results/<prefix>-<device slug>[-<mode>].json) and say where; returns the path."""
+    results/yours/<prefix>-<device slug>[-<mode>].json) and say where; returns the path."""
     results["machine"]["wall_seconds"] = time.monotonic() - started
     results["machine"]["load_average_end"] = load_average()
     suffix = "" if mode == "full" else f"-{mode}"
-    out = out or RESULTS_DIR / f"{prefix}-{results['machine']['device_slug']}{suffix}.json"
+    out = out or YOURS_DIR / f"{prefix}-{results['machine']['device_slug']}{suffix}.json"
     write_results(results, out)
     print(f"wrote {out} ({results['machine']['wall_seconds']:.0f} s)", flush=True)
     return out

@@ -410,10 +410,25 @@ def test_the_chapter_reads_the_newest_full_run_through_the_one_loader():
     newest full one, so a quick run or one that left parts out (--skip: "partial") never replaces it."""
     assert common.default_results_path(CPU, "full").name == f"benchmarks-{support.runs.device_slug(CPU)}.json"
     assert common.default_results_path(CPU, "partial").name.endswith("-partial.json")
-    assert common.default_results_path(CPU, "full").parent == common.RESULTS_DIR
+    assert common.default_results_path(CPU, "full").parent == common.YOURS_DIR  # a reader's run, beside
     run, path = support.load_results("benchmarks")
     assert path.parent == common.RESULTS_DIR and run["machine"]["mode"] == "full"
     assert path in sorted(common.RESULTS_DIR.glob("benchmarks-*.json"))
+
+
+def test_a_readers_run_goes_beside_the_chapters_and_never_replaces_theirs(tmp_path):
+    """The chapters' sentences are asserted against the runs they were written on. A default run goes to
+    results/yours/, which the loader does not read in their place, even when it is newer and full."""
+    results, yours = tmp_path / "results", tmp_path / "results" / "yours"
+    chapters_run = {"machine": {"mode": "full", "date": "2026-12-03T14:26:00"}}
+    readers_run = {"machine": {"mode": "full", "date": "2027-01-01T09:00:00"}}
+    support.write_results(chapters_run, results / "benchmarks-cpu-amd-epyc.json")
+    support.write_results(readers_run, yours / "benchmarks-cpu-amd-epyc.json")  # one name, two machines
+    assert support.load_results("benchmarks", folder=results)[0] == chapters_run
+    assert support.load_results("benchmarks", folder=yours)[0] == readers_run
+    assert common.YOURS_DIR.parent == common.RESULTS_DIR and common.YOURS_DIR not in support.results_folders()
+    gitignore = (common.RESULTS_DIR.parent.parent / ".gitignore").read_text().splitlines()
+    assert "benchmarks/results/yours/" in gitignore, "a reader's runs stay out of git"
 
 
 def test_quick_sizes_cover_every_part():
